@@ -1,0 +1,116 @@
+"""Pure-torch reference kernels over the paged KV pool.
+
+These run on any device and are the test oracle for the Triton kernels.
+
+Layout shared by every kernel (see ``runtime/kv_pool.py``)::
+
+    k_cache, v_cache : [num_pages, page_size, num_kv_heads, head_dim]
+    slot             = page * page_size + offset          (a flat token slot)
+    page_table       : [batch, max_pages] int32, row i lists sequence i's pages in order
+    seq_lens_k       : [batch] int32, keys of sequence i *including* the new tokens
+    cu_seqlens_q     : [batch + 1] int32, new (query) tokens of sequence i are rows
+                       cu_seqlens_q[i] : cu_seqlens_q[i+1] of the flat q
+
+The new tokens of a sequence are the *last* q_len of its seq_len_k keys, so the
+causal mask is aligned bottom-right: query j (0-based among the new tokens) sees
+keys 0 .. seq_len_k - q_len + j.  ``scaled_dot_product_attention(is_causal=True)``
+aligns top-left, which is only right when q_len == seq_len_k.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Write new keys/values ``[T, kv_heads, head_dim]`` into their slots."""
+    num_kv_heads, head_dim = k_cache.shape[-2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def kv_slots(page_table: torch.Tensor, seq_len: int, page_size: int) -> torch.Tensor:
+    """Flat slot index of each of the first ``seq_len`` tokens of one sequence."""
+    n_pages = (seq_len + page_size - 1) // page_size
+    pages = page_table[:n_pages].long()
+    offs = torch.arange(page_size, device=pages.device)
+    return (pages[:, None] * page_size + offs[None, :]).reshape(-1)[:seq_len]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_offset: int | None) -> torch.Tensor:
+    """q [Lq, Hq, D], k/v [Lk, Hkv, D] -> [Lq, Hq, D] with an optional bottom-right causal mask."""
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k = k.repeat_interleave(hq // hkv, dim=1)
+        v = v.repeat_interleave(hq // hkv, dim=1)
+    qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    lq, lk = q.shape[0], k.shape[0]
+    if causal_offset is None or lq == 1:
+        out = F.scaled_dot_product_attention(qt, kt, vt, scale=scale)
+    elif lq == lk:
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+    else:
+        qi = torch.arange(lq, device=q.device)[:, None] + causal_offset
+        ki = torch.arange(lk, device=q.device)[None, :]
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=ki <= qi, scale=scale)
+    return out.transpose(0, 1)
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of new tokens over their cached prefix plus themselves (already stored).
+
+    q: [total_q, Hq, D] -> out [total_q, Hq, D].  Handles q_len == 1 (decode) too.
+    """
+    page_size = k_cache.shape[1]
+    hkv, d = k_cache.shape[2:]
+    kf, vf = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens_k.tolist()
+    for i, lk in enumerate(lens):
+        s, e = cu[i], cu[i + 1]
+        if e == s:
+            continue
+        slots = kv_slots(page_table[i], lk, page_size)
+        out[s:e] = _attend(q[s:e], kf[slots].to(q.dtype), vf[slots].to(q.dtype), scale, lk - (e - s))
+    return out
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens_k: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], batched with a padding mask."""
+    page_size = k_cache.shape[1]
+    hkv, d = k_cache.shape[2:]
+    b, hq, _ = q.shape
+    max_len = int(seq_lens_k.max())
+    n_pages = (max_len + page_size - 1) // page_size
+    offs = torch.arange(page_size, device=q.device)
+    slots = (page_table[:, :n_pages].long()[:, :, None] * page_size + offs).reshape(b, -1)[:, :max_len]
+    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens_k[:, None].long()
+    slots = torch.where(valid, slots, torch.zeros_like(slots))
+    k = k_cache.view(-1, hkv, d)[slots].to(q.dtype)  # [B, L, Hkv, D]
+    v = v_cache.view(-1, hkv, d)[slots].to(q.dtype)
+    group = hq // hkv
+    # Fold the query heads of one KV group into the query-length axis: no K/V copy per head.
+    qg = q.view(b, hkv, group, d)
+    out = F.scaled_dot_product_attention(
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
+    )
+    return out.reshape(b, hq, d)
