@@ -1,0 +1,164 @@
+"""Render OpenAI-style messages through a chat template, exactly as transformers does, with segments.
+
+Rendering goes through transformers' public ``render_jinja_template`` (same sandboxed Jinja
+environment, ``tojson``, ``raise_exception``, ``strftime_now``, loop controls, reasoning-field
+aliasing), with the tokenizer's special tokens as template variables, and the text is tokenised
+once with ``add_special_tokens=False`` -- the same steps as ``tokenizer.apply_chat_template``.
+
+Besides the text and token ids, every rendering carries *segments* saying which part of the text
+came from which message, the tool definitions, a ``<think>`` block, the generation prompt, or
+template glue; ``template_check`` uses them to name where a prefix breaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from chat_templates.segments import find_segments
+
+BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3")
+
+
+class Segment(NamedTuple):
+    """A span of the rendered prompt attributed to one source (message, tools, think block, glue)."""
+
+    kind: str  # "tools" | "system" | "message" | "think" | "generation_prompt" | "template"
+    message_index: int | None
+    char_start: int
+    char_end: int
+    token_start: int
+    token_end: int
+
+
+class RenderedPrompt(NamedTuple):
+    """The rendered prompt text, its token ids and the segments covering it in order."""
+
+    text: str
+    token_ids: list[int]
+    segments: list[Segment]
+
+
+def load_template(name_or_path: str | None, tokenizer: Any) -> str:
+    """Template source for ``None`` (the tokenizer's own), a bundled name, or a file path."""
+    if name_or_path is None:
+        return tokenizer.get_chat_template()
+    if name_or_path in BUNDLED_TEMPLATES:
+        return resources.files("chat_templates").joinpath("templates", f"{name_or_path}.jinja").read_text()
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path.read_text()
+    raise ValueError(
+        f"unknown chat template {name_or_path!r}: not a file; bundled names are {', '.join(BUNDLED_TEMPLATES)}"
+    )
+
+
+def _template_source(template: str | None, tokenizer: Any) -> str:
+    # A string holding Jinja syntax is already a template; anything else names one.
+    if template is not None and ("{%" in template or "{{" in template):
+        return template
+    return load_template(template, tokenizer)
+
+
+def _normalize(messages: Sequence[dict]) -> list[dict]:
+    # Same as apply_chat_template: keys whose value is None are dropped, because templates test
+    # for a key's presence (``'tool_calls' in message``) and would otherwise render "None".
+    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+
+
+def render_text(
+    tokenizer: Any,
+    messages: Sequence[dict],
+    tools: list[dict] | None = None,
+    *,
+    template: str | None = None,
+    add_generation_prompt: bool = True,
+    **template_kwargs: Any,
+) -> str:
+    """Only the rendered text, as ``apply_chat_template(..., tokenize=False)`` returns it."""
+    source = _template_source(template, tokenizer)
+    kwargs = {**tokenizer.special_tokens_map, **template_kwargs}
+    rendered, _ = render_jinja_template(
+        conversations=[_normalize(messages)],
+        tools=tools,
+        chat_template=source,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
+    )
+    return rendered[0]
+
+
+def render(
+    tokenizer: Any,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    *,
+    template: str | None = None,
+    add_generation_prompt: bool = True,
+    **template_kwargs: Any,
+) -> RenderedPrompt:
+    """Render and tokenise ``messages`` like ``apply_chat_template``, attributing spans to segments.
+
+    ``template`` is a bundled name, a file path, Jinja source, or ``None`` for the tokenizer's own.
+    """
+    source = _template_source(template, tokenizer)
+
+    def text_of(msgs: Sequence[dict], tls: list[dict] | None, gen: bool) -> str:
+        return render_text(
+            tokenizer, msgs, tls, template=source, add_generation_prompt=gen, **template_kwargs
+        )
+
+    text = text_of(messages, tools, add_generation_prompt)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    token_ids = list(enc["input_ids"])
+    token_starts = [start for start, _ in enc["offset_mapping"]]
+    spans = find_segments(text, _normalize(messages), tools, text_of, add_generation_prompt)
+    segments = [
+        Segment(kind, idx, cs, ce, _token_at(token_starts, cs), _token_at(token_starts, ce))
+        for kind, idx, cs, ce in spans
+    ]
+    return RenderedPrompt(text, token_ids, segments)
+
+
+def _token_at(token_starts: list[int], char: int) -> int:
+    # A token belongs to the segment holding its first character, so every token lands in exactly
+    # one segment; this is the index of the first token starting at or after ``char``.
+    lo, hi = 0, len(token_starts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if token_starts[mid] < char:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def locate(rendered: RenderedPrompt, token_index: int) -> Segment:
+    """The segment holding token ``token_index``."""
+    if not 0 <= token_index < len(rendered.token_ids):
+        raise IndexError(f"token index {token_index} outside 0..{len(rendered.token_ids) - 1}")
+    for seg in rendered.segments:
+        if seg.token_start <= token_index < seg.token_end:
+            return seg
+    raise AssertionError("segments do not cover the tokens")  # find_segments covers all text
+
+
+def locate_char(rendered: RenderedPrompt, char_index: int) -> Segment:
+    """The segment holding character ``char_index`` (the last one for the end of the text)."""
+    for seg in rendered.segments:
+        if seg.char_start <= char_index < seg.char_end:
+            return seg
+    return rendered.segments[-1]
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,93 @@
+"""Parsed-output types and the JSON decoding of tool-call bodies (Hermes/Qwen3 and Llama 3 styles)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from typing import Any, NamedTuple
+
+
+class ToolCall(NamedTuple):
+    """One complete tool call, OpenAI-shaped: ``arguments`` is a JSON string."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ToolCallDelta(NamedTuple):
+    """A streamed tool call; kvreuse emits each call whole, once its markup has closed."""
+
+    index: int
+    id: str
+    name: str
+    arguments_delta: str
+
+
+class ParsedDelta(NamedTuple):
+    """What one chunk of model output adds to the visible answer, reasoning and tool calls."""
+
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCallDelta]
+
+
+class ParsedOutput(NamedTuple):
+    """A whole model output split into answer text, reasoning and tool calls."""
+
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+
+
+class CallIds:
+    """Tool-call ids ``call_<hex>``: derived from the request id when given, so they are reproducible."""
+
+    def __init__(self, request_id: str | None) -> None:
+        self._seed = request_id if request_id is not None else secrets.token_hex(16)
+
+    def __call__(self, index: int) -> str:
+        return "call_" + hashlib.sha256(f"{self._seed}:{index}".encode()).hexdigest()[:24]
+
+
+def _arguments_json(value: Any) -> str:
+    # Models sometimes emit arguments already encoded as a JSON string; keep those as written.
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _as_call(obj: Any, arg_keys: tuple[str, ...]) -> tuple[str, str] | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    for key in arg_keys:
+        if key in obj:
+            return obj["name"], _arguments_json(obj[key])
+    return obj["name"], "{}"
+
+
+def parse_hermes_body(body: str) -> tuple[str, str] | None:
+    """``(name, arguments_json)`` from the inside of ``<tool_call>...</tool_call>``, or None if malformed."""
+    try:
+        return _as_call(json.loads(body), ("arguments", "parameters"))
+    except (ValueError, RecursionError):
+        return None
+
+
+def parse_llama3_calls(body: str) -> list[tuple[str, str]] | None:
+    """Llama 3 JSON tool calls: one or more ``{"name", "parameters"}`` objects (``;``-separated), or None."""
+    decoder = json.JSONDecoder()
+    calls: list[tuple[str, str]] = []
+    pos, text = 0, body.strip()
+    try:
+        while pos < len(text):
+            obj, end = decoder.raw_decode(text, pos)
+            call = _as_call(obj, ("parameters", "arguments"))
+            if call is None or ("parameters" not in obj and "arguments" not in obj):
+                return None
+            calls.append(call)
+            pos = end
+            while pos < len(text) and text[pos] in "; \t\r\n":
+                pos += 1
+    except (ValueError, RecursionError):
+        return None
+    return calls or None
