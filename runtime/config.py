@@ -1,0 +1,37 @@
+"""Engine options, one place, with the defaults and why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.kv_pool import parse_memory
+
+
+@dataclass
+class EngineConfig:
+    """Everything that shapes an engine; the CLI and server map their flags onto it."""
+
+    model: str | None = None
+    model_dir: str | None = None  # an already-resolved local directory (skips model_source)
+    dtype: str | None = None  # None: bf16 on GPU / bf16-capable CPU, else fp32
+    device: str | None = None  # None: cuda if available else cpu
+    prefix_cache: str = "radix"  # "off": the naive baseline, recompute every prompt
+    page_size: int = 16  # see benchmarks/results/page_size.json for why 16
+    kv_cache_memory: int | str | None = None  # bytes or "2G"; None: 1 GiB on CPU, 85% of free GPU memory
+    num_pages: int | None = None  # exact pool size (tests); overrides kv_cache_memory
+    chunk_size: int = 512  # prefill tokens per step: the longest stall a running decode sees
+    max_running: int = 64
+    schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
+    max_model_len: int | None = None
+    attention_backend: str = "auto"  # "reference" (torch) or "triton"
+    seed: int = 0
+    record_logits: bool = False  # keep every sampled row's logits on the request (tests)
+
+    def __post_init__(self) -> None:
+        self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")

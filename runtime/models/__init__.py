@@ -1,0 +1,28 @@
+"""Model code: one decoder implementation, configured per architecture family."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.models.config import SUPPORTED, ModelConfig
+from runtime.models.decoder import CausalLM
+from runtime.models.layers import RotaryEmbedding
+
+
+def build_model(cfg: ModelConfig, device: torch.device) -> CausalLM:
+    """Our module tree for any supported ``model_type``, uninitialised (weights are loaded next).
+
+    Built on the meta device so no time goes into random initialisation of weights that are
+    overwritten anyway; only the rotary tables are computed for real.
+    """
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.to_empty(device=device)
+    if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor
+        model.lm_head.weight = model.embed_tokens.weight
+    with torch.device(device):
+        model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+    return model
+
+
+__all__ = ["SUPPORTED", "ModelConfig", "CausalLM", "build_model"]

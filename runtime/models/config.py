@@ -1,0 +1,81 @@
+"""The architecture facts our model code needs, read from an HF ``config.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+SUPPORTED = {
+    "llama": "Llama 2/3, SmolLM2",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2 / Qwen2.5",
+    "qwen3": "Qwen3",
+}
+
+
+class ModelConfig(NamedTuple):
+    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2 and Qwen3."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2
+    qk_norm: bool  # Qwen3
+    sliding_window: int | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+    @classmethod
+    def from_dict(cls, c: dict[str, Any]) -> ModelConfig:
+        mt = c.get("model_type", "")
+        if mt not in SUPPORTED:
+            names = ", ".join(SUPPORTED)
+            raise ValueError(f"unsupported model_type {mt!r} (kvreuse runs: {names})")
+        heads = c["num_attention_heads"]
+        rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+        theta = c.get("rope_theta") or rope.get("rope_theta") or 10000.0
+        scaling = None
+        rope_type = rope.get("rope_type") or rope.get("type") or "default"
+        if rope_type != "default":
+            scaling = dict(rope, rope_type=rope_type)
+        eos = c.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        use_sw = c.get("use_sliding_window", mt == "mistral")
+        return cls(
+            model_type=mt,
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_layers=c["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            max_position_embeddings=c.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=mt == "qwen2" or bool(c.get("attention_bias", False)),
+            qk_norm=mt == "qwen3",
+            sliding_window=c.get("sliding_window") if use_sw else None,
+            eos_token_ids=eos_ids,
+            bos_token_id=c.get("bos_token_id"),
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> ModelConfig:
+        return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes

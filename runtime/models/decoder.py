@@ -1,0 +1,95 @@
+"""Our decoder-only transformer over the paged KV pool (Llama, Mistral, Qwen2, Qwen3).
+
+The differences between these families are three switches read from the config:
+QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels import AttentionBackend
+from runtime.forward_batch import ForwardBatch
+from runtime.models.config import ModelConfig
+from runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+
+
+class PagedAttention(nn.Module):
+    """Self-attention whose keys and values live in one layer of the paged KV pool."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = self.hd**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        fb: ForwardBatch,
+        rope: RotaryEmbedding,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.nh, self.hd)
+        k = k.view(-1, self.nkv, self.hd)
+        v = v.view(-1, self.nkv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rope(fb.positions, q, k)
+        k_cache, v_cache = kv
+        backend.store_kv(k_cache, v_cache, fb.slot_mapping, k, v)
+        if fb.is_decode:
+            o = backend.decode_attention(q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, self.scale)
+        else:
+            o = backend.extend_attention(
+                q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, self.scale
+            )
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + gated MLP with residuals."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = PagedAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv, backend) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), fb, rope, kv, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class CausalLM(nn.Module):
+    """Embeddings, decoder layers, final norm and LM head; logits only for the sampled rows."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+
+    @torch.inference_mode()
+    def forward(
+        self, fb: ForwardBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend
+    ) -> torch.Tensor:
+        """Returns float32 logits ``[len(fb.logits_rows), vocab]``."""
+        h = self.embed_tokens(fb.input_ids)
+        for layer, kv in zip(self.layers, kv_layers):
+            h = layer(h, fb, self.rope, kv, backend)
+        h = self.norm(h[fb.logits_rows])
+        return self.lm_head(h).float()

@@ -1,0 +1,80 @@
+"""Load safetensors weights by name into our modules, fusing q/k/v and gate/up on the way."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from runtime.models.decoder import CausalLM
+
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(weight|bias)$")
+
+
+class WeightsError(Exception):
+    """Weights are missing, corrupt or do not fit the architecture."""
+
+
+def load_weights(model: CausalLM, model_dir: Path, dtype: torch.dtype) -> None:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"no *.safetensors files in {model_dir}")
+    params = dict(model.named_parameters())
+    seen: set[str] = set()
+    for f in files:
+        try:
+            handle = safe_open(str(f), framework="pt")
+        except Exception as e:
+            raise WeightsError(f"cannot read weights file {f.name}: {e}".splitlines()[0]) from e
+        with handle:
+            for name in handle.keys():
+                _load_one(model, params, name, handle.get_tensor(name), seen)
+    missing = [n for n in params if n not in seen and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    if missing:
+        raise WeightsError(f"weights missing from {model_dir}: {', '.join(missing[:4])}")
+    model.to(dtype)
+
+
+def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: set[str]) -> None:
+    cfg = model.cfg
+    if name.startswith("model."):
+        short = name[len("model.") :]
+    else:
+        short = name
+    m = _LAYER.match(name)
+    if m and m.group(3) in _FUSED:
+        target, idx = _FUSED[m.group(3)]
+        key = f"layers.{m.group(1)}.{m.group(2)}.{target}.{m.group(4)}"
+        p = params[key]
+        if target == "qkv_proj":
+            q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            offsets = [0, q, q + kv, q + 2 * kv]
+        else:
+            offsets = [0, cfg.intermediate_size, 2 * cfg.intermediate_size]
+        rows = slice(offsets[idx], offsets[idx + 1])
+        _copy(p.data[rows], w, name)
+        seen.add(key)  # a fused tensor counts once any part is loaded; shapes are checked per part
+        return
+    if short == "lm_head.weight" and cfg.tie_word_embeddings:
+        return
+    if short.startswith("rotary_emb") or "rotary_emb.inv_freq" in short:
+        return
+    if short not in params:
+        raise WeightsError(f"unexpected weight {name} for a {cfg.model_type} model")
+    _copy(params[short].data, w, name)
+    seen.add(short)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if dst.shape != src.shape:
+        raise WeightsError(f"weight {name} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src.to(dst.dtype))
