@@ -1,2 +1,41 @@
-"""Chat templates for kvreuse: exact rendering with segments, bundled templates, output parsers, and a
-prefix-stability check that tells whether a conversation renders append-only."""
+"""Chat templates for kvreuse: transformers-exact rendering with segments, bundled templates
+(chatml, qwen3, llama3), streaming output parsers, and a prefix-stability check."""
+
+from chat_templates.conversations import Conversation, default_conversations
+from chat_templates.parsers import OutputParser, collect, parse_full
+from chat_templates.render import (
+    BUNDLED_TEMPLATES,
+    RenderedPrompt,
+    Segment,
+    first_divergence,
+    load_template,
+    locate,
+    locate_char,
+    render,
+    render_text,
+)
+from chat_templates.template_check import StepReport, check_prefix_stability
+from chat_templates.tool_calls import ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
+
+__all__ = [
+    "BUNDLED_TEMPLATES",
+    "Conversation",
+    "OutputParser",
+    "ParsedDelta",
+    "ParsedOutput",
+    "RenderedPrompt",
+    "Segment",
+    "StepReport",
+    "ToolCall",
+    "ToolCallDelta",
+    "check_prefix_stability",
+    "collect",
+    "default_conversations",
+    "first_divergence",
+    "load_template",
+    "locate",
+    "locate_char",
+    "parse_full",
+    "render",
+    "render_text",
+]

@@ -36,7 +36,9 @@ class OutputParser:
         request_id: str | None = None,
     ) -> None:
         if tool_format not in (None, *TOOL_FORMATS):
-            raise ValueError(f"unknown tool format {tool_format!r}; expected one of {', '.join(TOOL_FORMATS)}")
+            raise ValueError(
+                f"unknown tool format {tool_format!r}; expected one of {', '.join(TOOL_FORMATS)}"
+            )
         self._format = tool_format
         self._ids = CallIds(request_id)
         self._buf = ""

@@ -97,7 +97,10 @@ def _strip_marks(marked: str) -> tuple[str, list[tuple[int, str, int]]]:
 def _search_points(text: str, messages: list[dict], tools: list[dict] | None) -> list[tuple[int, str, int]]:
     """Fallback: find each item's marked strings, in order, in the real text (approximate but safe)."""
     points: list[tuple[int, str, int]] = []
-    groups = (("t", [_marked_tool(t, "t") for t in tools or []]), ("m", [_marked_message(m, "m") for m in messages]))
+    groups = (
+        ("t", [_marked_tool(t, "t") for t in tools or []]),
+        ("m", [_marked_message(m, "m") for m in messages]),
+    )
     for kind, items in groups:
         cursor = 0
         for i, item in enumerate(items):
@@ -161,7 +164,7 @@ def _paint(text: str, claims: list[Span]) -> list[Span]:
     """Resolve overlapping claims by priority; uncovered text is template glue."""
     bounds = sorted({0, len(text)} | {c[2] for c in claims} | {c[3] for c in claims})
     spans: list[Span] = []
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
         if lo >= hi or lo < 0 or hi > len(text):
             continue
         best: tuple[str, int | None] = ("template", None)
