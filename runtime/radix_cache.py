@@ -139,7 +139,7 @@ class RadixCache:
         prefix_len = pos
         if pos < len(tokens):
             leaf = TreeNode(tokens[pos:], list(pages[pos // self.page_size :]), node, next(self._uids))
-            leaf.last_access = 0
+            leaf.last_access = now
             node.children[leaf.key[: self.page_size]] = leaf
             self.num_nodes += 1
             self._total_pages += len(leaf.pages)
