@@ -34,11 +34,13 @@ def _store_kv_kernel(
 ):
     t = tl.program_id(0)
     slot = tl.load(SLOTS + t).to(tl.int64)
+    # Negative slots mark padding rows (e.g. a fixed-size CUDA-graph batch): nothing is written.
+    if slot < 0:
+        return
     offs = tl.arange(0, BLOCK)
     head = offs // HEAD_DIM
     dim = offs % HEAD_DIM
-    # Negative slots mark padding rows (e.g. a fixed-size CUDA-graph batch): nothing is written.
-    mask = (offs < NUM_KV_HEADS * HEAD_DIM) & (slot >= 0)
+    mask = offs < NUM_KV_HEADS * HEAD_DIM
     page = slot // PAGE_SIZE
     in_page = slot % PAGE_SIZE
     k = tl.load(K + t * stride_kt + head * stride_kh + dim, mask=mask)
