@@ -1,0 +1,77 @@
+"""template-check finds the Qwen3 reasoning break, passes append-only templates, and exits 1 on a break."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from chat_templates import Conversation, check_prefix_stability, default_conversations
+from chat_templates.template_check import main
+from runtime.model_source import resolve_model
+
+THINKING = Conversation(
+    "thinking",
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 12 * 7?"},
+        {"role": "assistant", "reasoning_content": "12 * 7 = 84.", "content": "84."},
+        {"role": "user", "content": "Halve it."},
+        {"role": "assistant", "reasoning_content": "84 / 2 = 42.", "content": "42."},
+        {"role": "user", "content": "Thanks."},
+    ],
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(str(resolve_model(None)[0]))
+
+
+def test_qwen3_drops_reasoning_break_reported_at_first_assistant_message(tok):
+    reports = check_prefix_stability(tok, "qwen3", [THINKING])
+    assert [r.step for r in reports] == [2, 4]
+    first = reports[0]
+    assert not first.ok
+    assert first.message_index == 2
+    assert "think block" in first.segment
+    assert first.previous_text.startswith("<think>\n12 * 7 = 84.")
+    assert first.next_text.startswith("84.<|im_end|>")
+    assert first.before_text.endswith("<|im_start|>assistant\n")
+
+
+def test_qwen3_keep_reasoning_is_append_only(tok):
+    reports = check_prefix_stability(tok, "qwen3", keep_reasoning=True)
+    assert reports and all(r.ok for r in reports)
+
+
+@pytest.mark.parametrize("name", ["plain", "tools"])
+def test_chatml_plain_and_tool_turns_pass(tok, name):
+    conv = next(c for c in default_conversations() if c.name == name)
+    reports = check_prefix_stability(tok, "chatml", [conv])
+    assert len(reports) >= 2 and all(r.ok for r in reports)
+    assert all(r.prefix_tokens > 0 for r in reports)
+
+
+def test_template_that_rewrites_history_is_caught_in_template_glue(tok):
+    counting = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% if loop.first %} ({{ messages|length }} messages){% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    reports = check_prefix_stability(tok, counting, [THINKING])
+    assert reports[0].divergence is not None and not reports[0].ok
+    assert reports[0].before_text.endswith("Be brief. (")
+    assert reports[0].previous_text.startswith("2 messages)")
+    # already the assistant turn, rendered as the newest message, rewrites the system line
+    assert reports[0].next_text.startswith("3 messages)")
+    assert "not continued" in reports[0].segment and "template glue" in reports[0].segment
+
+
+def test_cli_exit_codes(capsys):
+    assert main(["--chat-template", "qwen3"]) == 1
+    out = capsys.readouterr().out
+    assert "BREAK" in out and "think block (message 2)" in out
+    assert main(["--chat-template", "chatml"]) == 0
+    assert "0 break(s)" in capsys.readouterr().out
+    assert main(["--chat-template", "qwen3", "--keep-reasoning"]) == 0
+    assert main(["--chat-template", "nope"]) == 2
