@@ -1,5 +1,11 @@
 """Chat templates for kvreuse: transformers-exact rendering with segments, bundled templates
-(chatml, qwen3, llama3), streaming output parsers, and a prefix-stability check."""
+(chatml, qwen3, llama3), streaming output parsers, and a prefix-stability check.
+
+Append-only history: the bundled ``qwen3`` template takes ``keep_reasoning=True`` (default False), which
+renders every assistant turn with its reasoning as generated (``<think>\n...\n</think>\n\n`` before the
+content) so multi-turn thinking conversations stay a token prefix of the next request.  Trade-off: the
+model sees its earlier reasoning, which Qwen's training did not, and the context grows.  See README.md.
+"""
 
 from chat_templates.conversations import Conversation, default_conversations
 from chat_templates.parsers import OutputParser, collect, parse_full
