@@ -2,7 +2,7 @@
 (chatml, qwen3, llama3), streaming output parsers, and a prefix-stability check.
 
 Append-only history: the bundled ``qwen3`` template takes ``keep_reasoning=True`` (default False), which
-renders every assistant turn with its reasoning as generated (``<think>\n...\n</think>\n\n`` before the
+renders every assistant turn with its reasoning as generated (a ``<think>...</think>`` block before the
 content) so multi-turn thinking conversations stay a token prefix of the next request.  Trade-off: the
 model sees its earlier reasoning, which Qwen's training did not, and the context grows.  See README.md.
 """
