@@ -57,15 +57,15 @@ def output_buffer(out: torch.Tensor | None, shape: tuple[int, ...], q: torch.Ten
     return out
 
 
-def dot_settings(dtype: torch.dtype) -> tuple[bool, str]:
+def dot_settings(dtype: torch.dtype) -> tuple[bool, str | None]:
     """(upcast operands to fp32 before ``tl.dot``, ``input_precision``) for this input dtype.
 
-    fp32 inputs get exact ``ieee`` products rather than tf32.  The interpreter multiplies bf16
-    operands as their raw uint16 bits, so there they are upcast to fp32; compiled GPU code keeps
-    bf16 tensor-core products.
+    fp32 inputs get exact ``ieee`` products rather than tf32; 16-bit inputs keep the backend's
+    default.  The interpreter multiplies bf16 operands as their raw uint16 bits, so there they are
+    upcast to fp32; compiled GPU code keeps bf16 tensor-core products.
     """
     upcast = dtype == torch.bfloat16 and interpreting()
-    return upcast, "ieee" if dtype == torch.float32 or upcast else "tf32"
+    return upcast, "ieee" if dtype == torch.float32 or upcast else None
 
 
 @triton.jit
