@@ -1,0 +1,135 @@
+"""Radix cache property test: random insert/match/lock/unlock/evict against a page-level model."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.page_allocator import PageAllocator
+from runtime.radix_cache import MatchResult, RadixCache, TreeNode
+from tests.radix_checks import check_structure, path_tokens, tree_pages
+
+NUM_PAGES = 24
+tokens_st = st.lists(st.integers(0, 2), max_size=9)  # tiny vocab so prefixes collide often
+op_st = st.one_of(
+    st.tuples(st.just("insert"), tokens_st, st.booleans()),
+    st.tuples(st.just("match"), tokens_st),
+    st.tuples(st.just("lock"), tokens_st),
+    st.tuples(st.just("unlock"), st.integers(0, 100)),
+    st.tuples(st.just("evict"), st.integers(0, 3)),
+)
+
+
+class Harness:
+    """Drives a RadixCache like an engine would and keeps the model: page-aligned prefix -> page id."""
+
+    def __init__(self, ps: int) -> None:
+        self.ps = ps
+        self.tree = RadixCache(ps, PageAllocator(NUM_PAGES))
+        self.model: dict[tuple[int, ...], int] = {}
+        self.locks: list[tuple[TreeNode, tuple[int, ...]]] = []
+        self.clock = 0
+        self.stamps: dict[tuple[int, ...], int] = {}  # model's own last-access time per prefix
+
+    def touch(self, tokens: tuple[int, ...], n_pages: int) -> None:
+        self.clock += 1
+        for i in range(1, n_pages + 1):
+            self.stamps[tokens[: i * self.ps]] = self.clock
+
+    def tree_match(self, tokens: tuple[int, ...]) -> MatchResult:
+        m = self.tree.match(tokens)
+        self.touch(tokens, m.cached_len // self.ps)
+        return m
+
+    def model_match(self, tokens: tuple[int, ...]) -> int:
+        n = 0
+        while (n + 1) * self.ps <= len(tokens) and tokens[: (n + 1) * self.ps] in self.model:
+            n += 1
+        return n
+
+    def locked_prefixes(self) -> set[tuple[int, ...]]:
+        return {p[: i * self.ps] for _, p in self.locks for i in range(1, len(p) // self.ps + 1)}
+
+    def match(self, tokens: tuple[int, ...]) -> None:
+        n = self.model_match(tokens)
+        m = self.tree_match(tokens)
+        assert m.cached_len == n * self.ps
+        assert m.pages == [self.model[tokens[: (i + 1) * self.ps]] for i in range(n)]
+        assert path_tokens(m.handle) == tokens[: m.cached_len]
+
+    def lock(self, tokens: tuple[int, ...]) -> None:
+        m = self.tree_match(tokens)
+        self.tree.lock(m.handle)
+        self.locks.append((m.handle, tokens[: m.cached_len]))
+
+    def unlock(self, index: int) -> None:
+        if self.locks:
+            handle, _ = self.locks.pop(index % len(self.locks))
+            self.tree.unlock(handle)
+
+    def evict(self, n: int) -> None:
+        before, evictable, locked = tree_pages(self.tree), self.tree.evictable_pages, self.locked_prefixes()
+        freed = self.tree.evict(n)
+        after = tree_pages(self.tree)
+        assert after.items() <= before.items()
+        removed = before.keys() - after.keys()
+        assert freed == len(removed) and not removed & locked
+        assert freed >= n if evictable >= n else freed == evictable
+        assert all(self.tree.allocator.is_free(before[p]) for p in removed)
+        # LRU: nothing evicted was used more recently than a leaf that could have gone instead.
+        left = [self.stamps[path_tokens(leaf)] for leaf in self.tree._evictable]
+        if removed and left:
+            assert max(self.stamps[p] for p in removed) <= min(left)
+        self.model = after
+
+    def alloc(self, n: int) -> list[int] | None:
+        short = n - self.tree.allocator.num_free
+        if short > 0:
+            self.evict(short)
+        return self.tree.allocator.alloc(n) if n <= self.tree.allocator.num_free else None
+
+    def insert(self, tokens: tuple[int, ...], reuse: bool) -> None:
+        tokens = tokens[: len(tokens) // self.ps * self.ps]
+        n_pages = len(tokens) // self.ps
+        m = self.tree_match(tokens) if reuse else None
+        if m is not None:
+            self.tree.lock(m.handle)  # keep the reused prefix alive while allocating the rest
+        new = self.alloc(n_pages - len(m.pages) if m else n_pages)
+        if new is not None:
+            pages = (m.pages if m else []) + new
+            present = self.model_match(tokens)
+            res = self.tree.insert(tokens, pages)
+            self.touch(tokens, n_pages)
+            assert res.prefix_len == present * self.ps
+            assert path_tokens(res.handle) == tokens
+            dup = [p for i, p in enumerate(pages[:present]) if p != self.model[tokens[: (i + 1) * self.ps]]]
+            assert len(dup) == (0 if m else present)
+            self.tree.allocator.free(dup)
+            for i in range(present, n_pages):
+                self.model[tokens[: (i + 1) * self.ps]] = pages[i]
+        if m is not None:
+            self.tree.unlock(m.handle)
+
+    def check(self) -> None:
+        assert tree_pages(self.tree) == self.model
+        check_structure(self.tree, [h for h, _ in self.locks])
+        for handle, prefix in self.locks:
+            assert path_tokens(handle) == prefix
+        assert self.tree.locked_pages == len(self.locked_prefixes())
+        assert not any(self.tree.allocator.is_free(self.model[p]) for p in self.locked_prefixes())
+
+
+@settings(max_examples=300, deadline=None)
+@given(ps=st.sampled_from([1, 2, 3]), ops=st.lists(op_st, max_size=50))
+def test_random_operations_agree_with_model(ps: int, ops: list[tuple]) -> None:
+    h = Harness(ps)
+    for op, *args in ops:
+        if op in ("insert", "match", "lock"):
+            args[0] = tuple(args[0])
+        getattr(h, op)(*args)
+        h.check()
+    while h.locks:
+        h.unlock(0)
+    assert h.tree.evictable_pages == h.tree.total_pages
+    h.tree.reset()
+    assert h.tree.allocator.num_free == NUM_PAGES and h.tree.num_nodes == 0
