@@ -1,0 +1,185 @@
+"""``POST /v1/chat/completions``: render, generate n choices, parse tool calls/reasoning, report the cache."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from chat_templates.parsers import OutputParser, parse_full
+from runtime.request import RequestOutput
+from runtime.server.diagnostics import HistoryEntry
+from runtime.server.params import chat_logprobs, sampling_params, usage, validate_prompt
+from runtime.server.prompting import ChatPrompt, build_chat_prompt
+from runtime.server.protocol import ChatCompletionRequest
+from runtime.server.state import ServerState
+from runtime.server.streaming import (
+    DONE,
+    GuardedStream,
+    Once,
+    delta_messages,
+    join_parsed,
+    merge_streams,
+    sse,
+)
+
+log = logging.getLogger("kvreuse.server")
+
+
+class ChatRun:
+    """One chat request in flight: its prompt, the n engine streams, and bookkeeping at the end."""
+
+    def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
+        self.state, self.req = state, req
+        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model = state.config.served_model_name
+        self.prompt: ChatPrompt = build_chat_prompt(req, state.tokenizer, state.template)
+        n_prompt = len(self.prompt.token_ids)
+        self.params = [sampling_params(req, state.engine, n_prompt, i) for i in range(req.n)]
+        validate_prompt(state.engine, self.prompt.token_ids, self.params[0])
+
+    def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        ids = self.prompt.token_ids
+        return merge_streams(
+            [self.state.aengine.stream(ids, p, f"{self.id}-{i}") for i, p in enumerate(self.params)]
+        )
+
+    def parser(self, i: int) -> OutputParser:
+        p = self.prompt
+        parser = OutputParser(p.tool_format, self.state.template.reasoning, p.think_open, f"{self.id}-{i}")
+        if p.forced_prefix:
+            parser.feed(p.forced_prefix)  # markup only: the parser holds it, nothing is emitted
+        return parser
+
+    def finish(self, outs: list[RequestOutput]) -> dict[str, Any]:
+        """Usage, diagnosis, metrics and the log line; returns the ``kvreuse`` extension object."""
+        st, p = self.state, self.prompt
+        first = outs[0]
+        diag = st.diagnostics.diagnose(p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens)
+        st.diagnostics.record(
+            HistoryEntry(
+                list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools
+            )
+        )
+        st.metrics.cache_miss.labels(diag["cause"]).inc()
+        for o in outs:
+            st.metrics.observe_request(
+                o.prompt_tokens, o.cached_tokens, len(o.output_token_ids), o.ttft_s, o.decode_s
+            )
+        div = diag["divergence"] or {}
+        log.info(
+            "chat %s prompt=%d cached=%d reusable=%d cause=%s at=%s where=%s",
+            self.id, diag["prompt_tokens"], diag["cached_tokens"], diag["reusable_tokens"], diag["cause"],
+            div.get("token_index"), div.get("where"),
+        )  # fmt: skip
+        return {"cache": diag}
+
+    def finish_reason(self, out: RequestOutput, n_calls: int) -> str:
+        return "tool_calls" if n_calls else (out.finish_reason or "stop")
+
+
+async def complete(run: ChatRun) -> dict[str, Any]:
+    outs: dict[int, RequestOutput] = {}
+    async for i, out in run.streams():
+        if out.finished:
+            outs[i] = out
+    ordered = [outs[i] for i in range(len(outs))]
+    p = run.prompt
+    choices = []
+    for i, out in enumerate(ordered):
+        parsed = parse_full(
+            p.forced_prefix + out.text,
+            p.tool_format,
+            run.state.template.reasoning,
+            p.think_open,
+            f"{run.id}-{i}",
+        )
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": parsed.content or (None if parsed.tool_calls else ""),
+        }
+        if parsed.reasoning:
+            msg["reasoning_content"] = parsed.reasoning
+        if parsed.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in parsed.tool_calls
+            ]
+        choice = {"index": i, "message": msg, "finish_reason": run.finish_reason(out, len(parsed.tool_calls))}
+        choice["logprobs"] = chat_logprobs(run.state.tokenizer, out.logprobs) if run.req.logprobs else None
+        choices.append(choice)
+    return {
+        "id": run.id,
+        "object": "chat.completion",
+        "created": run.created,
+        "model": run.model,
+        "choices": choices,
+        "usage": usage(len(p.token_ids), ordered),
+        "kvreuse": run.finish(ordered),
+    }
+
+
+async def stream_events(run: ChatRun) -> AsyncIterator[str]:
+    n = run.req.n
+    parsers = [run.parser(i) for i in range(n)]
+    calls = [0] * n
+    seen_lp = [0] * n
+    finals: dict[int, RequestOutput] = {}
+
+    def chunk(
+        i: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
+    ) -> dict[str, Any]:
+        c = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {
+            "id": run.id,
+            "object": "chat.completion.chunk",
+            "created": run.created,
+            "model": run.model,
+            "choices": [c],
+        }
+
+    for i in range(n):
+        yield sse(chunk(i, {"role": "assistant", "content": ""}))
+    async for i, out in run.streams():
+        parsed = parsers[i].feed(out.delta)
+        if out.finished:
+            parsed = join_parsed(parsed, parsers[i].finish())
+        lp = None
+        if run.req.logprobs and len(out.logprobs) > seen_lp[i]:
+            lp = chat_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :])
+            seen_lp[i] = len(out.logprobs)
+        calls[i] += len(parsed.tool_calls)
+        for delta in delta_messages(parsed) or ([{}] if lp else []):
+            yield sse(chunk(i, delta, logprobs=lp))
+            lp = None
+        if out.finished:
+            finals[i] = out
+            last = chunk(i, {}, run.finish_reason(out, calls[i]))
+            if len(finals) == n:
+                ordered = [finals[k] for k in range(n)]
+                last["usage"] = usage(len(run.prompt.token_ids), ordered)
+                last["kvreuse"] = run.finish(ordered)
+            yield sse(last)
+    if run.req.stream_options and run.req.stream_options.include_usage:
+        ordered = [finals[k] for k in range(n)]
+        tail = {"id": run.id, "object": "chat.completion.chunk", "created": run.created, "model": run.model}
+        yield sse({**tail, "choices": [], "usage": usage(len(run.prompt.token_ids), ordered)})
+    yield DONE
+
+
+def stream_response(run: ChatRun, release: Once) -> GuardedStream:
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for event in stream_events(run):
+                yield event
+        except Exception as e:  # headers are sent: report in-band, the way OpenAI streams do
+            log.exception("stream %s failed", run.id)
+            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+            yield DONE
+        finally:
+            release()
+
+    return GuardedStream(body(), release)

@@ -1,0 +1,111 @@
+"""``kvreuse serve``: load the engine, print a banner, serve until SIGTERM/SIGINT, drain, exit 0."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from runtime.engine_args import add_engine_args, engine_kwargs
+
+log = logging.getLogger("kvreuse.server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvreuse serve", description="OpenAI-compatible server with honest KV-cache figures."
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--served-model-name", default=None, help="model id clients send (default: the model's name)"
+    )
+    p.add_argument(
+        "--chat-template", default=None, help="bundled name (chatml, qwen3, llama3) or a .jinja path"
+    )
+    p.add_argument(
+        "--max-waiting", type=int, default=64, help="requests queued beyond --max-running before 503s"
+    )
+    p.add_argument(
+        "--shutdown-timeout", type=float, default=10.0, help="seconds to finish running requests on SIGTERM"
+    )
+    p.add_argument(
+        "--diagnostics-history", type=int, default=64, help="earlier requests kept for cache-miss diagnosis"
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+    return p
+
+
+class _DrainingServer(uvicorn.Server):
+    """Stops admission (new requests get 503) as soon as a shutdown signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, on_signal) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self._on_signal()
+        super().handle_exit(sig, frame)
+
+
+def banner(engine, pool_tokens: int, url: str, template: str, name: str) -> str:
+    cfg = engine.config
+    return "\n".join(
+        (
+            f"kvreuse serve: {name} ({engine.model_dir})",
+            f"  dtype {str(engine.dtype).removeprefix('torch.')}, device {engine.device}, context {engine.max_model_len} tokens",
+            f"  KV pool {pool_tokens} tokens ({engine.runner.pool.num_pages} pages of {cfg.page_size}), "
+            f"prefix cache {cfg.prefix_cache}, max running {cfg.max_running}",
+            f"  chat template: {template}",
+            f"  listening on {url}  (OpenAI base_url {url}/v1)",
+        )
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.max_waiting < 0:
+        raise ValueError("--max-waiting must be >= 0")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from runtime.async_engine import AsyncEngine
+    from runtime.engine import Engine
+    from runtime.server.app import create_app
+    from runtime.server.state import ServerConfig
+
+    engine = Engine(args.model, **engine_kwargs(args))
+    aengine = AsyncEngine(engine, max_waiting=args.max_waiting)
+    name = args.served_model_name or engine.model_name
+    config = ServerConfig(
+        served_model_name=name,
+        chat_template=args.chat_template,
+        max_waiting=args.max_waiting,
+        diagnostics_history=args.diagnostics_history,
+        shutdown_timeout_s=args.shutdown_timeout,
+    )
+    app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
+    state = app.state.kv
+    url = f"http://{args.host}:{args.port}"
+    print(
+        banner(engine, engine.runner.pool.num_tokens, url, state.template.name, name),
+        file=sys.stderr,
+        flush=True,
+    )
+    uv_config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=int(max(1, args.shutdown_timeout)),
+        access_log=False,
+    )
+    server = _DrainingServer(uv_config, lambda: setattr(state, "draining", True))
+    server.run()
+    if not server.started:
+        print(f"kvreuse serve: error: could not listen on {url}", file=sys.stderr)
+        return 2
+    return 0

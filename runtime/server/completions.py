@@ -1,0 +1,130 @@
+"""``POST /v1/completions``: a text or token-id prompt, no chat template."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from runtime.request import RequestOutput
+from runtime.server.params import completion_logprobs, sampling_params, usage, validate_prompt
+from runtime.server.protocol import CompletionRequest
+from runtime.server.state import ServerState
+from runtime.server.streaming import DONE, GuardedStream, Once, merge_streams, sse
+
+log = logging.getLogger("kvreuse.server")
+
+
+class CompletionRun:
+    """One completion request: tokenised prompt, per-choice params and the response shapes."""
+
+    def __init__(self, state: ServerState, req: CompletionRequest) -> None:
+        self.state, self.req = state, req
+        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.model = state.config.served_model_name
+        prompt = req.prompt
+        n_prompt = (
+            len(prompt)
+            if isinstance(prompt, list)
+            else len(state.tokenizer.encode(prompt, add_special_tokens=False))
+        )
+        self.params = [sampling_params(req, state.engine, n_prompt, i) for i in range(req.n)]
+        self.prompt_ids = validate_prompt(state.engine, prompt, self.params[0])
+        self.prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(self.prompt_ids)
+
+    def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        return merge_streams(
+            [
+                self.state.aengine.stream(self.prompt_ids, p, f"{self.id}-{i}")
+                for i, p in enumerate(self.params)
+            ]
+        )
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def observe(self, outs: list[RequestOutput]) -> None:
+        for o in outs:
+            self.state.metrics.observe_request(
+                o.prompt_tokens, o.cached_tokens, len(o.output_token_ids), o.ttft_s, o.decode_s
+            )
+        log.info("completion %s prompt=%d cached=%d", self.id, len(self.prompt_ids), outs[0].cached_tokens)
+
+
+async def complete(run: CompletionRun) -> dict[str, Any]:
+    outs: dict[int, RequestOutput] = {}
+    async for i, out in run.streams():
+        if out.finished:
+            outs[i] = out
+    ordered = [outs[i] for i in range(len(outs))]
+    echo = run.prompt_text if run.req.echo else ""
+    tok = run.state.tokenizer
+    choices = [
+        {
+            "index": i,
+            "text": echo + o.text,
+            "logprobs": completion_logprobs(tok, o.logprobs, len(echo))
+            if run.req.logprobs is not None
+            else None,
+            "finish_reason": o.finish_reason,
+        }
+        for i, o in enumerate(ordered)
+    ]
+    run.observe(ordered)
+    return {**run.chunk(choices), "usage": usage(len(run.prompt_ids), ordered)}
+
+
+async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
+    n = run.req.n
+    finals: dict[int, RequestOutput] = {}
+    seen_lp = [0] * n
+    offsets = [len(run.prompt_text) if run.req.echo else 0] * n
+    if run.req.echo:
+        for i in range(n):
+            yield sse(
+                run.chunk([{"index": i, "text": run.prompt_text, "logprobs": None, "finish_reason": None}])
+            )
+    async for i, out in run.streams():
+        lp = None
+        if run.req.logprobs is not None and len(out.logprobs) > seen_lp[i]:
+            lp = completion_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :], offsets[i])
+            seen_lp[i] = len(out.logprobs)
+        offsets[i] += len(out.delta)
+        reason = out.finish_reason if out.finished else None
+        if not (out.delta or lp or out.finished):
+            continue
+        c = run.chunk([{"index": i, "text": out.delta, "logprobs": lp, "finish_reason": reason}])
+        if out.finished:
+            finals[i] = out
+            if len(finals) == n:
+                ordered = [finals[k] for k in range(n)]
+                c["usage"] = usage(len(run.prompt_ids), ordered)
+                run.observe(ordered)
+        yield sse(c)
+    if run.req.stream_options and run.req.stream_options.include_usage:
+        yield sse({**run.chunk([]), "usage": usage(len(run.prompt_ids), [finals[k] for k in range(n)])})
+    yield DONE
+
+
+def stream_response(run: CompletionRun, release: Once) -> GuardedStream:
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for event in stream_events(run):
+                yield event
+        except Exception as e:  # headers are sent: report in-band
+            log.exception("stream %s failed", run.id)
+            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+            yield DONE
+        finally:
+            release()
+
+    return GuardedStream(body(), release)

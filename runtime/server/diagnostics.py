@@ -1,0 +1,187 @@
+"""Cache-miss diagnostics: where a chat request's prefix stopped matching what the cache holds, and why.
+
+We keep the last requests (prompt + generated token ids, their messages, tools and segments).  The
+earlier request sharing the longest token prefix with a new one is what the radix cache most
+likely holds; the first differing token is located in the new rendering (message, tools, think
+block, generation prompt) and the two message lists are compared to name a likely cause.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any, NamedTuple
+
+from chat_templates.render import RenderedPrompt, first_divergence, locate
+
+CONTEXT_TOKENS = 16
+CONTEXT_CHARS = 60
+
+CAUSES = (
+    "new_conversation",
+    "append_only",
+    "assistant_turn_differs",
+    "system_changed",
+    "tools_reordered",
+    "tools_changed",
+    "history_truncated",
+    "message_edited",
+    "template_rerendered",
+    "evicted",
+)
+
+
+class HistoryEntry(NamedTuple):
+    """One finished chat request as the cache saw it."""
+
+    token_ids: list[int]  # prompt + generated
+    num_prompt: int
+    messages: list[dict]
+    tools: list[dict] | None
+
+
+def _describe(kind: str, index: int | None, messages: list[dict]) -> str:
+    if kind in ("message", "system") and index is not None:
+        return f"message {index} ({messages[index].get('role')})"
+    if kind == "think":
+        return f"think block (message {index})" if index is not None else "think block"
+    return {"template": "template glue", "generation_prompt": "generation prompt"}.get(kind, kind)
+
+
+def _canon(x: Any) -> str:
+    return json.dumps(x, sort_keys=True, ensure_ascii=False)
+
+
+def _system(messages: list[dict]) -> str | None:
+    return messages[0].get("content") if messages and messages[0].get("role") == "system" else None
+
+
+def _body(messages: list[dict]) -> list[dict]:
+    return messages[1:] if messages and messages[0].get("role") == "system" else messages
+
+
+class CacheDiagnostics:
+    """Bounded history of requests, and the diagnosis of each new one against it."""
+
+    def __init__(self, tokenizer: Any, page_size: int, max_entries: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.page_size = page_size
+        self.history: deque[HistoryEntry] = deque(maxlen=max_entries)
+
+    def record(self, entry: HistoryEntry) -> None:
+        self.history.append(entry)
+
+    def best_match(self, token_ids: list[int]) -> tuple[HistoryEntry | None, int]:
+        best, best_len = None, 0
+        for entry in reversed(self.history):  # the most recent wins a tie
+            n = first_divergence(entry.token_ids, token_ids)
+            if n > best_len:
+                best, best_len = entry, n
+        return best, best_len
+
+    def diagnose(
+        self,
+        rendered: RenderedPrompt,
+        messages: list[dict],
+        tools: list[dict] | None,
+        prompt_ids: list[int],
+        cached_tokens: int,
+    ) -> dict[str, Any]:
+        """The ``kvreuse.cache`` object of a response."""
+        entry, common = self.best_match(prompt_ids)
+        out: dict[str, Any] = {
+            "prompt_tokens": len(prompt_ids),
+            "cached_tokens": cached_tokens,
+            "reusable_tokens": common,
+            "cause": "new_conversation",
+            "detail": "no earlier request shares a prefix with this one",
+            "divergence": None,
+        }
+        if entry is None:
+            return out
+        if common < len(prompt_ids) and common < len(entry.token_ids):
+            out["divergence"] = self._divergence(rendered, messages, entry, prompt_ids, common)
+        out["cause"], out["detail"] = self._cause(
+            entry, messages, tools, common, cached_tokens, out["divergence"]
+        )
+        return out
+
+    def _divergence(
+        self, rendered: RenderedPrompt, messages: list[dict], entry: HistoryEntry, ids: list[int], at: int
+    ) -> dict[str, Any]:
+        seg = locate(rendered, at) if at < len(rendered.token_ids) else None
+        dec = self.tokenizer.decode
+        return {
+            "token_index": at,
+            "message_index": seg.message_index if seg else None,
+            "segment": seg.kind if seg else "generation_prompt",
+            "where": _describe(seg.kind, seg.message_index, messages) if seg else "forced tool-call prefix",
+            "in_generated_part": at >= entry.num_prompt,
+            "before_text": dec(ids[max(0, at - CONTEXT_TOKENS) : at])[-CONTEXT_CHARS:],
+            "cached_text": dec(entry.token_ids[at : at + CONTEXT_TOKENS])[:CONTEXT_CHARS],
+            "new_text": dec(ids[at : at + CONTEXT_TOKENS])[:CONTEXT_CHARS],
+        }
+
+    def _cause(
+        self,
+        entry: HistoryEntry,
+        messages: list[dict],
+        tools: list[dict] | None,
+        common: int,
+        cached: int,
+        div: dict[str, Any] | None,
+    ) -> tuple[str, str]:
+        if common > cached + self.page_size:
+            return "evicted", (
+                f"an earlier request shared {common} tokens but only {cached} were still cached: "
+                "its pages were evicted (raise --kv-cache-memory or send fewer concurrent conversations)"
+            )
+        if div is None:
+            return "append_only", "the prompt extends an earlier request; everything reusable was reused"
+        old, new = entry.messages, messages
+        old_tools, new_tools = entry.tools or [], tools or []
+        if _canon(old_tools) != _canon(new_tools) and div["segment"] in ("tools", "template", "system"):
+            if sorted(map(_canon, old_tools)) == sorted(map(_canon, new_tools)):
+                return (
+                    "tools_reordered",
+                    "same tool definitions in a different order: keep tools in a fixed order",
+                )
+            return "tools_changed", "tool definitions changed, so everything after them is recomputed"
+        if _system(old) is not None and _system(new) is not None and _system(old) != _system(new):
+            a, b = _system(old), _system(new)
+            at = first_divergence(a, b)
+            return "system_changed", (
+                f"content changed inside the system message at char {at} ({a[at : at + 20]!r} -> "
+                f"{b[at : at + 20]!r}), e.g. a timestamp: keep the system prompt constant"
+            )
+        old_body, new_body = _body(old), _body(new)
+        if new_body:
+            first = _canon(new_body[0])
+            starts = [j for j, m in enumerate(old_body) if _canon(m) == first]
+            if (
+                starts
+                and starts[0] > 0
+                and _canon(old_body[starts[0] :]) == _canon(new_body[: len(old_body) - starts[0]])
+            ):
+                return "history_truncated", (
+                    f"the first {starts[0]} earlier message(s) were removed (sliding window): "
+                    "everything after the removal point is recomputed"
+                )
+        if div["in_generated_part"]:
+            return "assistant_turn_differs", (
+                "the assistant message in the history renders differently from the tokens the model generated "
+                "(edited reply, dropped reasoning, or reformatted tool call); only that turn onwards is recomputed"
+            )
+        shared = min(len(old), len(new))
+        if not any(_canon(old[i]) == _canon(new[i]) for i in range(shared)) and shared:
+            return "new_conversation", "no message in common with the closest earlier request"
+        edited = next((i for i in range(shared) if _canon(old[i]) != _canon(new[i])), None)
+        if edited is not None:
+            return (
+                "message_edited",
+                f"message {edited} ({new[edited].get('role')}) differs from the earlier request",
+            )
+        return "template_rerendered", (
+            "the messages are the same but the template rendered earlier turns differently "
+            "(e.g. reasoning dropped from past assistant turns)"
+        )

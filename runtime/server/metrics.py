@@ -1,0 +1,102 @@
+"""Prometheus metrics: engine totals and pool gauges read at scrape time, per-request histograms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from runtime.engine import EngineStats
+
+_COUNTERS = (
+    ("requests", "requests", "Requests the engine accepted"),
+    ("prompt_tokens", "prompt_tokens", "Prompt tokens of accepted requests"),
+    ("cached_tokens", "cached_tokens", "Prompt tokens served from the prefix cache"),
+    ("prefilled_tokens", "prefilled_tokens", "Prompt tokens computed (not cached)"),
+    ("generated_tokens", "generated_tokens", "Tokens generated"),
+    ("evicted_pages", "evicted_pages", "KV pages evicted from the prefix cache"),
+)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator:
+        s = self._stats()
+        if s is None:
+            return
+        for field, name, doc in _COUNTERS:
+            yield CounterMetricFamily(f"kvreuse_{name}", doc, value=getattr(s, field))
+        gauges = (
+            ("running_requests", s.running, "Requests being decoded or prefilled"),
+            ("waiting_requests", s.waiting, "Requests queued in the engine"),
+            ("kv_pages_used", s.total_pages - s.free_pages, "KV pages in use (tree + requests)"),
+            ("kv_pages_free", s.free_pages, "KV pages on the free list"),
+            ("kv_pages_total", s.total_pages, "KV pages in the pool"),
+            ("radix_tree_pages", s.tree_pages, "KV pages held by the prefix cache tree"),
+        )
+        for name, value, doc in gauges:
+            yield GaugeMetricFamily(f"kvreuse_{name}", doc, value=value)
+
+
+class ServerMetrics:
+    """One registry per server (no process-global state), so tests can run several apps."""
+
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(stats))
+        r = self.registry
+        self.http_requests = Counter(
+            "kvreuse_http_requests",
+            "HTTP API requests by endpoint and status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvreuse_time_to_first_token_seconds",
+            "Time from arrival to first token",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.itl = Histogram(
+            "kvreuse_inter_token_latency_seconds",
+            "Mean time between tokens of a request",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.hit_ratio = Histogram(
+            "kvreuse_request_cache_hit_ratio",
+            "Cached prompt tokens / prompt tokens, per request",
+            buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
+            registry=r,
+        )
+        self.cache_miss = Counter(
+            "kvreuse_cache_diagnosis",
+            "Chat requests by diagnosed cache outcome (see diagnostics.CAUSES)",
+            ["cause"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "kvreuse_rejected_requests", "Requests refused with 503 (queue full or draining)", registry=r
+        )
+
+    def observe_request(
+        self,
+        prompt_tokens: int,
+        cached_tokens: int,
+        output_tokens: int,
+        ttft: float | None,
+        decode: float | None,
+    ) -> None:
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if decode is not None and output_tokens > 1:
+            self.itl.observe(decode / (output_tokens - 1))
+        if prompt_tokens:
+            self.hit_ratio.observe(cached_tokens / prompt_tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

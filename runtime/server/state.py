@@ -1,0 +1,84 @@
+"""Everything one server instance owns: the async engine, template, metrics, diagnostics, admission."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from runtime.async_engine import AsyncEngine
+from runtime.engine import EngineStats
+from runtime.server.diagnostics import CacheDiagnostics
+from runtime.server.errors import APIError
+from runtime.server.metrics import ServerMetrics
+from runtime.server.templates import TemplateInfo, resolve_template
+
+T = TypeVar("T")
+
+
+@dataclass
+class ServerConfig:
+    """Server-level options (engine options live in the engine)."""
+
+    served_model_name: str
+    chat_template: str | None = None
+    max_waiting: int = 64
+    retry_after_s: int = 1
+    diagnostics_history: int = 64
+    shutdown_timeout_s: float = 10.0
+
+
+class ServerState:
+    """Per-app state; handlers reach it through ``request.app.state.kv``."""
+
+    def __init__(self, aengine: AsyncEngine, config: ServerConfig) -> None:
+        self.aengine = aengine
+        self.engine = aengine.engine
+        self.config = config
+        self.tokenizer = self.engine.tokenizer
+        self.template: TemplateInfo = resolve_template(self.tokenizer, config.chat_template)
+        self.diagnostics = CacheDiagnostics(
+            self.tokenizer, self.engine.cache.page_size, config.diagnostics_history
+        )
+        self.last_stats: EngineStats | None = None
+        self.metrics = ServerMetrics(lambda: self.last_stats)
+        self.capacity = self.engine.config.max_running + config.max_waiting
+        self.in_flight = 0
+        self.draining = False
+        self.created = int(time.time())
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in (self.config.served_model_name, self.engine.model_name):
+            raise APIError(
+                404, f"model {name!r} does not exist; this server serves {self.config.served_model_name!r}",
+                type="not_found_error", param="model", code="model_not_found",
+            )  # fmt: skip
+
+    def admit(self, slots: int = 1) -> None:
+        """Reserve capacity for a request's lifetime, or refuse with 503 + Retry-After."""
+        if self.draining:
+            self.metrics.rejected.inc()
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if self.in_flight + slots > self.capacity:
+            self.metrics.rejected.inc()
+            raise APIError(
+                503,
+                f"too many requests in flight ({self.in_flight}, limit {self.capacity}); retry shortly",
+                type="server_error", code="overloaded", headers={"Retry-After": str(self.config.retry_after_s)},
+            )  # fmt: skip
+        self.in_flight += slots
+
+    def release(self, slots: int = 1) -> None:
+        self.in_flight -= slots
+
+    async def on_engine(self, fn: Callable[[Any], T], timeout: float = 30.0) -> T:
+        """Run ``fn(engine)`` on the engine thread, between steps, without blocking the event loop."""
+        if self.aengine.error is not None:
+            raise APIError(500, f"the engine stopped: {self.aengine.error}", type="server_error")
+        return await asyncio.wait_for(asyncio.to_thread(self.aengine.run_idle, fn), timeout)
+
+    async def refresh_stats(self) -> EngineStats:
+        self.last_stats = await self.on_engine(lambda e: e.stats())
+        return self.last_stats

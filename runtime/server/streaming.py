@@ -1,0 +1,105 @@
+"""Server-sent events, merging the n choices' output streams, and OpenAI chunk shapes for parsed deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from chat_templates.tool_calls import ParsedDelta
+from runtime.request import RequestOutput
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def delta_messages(parsed: ParsedDelta) -> list[dict[str, Any]]:
+    """The ``delta`` objects for one parsed chunk: reasoning, content, then each tool call as a
+    header (id, name, empty arguments) followed by its arguments, the way OpenAI streams them."""
+    out: list[dict[str, Any]] = []
+    if parsed.reasoning:
+        out.append({"reasoning_content": parsed.reasoning})
+    if parsed.content:
+        out.append({"content": parsed.content})
+    for call in parsed.tool_calls:
+        head = {
+            "index": call.index,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        out.append({"tool_calls": [head]})
+        if call.arguments_delta:
+            out.append(
+                {"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments_delta}}]}
+            )
+    return out
+
+
+def join_parsed(a: ParsedDelta, b: ParsedDelta) -> ParsedDelta:
+    return ParsedDelta(a.content + b.content, a.reasoning + b.reasoning, a.tool_calls + b.tool_calls)
+
+
+async def merge_streams(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave the choices' streams as outputs arrive; leaving early cancels (and so aborts) them all."""
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in s:
+                q.put_nowait((i, out))
+        except Exception as e:  # surfaced to the consumer below
+            q.put_nowait((i, e))
+        finally:
+            q.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await q.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class GuardedStream(StreamingResponse):
+    """A streaming response that runs ``on_close`` however it ends (even if the body never starts)."""
+
+    def __init__(self, body: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+class Once:
+    """Wraps a release function so it runs at most once."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
