@@ -120,6 +120,21 @@ class RadixCache:
             node = child
         return MatchResult(node, pos, pages)
 
+    def peek_len(self, token_ids: Sequence[int]) -> int:
+        """``match(token_ids).cached_len`` without its side effects: no split, no access-time update.
+
+        For scheduling estimates, which must not make a prefix look recently used.
+        """
+        tokens = tuple(token_ids)
+        node: TreeNode | None = self.root
+        pos = 0
+        while node is not None:
+            node, n_pages = self._peek_step(node, tokens, pos)
+            pos += n_pages * self.page_size
+            if node is not None and n_pages < len(node.pages):
+                break
+        return pos
+
     def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
         """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership."""
         tokens = tuple(token_ids)
@@ -219,6 +234,13 @@ class RadixCache:
         When the match ends inside the child, the child is split so that the returned node is
         exactly the matched part.
         """
+        child, n = self._peek_step(node, tokens, pos)
+        if child is not None and n < len(child.pages):
+            child = self._split(child, n)
+        return child, n
+
+    def _peek_step(self, node: TreeNode, tokens: tuple[int, ...], pos: int) -> tuple[TreeNode | None, int]:
+        """The child of ``node`` matching ``tokens[pos:]`` and how many of its pages match."""
         ps = self.page_size
         child = node.children.get(tokens[pos : pos + ps]) if pos + ps <= len(tokens) else None
         if child is None:
@@ -227,8 +249,6 @@ class RadixCache:
         limit = min(len(child.pages), (len(tokens) - pos) // ps)
         while n < limit and child.key[n * ps : (n + 1) * ps] == tokens[pos + n * ps : pos + (n + 1) * ps]:
             n += 1
-        if n < len(child.pages):
-            child = self._split(child, n)
         return child, n
 
     def _split(self, node: TreeNode, n_pages: int) -> TreeNode:

@@ -188,6 +188,17 @@ def test_insert_counts_as_an_access(make_tree) -> None:
     assert {child.key[0] for child in tree.root.children.values()} == {3}
 
 
+def test_peek_len_neither_splits_nor_refreshes(make_tree) -> None:
+    tree = make_tree(2, num_pages=8)
+    insert_fresh(tree, [1, 1, 2, 2, 3, 3])
+    insert_fresh(tree, [5, 5])
+    assert tree.peek_len([1, 1, 2, 2, 9, 9]) == 4 and tree.peek_len([1, 1, 2]) == 2
+    assert tree.peek_len([1, 1, 2, 2, 3, 3, 4]) == 6 and tree.peek_len([7, 7]) == 0
+    assert tree.num_nodes == 2
+    assert tree.evict(1) == 3  # [1 1 2 2 3 3] is still the least recently used
+    assert tree.peek_len([5, 5]) == 2
+
+
 def test_locked_nodes_are_never_evicted_even_if_oldest(make_tree) -> None:
     tree = make_tree(1, num_pages=8)
     old = insert_fresh(tree, [1, 1]).handle

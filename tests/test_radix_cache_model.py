@@ -52,6 +52,8 @@ class Harness:
 
     def match(self, tokens: tuple[int, ...]) -> None:
         n = self.model_match(tokens)
+        nodes = self.tree.num_nodes
+        assert self.tree.peek_len(tokens) == n * self.ps and self.tree.num_nodes == nodes
         m = self.tree_match(tokens)
         assert m.cached_len == n * self.ps
         assert m.pages == [self.model[tokens[: (i + 1) * self.ps]] for i in range(n)]
