@@ -147,6 +147,8 @@ class Engine:
                 self._totals["requests"] += 1
                 self._totals["prompt"] += item.num_prompt
                 self.scheduler.add(item)
+            elif kind == "call":
+                item()
             elif (req := self._requests.get(item)) is not None:
                 outs.append(self._finish(req, "abort"))
         return outs

@@ -1,0 +1,107 @@
+"""The engine loop in a background thread, with per-request async token streams.
+
+The thread owns all engine state; other threads talk to it only through the engine's
+inbox (submit / abort), and it hands outputs back through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+from runtime.engine import Engine
+from runtime.request import RequestOutput
+from runtime.sampling import SamplingParams
+
+
+class AsyncEngine:
+    """Wraps an ``Engine``; ``stream()`` yields ``RequestOutput`` snapshots as tokens arrive."""
+
+    def __init__(self, engine: Engine, max_waiting: int = 256) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvreuse-engine", daemon=True)
+        self.error: BaseException | None = None
+        self._thread.start()
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._streams)
+
+    async def stream(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit and yield outputs until finished; a caller that goes away aborts the request."""
+        req = self.engine.make_request(prompt, params, request_id)
+        q: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            self._streams[req.request_id] = (asyncio.get_running_loop(), q)
+        self.engine.submit(req)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                out = await q.get()
+                if isinstance(out, BaseException):
+                    raise out
+                yield out
+                if out.finished:
+                    finished = True
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(req.request_id, None)
+            if not finished:
+                self.engine.abort(req.request_id)
+                self._wake.set()
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> RequestOutput:
+        out = None
+        async for out in self.stream(prompt, params, request_id):
+            pass
+        assert out is not None
+        return out
+
+    def run_idle(self, fn):
+        """Run ``fn(engine)`` on the engine thread between steps (e.g. a cache reset); returns its result."""
+        done = threading.Event()
+        box: list = []
+        self.engine._inbox.put(("call", lambda: (box.append(fn(self.engine)), done.set())))
+        self._wake.set()
+        done.wait()
+        return box[0]
+
+    def _run(self) -> None:
+        eng = self.engine
+        while not self._stop.is_set():
+            if not eng.has_work():
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                outs = eng.step()
+            except BaseException as e:  # a bug in a step must not hang every caller
+                self.error = e
+                self._fail_all(e)
+                raise
+            with self._lock:
+                targets = [(o, self._streams.get(o.request_id)) for o in outs]
+            for out, target in targets:
+                if target is not None:
+                    loop, q = target
+                    loop.call_soon_threadsafe(q.put_nowait, out)
+
+    def _fail_all(self, e: BaseException) -> None:
+        with self._lock:
+            for loop, q in self._streams.values():
+                loop.call_soon_threadsafe(q.put_nowait, e)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
