@@ -40,7 +40,9 @@ def kv_slots(page_table: torch.Tensor, seq_len: int, page_size: int) -> torch.Te
     return (pages[:, None] * page_size + offs[None, :]).reshape(-1)[:seq_len]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_offset: int | None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal_offset: int | None
+) -> torch.Tensor:
     """q [Lq, Hq, D], k/v [Lk, Hkv, D] -> [Lq, Hq, D] with an optional bottom-right causal mask."""
     hq, hkv = q.shape[1], k.shape[1]
     if hq != hkv:
@@ -109,7 +111,7 @@ def decode_attention(
     v = v_cache.view(-1, hkv, d)[slots].to(q.dtype)
     group = hq // hkv
     # Fold the query heads of one KV group into the query-length axis: no K/V copy per head.
-    qg = q.view(b, hkv, group, d)
+    qg = q.reshape(b, hkv, group, d)
     out = F.scaled_dot_product_attention(
         qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
     )

@@ -52,7 +52,7 @@ class CacheManager:
             req.cached_tokens = m.cached_len
 
     def match_len(self, tokens: list[int]) -> int:
-        return 0 if self.tree is None else self.tree.match(tokens[: len(tokens) - 1]).cached_len
+        return 0 if self.tree is None else self.tree.peek_len(tokens[: len(tokens) - 1])
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
