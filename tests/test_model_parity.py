@@ -55,9 +55,9 @@ def test_greedy_generation_matches_generate(tiny_models, arch, tie):
     outs = eng.generate(prompts, SamplingParams(max_tokens=64, ignore_eos=True))
     for ids, out in zip(prompts, outs):
         with torch.no_grad():
-            ref = hf.generate(
-                torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0
-            )[0, len(ids) :].tolist()
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)[
+                0, len(ids) :
+            ].tolist()
         assert out.output_token_ids == ref
     eng.check_integrity()
 
@@ -83,5 +83,7 @@ def test_embedded_smollm2_greedy_matches_transformers():
     hf.generation_config.eos_token_id = None
     for p, out in zip(ids, outs):
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False, pad_token_id=0)[0, len(p) :]
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False, pad_token_id=0)[
+                0, len(p) :
+            ]
         assert out.output_token_ids == ref.tolist()

