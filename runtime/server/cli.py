@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -104,6 +105,10 @@ def main(argv: list[str]) -> int:
         access_log=False,
     )
     server = _DrainingServer(uv_config, lambda: setattr(state, "draining", True))
+    # uvicorn re-raises the captured signal after its graceful shutdown, so the handlers in place
+    # then decide the exit status: ours ignore it, and we return 0 after a clean drain.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
     if not server.started:
         print(f"kvreuse serve: error: could not listen on {url}", file=sys.stderr)
