@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from chat_templates.parsers import OutputParser, parse_full
@@ -83,9 +84,10 @@ class ChatRun:
 
 async def complete(run: ChatRun) -> dict[str, Any]:
     outs: dict[int, RequestOutput] = {}
-    async for i, out in run.streams():
-        if out.finished:
-            outs[i] = out
+    async with aclosing(run.streams()) as outputs:
+        async for i, out in outputs:
+            if out.finished:
+                outs[i] = out
     ordered = [outs[i] for i in range(len(outs))]
     p = run.prompt
     choices = []
@@ -143,26 +145,27 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
 
     for i in range(n):
         yield sse(chunk(i, {"role": "assistant", "content": ""}))
-    async for i, out in run.streams():
-        parsed = parsers[i].feed(out.delta)
-        if out.finished:
-            parsed = join_parsed(parsed, parsers[i].finish())
-        lp = None
-        if run.req.logprobs and len(out.logprobs) > seen_lp[i]:
-            lp = chat_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :])
-            seen_lp[i] = len(out.logprobs)
-        calls[i] += len(parsed.tool_calls)
-        for delta in delta_messages(parsed) or ([{}] if lp else []):
-            yield sse(chunk(i, delta, logprobs=lp))
+    async with aclosing(run.streams()) as outputs:
+        async for i, out in outputs:
+            parsed = parsers[i].feed(out.delta)
+            if out.finished:
+                parsed = join_parsed(parsed, parsers[i].finish())
             lp = None
-        if out.finished:
-            finals[i] = out
-            last = chunk(i, {}, run.finish_reason(out, calls[i]))
-            if len(finals) == n:
-                ordered = [finals[k] for k in range(n)]
-                last["usage"] = usage(len(run.prompt.token_ids), ordered)
-                last["kvreuse"] = run.finish(ordered)
-            yield sse(last)
+            if run.req.logprobs and len(out.logprobs) > seen_lp[i]:
+                lp = chat_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :])
+                seen_lp[i] = len(out.logprobs)
+            calls[i] += len(parsed.tool_calls)
+            for delta in delta_messages(parsed) or ([{}] if lp else []):
+                yield sse(chunk(i, delta, logprobs=lp))
+                lp = None
+            if out.finished:
+                finals[i] = out
+                last = chunk(i, {}, run.finish_reason(out, calls[i]))
+                if len(finals) == n:
+                    ordered = [finals[k] for k in range(n)]
+                    last["usage"] = usage(len(run.prompt.token_ids), ordered)
+                    last["kvreuse"] = run.finish(ordered)
+                yield sse(last)
     if run.req.stream_options and run.req.stream_options.include_usage:
         ordered = [finals[k] for k in range(n)]
         tail = {"id": run.id, "object": "chat.completion.chunk", "created": run.created, "model": run.model}

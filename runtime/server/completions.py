@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from runtime.request import RequestOutput
@@ -62,9 +63,10 @@ class CompletionRun:
 
 async def complete(run: CompletionRun) -> dict[str, Any]:
     outs: dict[int, RequestOutput] = {}
-    async for i, out in run.streams():
-        if out.finished:
-            outs[i] = out
+    async with aclosing(run.streams()) as outputs:
+        async for i, out in outputs:
+            if out.finished:
+                outs[i] = out
     ordered = [outs[i] for i in range(len(outs))]
     echo = run.prompt_text if run.req.echo else ""
     tok = run.state.tokenizer
@@ -93,23 +95,24 @@ async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
             yield sse(
                 run.chunk([{"index": i, "text": run.prompt_text, "logprobs": None, "finish_reason": None}])
             )
-    async for i, out in run.streams():
-        lp = None
-        if run.req.logprobs is not None and len(out.logprobs) > seen_lp[i]:
-            lp = completion_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :], offsets[i])
-            seen_lp[i] = len(out.logprobs)
-        offsets[i] += len(out.delta)
-        reason = out.finish_reason if out.finished else None
-        if not (out.delta or lp or out.finished):
-            continue
-        c = run.chunk([{"index": i, "text": out.delta, "logprobs": lp, "finish_reason": reason}])
-        if out.finished:
-            finals[i] = out
-            if len(finals) == n:
-                ordered = [finals[k] for k in range(n)]
-                c["usage"] = usage(len(run.prompt_ids), ordered)
-                run.observe(ordered)
-        yield sse(c)
+    async with aclosing(run.streams()) as outputs:
+        async for i, out in outputs:
+            lp = None
+            if run.req.logprobs is not None and len(out.logprobs) > seen_lp[i]:
+                lp = completion_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :], offsets[i])
+                seen_lp[i] = len(out.logprobs)
+            offsets[i] += len(out.delta)
+            reason = out.finish_reason if out.finished else None
+            if not (out.delta or lp or out.finished):
+                continue
+            c = run.chunk([{"index": i, "text": out.delta, "logprobs": lp, "finish_reason": reason}])
+            if out.finished:
+                finals[i] = out
+                if len(finals) == n:
+                    ordered = [finals[k] for k in range(n)]
+                    c["usage"] = usage(len(run.prompt_ids), ordered)
+                    run.observe(ordered)
+            yield sse(c)
     if run.req.stream_options and run.req.stream_options.include_usage:
         yield sse({**run.chunk([]), "usage": usage(len(run.prompt_ids), [finals[k] for k in range(n)])})
     yield DONE
