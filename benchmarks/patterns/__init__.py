@@ -1,0 +1,62 @@
+"""Context-management patterns, each a pure ``(trajectory, turn_index) -> Request`` isolating one change.
+
+``PATTERNS`` maps a short name to a :class:`Pattern`; ``cache=False`` marks the naive baseline,
+which sends append-only requests to a target whose prefix cache is off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from benchmarks.patterns import dynamic, history
+from benchmarks.patterns.ideal import ideal_prefill
+from benchmarks.patterns.request import Request, append_only
+from benchmarks.workloads import Trajectory
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One context-management practice: how it builds each request, and the claim it tests."""
+
+    name: str
+    build: Callable[[Trajectory, int], Request]
+    claim: str
+    cache: bool = True
+
+    def requests(self, traj: Trajectory) -> list[Request]:
+        return [self.build(traj, k) for k in range(len(traj.turns))]
+
+
+_ALL = [
+    Pattern("append_only", append_only, "append-only history, static prefix: should reach the ideal"),
+    Pattern("naive", append_only, "baseline: append-only requests, prefix cache off", cache=False),
+    Pattern("timestamp_start", dynamic.timestamp_start, "timestamp first in the system prompt"),
+    Pattern("timestamp_end", dynamic.timestamp_end, "timestamp last in the system prompt"),
+    Pattern("user_profile", dynamic.user_profile, "live user profile message right after the system prompt"),
+    Pattern("tools_reordered", dynamic.tools_reordered, "same tools, shuffled every request"),
+    Pattern("sliding_window", history.sliding_window, "baseline: last 8 messages, tool pairs kept"),
+    Pattern("text_stable", history.text_stable, "history as USER:/ASSISTANT: text, byte-stable"),
+    Pattern("text_unstable", history.text_unstable, "history as text with [i/N] labels that change"),
+    Pattern("status_replace", dynamic.status_replace, "status bar at the end, replaced every request"),
+    Pattern("status_append", dynamic.status_append, "status bar appended every request, never removed"),
+    Pattern("status_in_system", dynamic.status_in_system, "status bar at the end of the system prompt"),
+    Pattern("compress_budget", history.compress_budget, "old tool results replaced by stubs over a budget"),
+    Pattern("compress_summary", history.compress_summary, "one summary of old history at a threshold"),
+    Pattern("reasoning_stripped", history.reasoning_stripped, "Qwen3 default: old reasoning dropped"),
+]
+PATTERNS: dict[str, Pattern] = {p.name: p for p in _ALL}
+
+
+def select(names: str | None) -> list[Pattern]:
+    """Patterns named in a comma-separated list (all when empty); unknown names raise ValueError."""
+    if not names:
+        return list(_ALL)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in PATTERNS]
+    if unknown:
+        raise ValueError(f"unknown pattern(s) {', '.join(unknown)}; known: {', '.join(PATTERNS)}")
+    return [PATTERNS[n] for n in wanted]
+
+
+__all__ = ["PATTERNS", "Pattern", "Request", "ideal_prefill", "select"]

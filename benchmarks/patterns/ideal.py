@@ -1,0 +1,32 @@
+"""The ideal prefill: only tokens no earlier request (prompt or generated output) has computed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def best_prefix(prompt: Sequence[int], earlier: Sequence[Sequence[int]]) -> int:
+    """Longest common prefix of ``prompt`` with any of the ``earlier`` token streams."""
+    p = np.asarray(prompt, dtype=np.int64)
+    return max((common_prefix(p, np.asarray(s, dtype=np.int64)) for s in earlier), default=0)
+
+
+def ideal_prefill(
+    prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]] | None = None
+) -> list[int]:
+    """Per request: ``len(prompt_k) - LCP(prompt_k, any earlier prompt_j + output_j)``, at least 1.
+
+    At least one token is always computed because the next-token logits come from the last prompt
+    position, so a fully cached prompt still costs one token.
+    """
+    outputs = outputs if outputs is not None else [[] for _ in prompts]
+    streams = [list(p) + list(o) for p, o in zip(prompts, outputs, strict=True)]
+    return [max(1, len(p) - best_prefix(p, streams[:k])) for k, p in enumerate(prompts)]

@@ -1,0 +1,145 @@
+"""Turn benchmark results into report.md, PNG plots and per-pattern explanations drawn from the numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+
+def _n(v: Any) -> str:
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def _s(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
+
+
+def explain(run: dict) -> str:
+    """One paragraph saying what the figures of one run show: where reuse stops, how often, what it cost."""
+    rows, t = run["requests"], run["totals"]
+    later = [r for r in rows if r["divergence"] is not None]
+    broken = [r for r in later if r["divergence"] < r["prev_tokens"]]
+    parts = [f"**{run['pattern']}** ({run['claim']}):"]
+    if not run["cache"]:
+        parts.append(f"prefix cache off, so all {_n(t['prompt_tokens'])} prompt tokens were prefilled.")
+    elif not broken:
+        parts.append(
+            f"every request extended the previous one of its thread ({len(later)} of {len(later)} turns);"
+        )
+    else:
+        where = Counter((r["divergence"], r["segment"]) for r in broken).most_common(1)[0][0]
+        segs = Counter(r["segment"] for r in broken).most_common(1)[0][0]
+        same = sum(1 for r in broken if (r["divergence"], r["segment"]) == where)
+        parts.append(
+            f"the previous request stopped being a prefix on {len(broken)} of {len(later)} turns; most often reuse "
+            f"stops at token {where[0]} (segment `{where[1]}`, {same} turns), typically in segment `{segs}`."
+        )
+    if t["prefilled_tokens"] is not None:
+        parts.append(
+            f"Prefilled {_n(t['prefilled_tokens'])} of {_n(t['prompt_tokens'])} prompt tokens (reuse "
+            f"{_pct(t['reuse_ratio'])}, {_pct(t.get('savings_vs_naive'))} saved vs naive); the ideal for these "
+            f"prompts is {_n(t['ideal_tokens'])} ({_n(t['ideal_paged_tokens'])} with whole {run.get('page', 16)}-token"
+            f" pages), so the cache missed {_n(t['distance_to_ideal'])} reusable tokens."
+        )
+    else:
+        parts.append(f"The target reports no cached tokens; total TTFT {_s(t['ttft_s'])} s.")
+    return " ".join(parts)
+
+
+def table(runs: list[dict]) -> list[str]:
+    head = "| pattern | prompt | cached | prefilled | ideal | reuse | saved vs naive | distance to ideal | max context | TTFT total (s) |"
+    lines = [head, "|" + "---|" * 10]
+    for r in runs:
+        t = r["totals"]
+        lines.append(
+            f"| {r['pattern']} | {_n(t['prompt_tokens'])} | {_n(t['cached_tokens'])} | {_n(t['prefilled_tokens'])} "
+            f"| {_n(t['ideal_tokens'])} | {_pct(t['reuse_ratio'])} | {_pct(t.get('savings_vs_naive'))} "
+            f"| {_n(t['distance_to_ideal'])} | {_n(t['max_context'])} | {_s(t['ttft_s'])} |"
+        )
+    return lines
+
+
+def plots(runs: list[dict], out: Path) -> list[str]:
+    """Cumulative prefilled tokens, TTFT and context size per turn, reuse ratio bars; one PNG each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r["workload"] for r in runs))
+    files = []
+    series = [
+        ("cumulative_prefilled.png", "cumulative prefilled tokens", "prefilled_tokens", True),
+        ("ttft.png", "TTFT (s)", "ttft_s", False),
+        ("context_size.png", "prompt tokens", "prompt_tokens", False),
+    ]
+    for fname, ylabel, key, cumulative in series:
+        fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 5), squeeze=False)
+        for ax, w in zip(axes[0], workloads, strict=True):
+            for r in (r for r in runs if r["workload"] == w):
+                ys = [row[key] if row[key] is not None else 0 for row in r["requests"]]
+                if cumulative:
+                    ys = [sum(ys[: i + 1]) for i in range(len(ys))]
+                ax.plot(range(len(ys)), ys, marker=".", label=r["pattern"])
+            if cumulative:
+                ideal = [
+                    row["ideal_tokens"] for row in next(r for r in runs if r["workload"] == w)["requests"]
+                ]
+                ap = next((r for r in runs if r["workload"] == w and r["pattern"] == "append_only"), None)
+                if ap:
+                    ideal = [row["ideal_tokens"] for row in ap["requests"]]
+                    ax.plot(
+                        range(len(ideal)),
+                        [sum(ideal[: i + 1]) for i in range(len(ideal))],
+                        "k--",
+                        label="ideal",
+                    )
+            ax.set_title(w)
+            ax.set_xlabel("turn")
+            ax.set_ylabel(ylabel)
+        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=90)
+        plt.close(fig)
+        files.append(fname)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 5), squeeze=False)
+    for ax, w in zip(axes[0], workloads, strict=True):
+        sel = [r for r in runs if r["workload"] == w]
+        ax.barh([r["pattern"] for r in sel], [r["totals"]["reuse_ratio"] or 0 for r in sel])
+        ax.set_xlim(0, 1)
+        ax.set_title(f"{w}: reuse ratio (cached / prompt)")
+    fig.tight_layout()
+    fig.savefig(out / "reuse_ratio.png", dpi=90)
+    plt.close(fig)
+    return files + ["reuse_ratio.png"]
+
+
+def write_report(results: dict, out: Path) -> Path:
+    """Write report.md (tables, explanations, plot links) and the PNG plots into ``out``."""
+    meta, runs = results["meta"], results["runs"]
+    for r in runs:
+        r["page"] = meta.get("page_size", 16)
+    pngs = plots(runs, out)
+    lines = ["# Context patterns: measured KV reuse", ""]
+    lines.append(
+        f"Target: {meta['target']} ({meta.get('model')}), template `{meta['template']}`, page size "
+        f"{meta['page_size']}, {meta['max_tokens']} generated tokens per request (ignored; the next turn replays "
+        f"the scripted reply), {'quick' if meta['quick'] else 'default'} workloads, {meta['wall_s']:.0f} s wall."
+    )
+    lines += ["", "*ideal*: tokens no earlier request (prompt or generated output) had computed, i.e. the floor",
+              "for any prefix cache on these prompts. *distance to ideal*: prefilled minus ideal.", ""]  # fmt: skip
+    notes = {r["reset_note"] for r in runs if r.get("reset_note")}
+    lines += [f"> {n}" for n in sorted(notes)]
+    for w in dict.fromkeys(r["workload"] for r in runs):
+        sel = [r for r in runs if r["workload"] == w]
+        lines += ["", f"## Workload `{w}` ({len(sel[0]['requests'])} requests)", ""] + table(sel) + [""]
+        lines += [f"- {explain(r)}" for r in sel]
+    lines += ["", "## Plots", ""] + [f"![{p[:-4]}]({p})" for p in pngs] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,117 @@
+"""Where the benchmark sends requests: the in-process engine, or any OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+from benchmarks.patterns import Request
+
+TEMPLATE = "qwen3"  # ChatML with tools and thinking; SmolLM2 shares its special tokens
+
+
+class Measured(NamedTuple):
+    """What one request cost. ``cached_tokens`` is None when the target does not report it."""
+
+    prompt_tokens: int
+    cached_tokens: int | None
+    prefilled_tokens: int | None
+    output_token_ids: list[int]
+    ttft_s: float
+    prefill_s: float | None
+    decode_s: float | None
+
+
+class InProcessTarget:
+    """Renders each request with the chat template and sends token ids to a ``runtime.engine.Engine``."""
+
+    name = "in-process"
+
+    def __init__(self, engine: Any, max_tokens: int = 4) -> None:
+        from runtime.sampling import SamplingParams
+
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        self.reset_note = ""
+
+    def reset(self) -> None:
+        self.engine.reset_prefix_cache()
+
+    def send(self, request: Request, token_ids: list[int], cache: bool) -> Measured:
+        if not cache:
+            self.engine.reset_prefix_cache()  # cache off: nothing survives from earlier requests
+        out = self.engine.generate([token_ids], self.params)[0]
+        return Measured(
+            len(out.prompt_token_ids),
+            out.cached_tokens,
+            out.prefilled_tokens,
+            list(out.output_token_ids),
+            out.ttft_s,
+            out.prefill_s,
+            out.decode_s,
+        )
+
+
+class ServerTarget:
+    """Streams chat completions from an OpenAI-compatible server and times the first token."""
+
+    name = "server"
+
+    def __init__(
+        self, url: str, model: str | None = None, max_tokens: int = 4, api_key: str = "none"
+    ) -> None:
+        import httpx
+        import openai
+
+        self.base = url.rstrip("/")
+        if not self.base.endswith("/v1"):
+            self.base += "/v1"
+        self.client = openai.OpenAI(base_url=self.base, api_key=api_key)
+        self.http = httpx.Client(timeout=30)
+        self.model = model or self.client.models.list().data[0].id
+        self.max_tokens = max_tokens
+        self.reset_note = ""
+
+    def reset(self) -> None:
+        try:
+            r = self.http.post(f"{self.base}/cache/reset")
+            ok = r.status_code < 400
+        except Exception:  # a peer without the endpoint, or one that drops the connection
+            ok = False
+        if not ok:
+            self.reset_note = "server has no POST /v1/cache/reset: runs may start with a warm cache"
+
+    def send(self, request: Request, token_ids: list[int], cache: bool) -> Measured:
+        if not cache:
+            self.reset()
+        t0 = time.perf_counter()
+        ttft = None
+        usage = None
+        stream = self.client.chat.completions.create(
+            model=self.model,
+            messages=request.messages,
+            tools=request.tools,
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"chat_template_kwargs": request.template_kwargs, "ignore_eos": True},
+        )
+        for chunk in stream:
+            if ttft is None and chunk.choices and _has_output(chunk.choices[0].delta):
+                ttft = time.perf_counter() - t0
+            if chunk.usage is not None:
+                usage = chunk.usage
+        total = time.perf_counter() - t0
+        ttft = total if ttft is None else ttft
+        prompt = usage.prompt_tokens if usage else len(token_ids)
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        cached = getattr(details, "cached_tokens", None) if details else None
+        return Measured(
+            prompt, cached, None if cached is None else prompt - cached, [], ttft, None, total - ttft
+        )
+
+
+def _has_output(delta: Any) -> bool:
+    return bool(delta.content or delta.tool_calls or getattr(delta, "reasoning_content", None))
