@@ -110,12 +110,29 @@ class CacheDiagnostics:
         self, rendered: RenderedPrompt, messages: list[dict], entry: HistoryEntry, ids: list[int], at: int
     ) -> dict[str, Any]:
         seg = locate(rendered, at) if at < len(rendered.token_ids) else None
+        index = seg.message_index if seg else None
+        where = _describe(seg.kind, index, messages) if seg else "forced tool-call prefix"
+        if seg is not None and seg.kind == "template":
+            # Glue (role headers, separators) is attributed to the message it introduces.
+            nxt = next(
+                (
+                    s
+                    for s in rendered.segments
+                    if s.char_start >= seg.char_end and s.message_index is not None
+                ),
+                None,
+            )
+            if nxt is not None:
+                index, where = (
+                    nxt.message_index,
+                    f"template glue before {_describe(nxt.kind, nxt.message_index, messages)}",
+                )
         dec = self.tokenizer.decode
         return {
             "token_index": at,
-            "message_index": seg.message_index if seg else None,
+            "message_index": index,
             "segment": seg.kind if seg else "generation_prompt",
-            "where": _describe(seg.kind, seg.message_index, messages) if seg else "forced tool-call prefix",
+            "where": where,
             "in_generated_part": at >= entry.num_prompt,
             "before_text": dec(ids[max(0, at - CONTEXT_TOKENS) : at])[-CONTEXT_CHARS:],
             "cached_text": dec(entry.token_ids[at : at + CONTEXT_TOKENS])[:CONTEXT_CHARS],
@@ -139,6 +156,8 @@ class CacheDiagnostics:
         if div is None:
             return "append_only", "the prompt extends an earlier request; everything reusable was reused"
         old, new = entry.messages, messages
+        if not set(map(_canon, old)) & set(map(_canon, new)):
+            return "new_conversation", "no message in common with the closest earlier request"
         old_tools, new_tools = entry.tools or [], tools or []
         if _canon(old_tools) != _canon(new_tools) and div["segment"] in ("tools", "template", "system"):
             if sorted(map(_canon, old_tools)) == sorted(map(_canon, new_tools)):
@@ -173,8 +192,6 @@ class CacheDiagnostics:
                 "(edited reply, dropped reasoning, or reformatted tool call); only that turn onwards is recomputed"
             )
         shared = min(len(old), len(new))
-        if not any(_canon(old[i]) == _canon(new[i]) for i in range(shared)) and shared:
-            return "new_conversation", "no message in common with the closest earlier request"
         edited = next((i for i in range(shared) if _canon(old[i]) != _canon(new[i])), None)
         if edited is not None:
             return (
