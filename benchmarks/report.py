@@ -29,7 +29,7 @@ def explain(run: dict) -> str:
         parts.append(f"prefix cache off, so all {_n(t['prompt_tokens'])} prompt tokens were prefilled.")
     elif not broken:
         parts.append(
-            f"every request extended the previous one of its thread ({len(later)} of {len(later)} turns);"
+            f"every request extended the previous one of its thread ({len(later)} of {len(later)} turns)."
         )
     else:
         where = Counter((r["divergence"], r["segment"]) for r in broken).most_common(1)[0][0]
@@ -40,12 +40,15 @@ def explain(run: dict) -> str:
             f"stops at token {where[0]} (segment `{where[1]}`, {same} turns), typically in segment `{segs}`."
         )
     if t["prefilled_tokens"] is not None:
+        saved = t.get("savings_vs_naive")
         parts.append(
             f"Prefilled {_n(t['prefilled_tokens'])} of {_n(t['prompt_tokens'])} prompt tokens (reuse "
-            f"{_pct(t['reuse_ratio'])}, {_pct(t.get('savings_vs_naive'))} saved vs naive); the ideal for these "
-            f"prompts is {_n(t['ideal_tokens'])} ({_n(t['ideal_paged_tokens'])} with whole {run.get('page', 16)}-token"
-            f" pages), so the cache missed {_n(t['distance_to_ideal'])} reusable tokens."
+            f"{_pct(t['reuse_ratio'])}{'' if saved is None else f', {_pct(saved)} saved vs naive'}); the ideal "
+            f"for these prompts is {_n(t['ideal_tokens'])} ({_n(t['ideal_paged_tokens'])} counting whole "
+            f"{run.get('page', 16)}-token pages only), so the cache missed {_n(t['distance_to_ideal'])} reusable tokens"
         )
+        paged = t["prefilled_tokens"] <= t["ideal_paged_tokens"]
+        parts[-1] += ", all of it page granularity." if paged and t["distance_to_ideal"] else "."
     else:
         parts.append(f"The target reports no cached tokens; total TTFT {_s(t['ttft_s'])} s.")
     return " ".join(parts)
