@@ -54,7 +54,12 @@ class InProcessTarget:
 
 
 class ServerTarget:
-    """Streams chat completions from an OpenAI-compatible server and times the first token."""
+    """Streams chat completions from an OpenAI-compatible server and times the first token.
+
+    Token accounting (ideal, divergence) renders locally with the ``qwen3`` template, so a kvreuse
+    server must run with ``--chat-template qwen3`` for its totals to match the in-process target;
+    each row keeps both counts (``prompt_tokens`` from the server, ``rendered_tokens`` local).
+    """
 
     name = "server"
 
