@@ -61,13 +61,16 @@ class Scheduler:
     def schedule(self) -> list[Chunk]:
         chunks: dict[Request, Chunk] = {}
         for req in list(self.running):
-            if req in self.running and req.remaining == 1 and self._reserve(req, 1, chunks):
+            # a prompt's 1-token tail is prefill, not a decode: it must come out of the chunk budget
+            decoding = req.remaining == 1 and req.num_computed >= req.num_prompt
+            if req in self.running and decoding and self._reserve(req, 1, chunks):
                 chunks[req] = Chunk(req, req.num_computed, 1, True)
         budget = self.chunk_size
         for req in list(self.running):
             if budget <= 0:
                 break
-            if req in self.running and req.remaining > 1 and req not in chunks:
+            prefilling = req.remaining > 1 or req.num_computed < req.num_prompt
+            if req in self.running and prefilling and req not in chunks:
                 n = min(req.remaining, budget)
                 if not self._reserve(req, n, chunks):
                     break
