@@ -82,3 +82,79 @@ def test_fifty_requests_under_pool_pressure(tiny_models):
     retracted = sum(r.retractions > 0 for r in reqs)
     print(f"\npressure: retractions={s.retractions} retracted_requests={retracted} peak_running={peak['running']} "
           f"evicted_pages={s.evicted_pages} total_kv_pages={total_kv} pool_pages={pages}")  # fmt: skip
+
+
+class _ChunkLog:
+    """Wraps ``ModelRunner.step`` to record each step's chunks and check what is sampled."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.inner = eng.runner.step
+        self.steps: list[list[tuple]] = []
+        eng.runner.step = self
+
+    def __call__(self, chunks):
+        for c in chunks:
+            ends = c.start + c.length == len(c.req.tokens)
+            assert c.sample == ends, (
+                f"{c.req.request_id}: sample={c.sample} for tokens {c.start}:{c.start + c.length}"
+            )
+        self.steps.append([(c.req.request_id, c.start, c.length, c.req.num_prompt) for c in chunks])
+        return self.inner(chunks)
+
+
+def _streams_and_long_prompt(eng: Engine, long_len: int):
+    """Four decoding streams, then two long prompts arrive; returns the requests and per-step progress."""
+    gen = torch.Generator().manual_seed(2)
+    streams = [eng.make_request(random_ids(gen, 12 + 5 * i), greedy(40)) for i in range(4)]
+    longs = [eng.make_request(random_ids(gen, n), greedy(3)) for n in (long_len, long_len + 11)]
+    for r in streams:
+        eng.submit(r)
+    while any(not r.output_ids for r in streams):
+        eng.step()
+    for r in longs:
+        eng.submit(r)
+    progress = []  # per step: stream output lengths before/after, long requests' state after
+    while any(r.finish_reason is None for r in streams + longs):
+        before = [len(r.output_ids) for r in streams]
+        eng.step()
+        eng.check_integrity()
+        after = [len(r.output_ids) for r in streams]
+        progress.append(
+            (
+                before,
+                after,
+                [(r.num_computed, r.num_prompt, len(r.output_ids)) for r in longs if r.finish_reason is None],
+            )
+        )
+    assert_no_request_pages(eng)
+    return streams, longs, progress
+
+
+def test_chunked_prefill_keeps_decodes_flowing(tiny_models):
+    d = tiny_models[("llama", False)]
+    chunk, long_len = 32, 9 * 32 + 1  # a 1-token tail after whole chunks must count against the budget too
+    eng = tiny_engine(d, chunk_size=chunk, num_pages=128, record_logits=True)
+    log = _ChunkLog(eng)
+    streams, longs, progress = _streams_and_long_prompt(eng, long_len)
+    first = len(log.steps) - len(progress)
+    prefill_steps = 0
+    for step, (before, after, long_state) in zip(log.steps[first:], progress):
+        prompt_tokens = sum(
+            min(start + n, n_prompt) - start for _, start, n, n_prompt in step if start < n_prompt
+        )
+        assert prompt_tokens <= chunk, step
+        prefilling = any(computed < n_prompt for computed, n_prompt, _ in long_state) or prompt_tokens > 0
+        prefill_steps += prefilling
+        for b, a, r in zip(before, after, streams):
+            if b < r.params.max_tokens:
+                assert a == b + 1, "a running decode skipped a step while a prompt was prefilled"
+        for computed, n_prompt, n_out in long_state:
+            assert n_out == 0 or computed >= n_prompt, "a partly prefilled request was sampled"
+    assert prefill_steps >= (2 * long_len + 11) // chunk  # the long prompts really were split
+    ref = tiny_engine(d, chunk_size=4096, num_pages=128, record_logits=True)
+    ref_streams, ref_longs, _ = _streams_and_long_prompt(ref, long_len)
+    for a, b in zip(streams + longs, ref_streams + ref_longs):
+        assert a.output_ids == b.output_ids
+        assert len(a.logits_trace) == len(b.logits_trace)
+        for x, y in zip(a.logits_trace, b.logits_trace):
+            assert (x - y).abs().max().item() <= 1e-4
