@@ -1,0 +1,98 @@
+"""Bounded load on a real server process: 32 concurrent streaming clients for 60 s on loopback.
+Every request completes or is cleanly refused (503 + Retry-After); afterwards all request pages are
+free (integrity) and the server's resident memory is stable."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import psutil
+import pytest
+
+from runtime.server.launcher import ServerProcess
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+CLIENTS = 32
+DURATION_S = 60.0
+MAX_REQUESTS = 2000  # attempts (incl. refused), bounded whatever the machine's speed
+SYSTEM = "You are a load-test agent. " + " ".join(f"Rule {i}: be brief and exact." for i in range(30))
+
+
+async def _client(
+    k: int, http: httpx.AsyncClient, url: str, deadline: float, budget: list[int], tally: dict
+) -> None:
+    turn = 0
+    while time.monotonic() < deadline and budget[0] > 0:
+        budget[0] -= 1
+        turn += 1
+        body = {
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Client {k} turn {turn}: hi"}],
+            "max_tokens": 4, "temperature": 0.7, "seed": k * 1000 + turn, "stream": True,
+            "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code == 503:
+                assert "retry-after" in r.headers
+                await r.aread()
+                tally["refused"] += 1
+                await asyncio.sleep(float(r.headers["retry-after"]))  # a polite client
+                continue
+            assert r.status_code == 200, await r.aread()
+            events = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        usage = json.loads(events[-2][6:])["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] is not None
+        tally["done"] += 1
+        tally["cached"] += usage["prompt_tokens_details"]["cached_tokens"]
+        tally["prompt"] += usage["prompt_tokens"]
+
+
+async def _load(url: str) -> dict:
+    tally = {"done": 0, "refused": 0, "cached": 0, "prompt": 0}
+    budget = [MAX_REQUESTS]
+    deadline = time.monotonic() + DURATION_S
+    limits = httpx.Limits(max_connections=CLIENTS + 4)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        await asyncio.gather(*(_client(k, http, url, deadline, budget, tally) for k in range(CLIENTS)))
+    return tally
+
+
+def test_32_streaming_clients_for_60s(tmp_path):
+    args = ["--kv-cache-memory", "256M", "--max-running", "8", "--max-waiting", "8", "--log-level", "warning"]
+    server = ServerProcess(args, tmp_path / "server.log").start()
+    try:
+        proc = psutil.Process(server.proc.pid)
+        asyncio.run(_load_warmup(server.url))
+        rss_before = proc.memory_info().rss
+        t0 = time.monotonic()
+        tally = asyncio.run(_load(server.url))
+        elapsed = time.monotonic() - t0
+        rss_after = proc.memory_info().rss
+        kv = httpx.get(f"{server.url}/debug/kv", timeout=30).json()
+        health = httpx.get(f"{server.url}/health", timeout=30).json()
+        print(
+            f"\nload: {tally['done']} completed, {tally['refused']} refused (503) in {elapsed:.1f}s; "
+            f"cache hit {tally['cached'] / max(1, tally['prompt']):.0%}; "
+            f"RSS before {rss_before / 2**20:.0f} MiB, after {rss_after / 2**20:.0f} MiB "
+            f"({(rss_after - rss_before) / 2**20:+.1f} MiB); pages {kv['pages']}"
+        )
+        assert tally["done"] > 0
+        assert kv["ok"] and kv["pages"]["request_pages"] == 0
+        assert kv["pages"]["evictable_pages"] == kv["pages"]["tree_pages"]  # no request still locks a page
+        assert kv["stats"]["running"] == 0 and kv["stats"]["waiting"] == 0
+        assert health["in_flight"] == 0
+        assert rss_after - rss_before < 200 * 2**20  # stable: no growth with the request count
+        assert "Traceback" not in server.log()
+    finally:
+        server.stop()
+
+
+async def _load_warmup(url: str) -> None:
+    # Reach steady state (allocator arenas, compiled paths) before the "before" RSS figure.
+    async with httpx.AsyncClient(timeout=120) as http:
+        body = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 4, "temperature": 0}
+        await asyncio.gather(*(http.post(f"{url}/v1/chat/completions", json=body) for _ in range(8)))
