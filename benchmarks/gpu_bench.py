@@ -9,7 +9,8 @@ One run, in this order, rewriting the JSON after every section so a timeout stil
 2. per model (Qwen3-0.6B, then Qwen3-8B unless ``--quick`` or memory/time is short): a random bf16
    checkpoint is built on the GPU with transformers, saved as safetensors with a word-level tokenizer,
    loaded by ``Engine(model_dir=...)``; kvreuse, then the same in-memory transformers model, measure
-   prefill tokens/s, decode tokens/s and TTFT with and without a cached prefix.
+   prefill tokens/s, decode tokens/s and TTFT with and without a cached prefix; the engine's decode
+   forward is also timed eagerly and replayed from CUDA graphs (``benchmarks.graph_bench``).
 
 ``--cpu-smoke`` runs the same code on CPU with a 2-layer config and small sizes (fp32), to test the path.
 """
@@ -17,22 +18,22 @@ One run, in this order, rewriting the JSON after every section so a timeout stil
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+import transformers
 
 from benchmarks.gpu_checkpoint import ARCHS, build_checkpoint
+from benchmarks.gpu_timing import decode_row, prompt, suffix_len, timed
+from benchmarks.hf_bench import bench_hf
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
-CACHED_SUFFIX = 256  # new tokens after a cached prefix: a new turn of an agent's conversation (at most 1/4)
 KV_CAP = {"qwen3-0.6b": 16 << 30, "qwen3-8b": 24 << 30, "smoke": 64 << 20}
 FULL = dict(prefill=[1024, 8192, 32768], ttft=[8192, 32768], batches=[1, 8, 64], decode_ctx=1024, steps=64)
 SMOKE = dict(prefill=[16, 64], ttft=[64, 128], batches=[1, 4], decode_ctx=16, steps=6)
@@ -51,29 +52,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--time-budget", type=float, default=420.0, help="seconds; later sections are skipped past it"
     )
     return p.parse_args(argv)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def prompt(n: int, salt: int, vocab: int) -> list[int]:
-    """Deterministic random token ids, so both implementations see the same prompts."""
-    g = torch.Generator().manual_seed(n * 1000 + salt)
-    return torch.randint(10, vocab, (n,), generator=g).tolist()
-
-
-def suffix_len(context: int) -> int:
-    return min(CACHED_SUFFIX, context // 4)
-
-
-def timed(device: torch.device, fn) -> tuple[float, object]:
-    sync(device)
-    t = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - t, out
 
 
 # -- kvreuse -----------------------------------------------------------------------------------------
@@ -123,65 +101,6 @@ def engine_decode(eng: Engine, batch: int, sizes: dict, vocab: int) -> dict:
     return decode_row(batch, ctx, step_s, reqs[0].output_ids)
 
 
-def decode_row(batch: int, ctx: int, step_s: list[float], tokens_batch0: list[int]) -> dict:
-    """Rate from the median step (robust to a one-off kernel compile) and from the total."""
-    med = statistics.median(step_s)
-    return {"batch": batch, "context": ctx, "steps": len(step_s), "median_step_ms": med * 1e3,
-            "tokens_per_s": batch / med, "tokens_per_s_mean": batch * len(step_s) / sum(step_s),
-            "tokens_batch0": tokens_batch0}  # fmt: skip
-
-
-# -- transformers --------------------------------------------------------------------------------------
-@torch.inference_mode()
-def bench_hf(model, sizes: dict, reps: int, vocab: int) -> dict:
-    dev = next(model.parameters()).device
-    # transformers 5.x renamed the argument; older releases only know past_key_values
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-    def prefill(ids: list[list[int]] | torch.Tensor, cache=None):
-        x = ids if isinstance(ids, torch.Tensor) else torch.tensor(ids, device=dev)
-        return model(x, use_cache=True, logits_to_keep=1, **{cache_arg: cache})
-
-    prefill([prompt(sizes["prefill"][0], 999, vocab)])
-    res: dict = {"prefill": [], "ttft": [], "decode": []}
-    for n in sizes["prefill"]:
-        times = [timed(dev, lambda n=n, r=r: prefill([prompt(n, r, vocab)]))[0] for r in range(reps)]
-        res["prefill"].append({"tokens": n, "s": min(times), "tokens_per_s": n / min(times)})
-    for n in sizes["ttft"]:
-        # transformers keeps no cache across calls; "manual" reuses a prefix cache the caller kept
-        base = prompt(n, 0, vocab)
-        uncached = next((r["s"] for r in res["prefill"] if r["tokens"] == n), None)
-        if uncached is None:
-            uncached = timed(dev, lambda b=base: prefill([b]))[0]
-        s = suffix_len(n)
-        cache = prefill([base[: n - s]]).past_key_values
-        manual = []
-        for r in range(reps):
-            suffix = prompt(s, 100 + r, vocab)
-            manual.append(timed(dev, lambda x=suffix, c=cache: prefill([x], c))[0])
-            cache.crop(-s)  # negative: drop the suffix (the only form every transformers release accepts)
-        del cache
-        res["ttft"].append({"context": n, "uncached_s": uncached, "manual_prefix_reuse_s": min(manual)})
-    for b in sizes["batches"]:
-        res["decode"].append(hf_decode(prefill, b, sizes, vocab))
-    return res
-
-
-def hf_decode(prefill, batch: int, sizes: dict, vocab: int) -> dict:
-    """Greedy steps with transformers' default DynamicCache, after one batched prefill."""
-    ctx, steps = sizes["decode_ctx"], sizes["steps"]
-    out = prefill([prompt(ctx, 500 + i, vocab) for i in range(batch)])
-    cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1)
-    generated, step_s = [tok], []
-    for _ in range(steps - 1):
-        dt, out = timed(tok.device, lambda t=tok, c=cache: prefill(t[:, None], c))
-        tok = out.logits[:, -1].argmax(-1)
-        generated.append(tok)
-        step_s.append(dt)
-    del cache, out
-    return decode_row(batch, ctx, step_s, torch.stack(generated, 1)[0].tolist())
-
-
 # -- one model, both implementations ----------------------------------------------------------------------
 def first_logits_check(eng: Engine, model, n: int, vocab: int) -> dict:
     """Last-position logits of one prompt from both implementations (same weights): how close they are."""
@@ -200,12 +119,21 @@ def first_logits_check(eng: Engine, model, n: int, vocab: int) -> dict:
             "argmax_equal": int(ours.argmax()) == int(ref.argmax())}  # fmt: skip
 
 
-def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype: str, sizes: dict) -> dict:
+def bench_model(
+    name: str,
+    args: argparse.Namespace,
+    device: torch.device,
+    dtype: str,
+    sizes: dict,
+    entry: dict,
+    checkpoint,
+) -> None:
+    """Fill ``entry`` section by section, calling ``checkpoint()`` (which saves the JSON) after each."""
     reps = 1 if args.quick or args.cpu_smoke else 2
     with tempfile.TemporaryDirectory(prefix=f"kvreuse-{name}-") as tmp:
         t, (model, cfg) = timed(device, lambda: build_checkpoint(ARCHS[name], Path(tmp), device, dtype))
         vocab = cfg["vocab_size"]
-        entry: dict = {"config": cfg, "params": sum(p.numel() for p in model.parameters()), "build_s": t}
+        entry.update(config=cfg, params=sum(p.numel() for p in model.parameters()), build_s=t)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         kv = KV_CAP[name]
         if device.type == "cuda":
@@ -218,6 +146,9 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype
                            "chunk_size": args.chunk_size}  # fmt: skip
         entry["kvreuse"] = bench_engine(eng, sizes, reps, vocab)
         entry["check"] = first_logits_check(eng, model, sizes["prefill"][0], vocab)
+        checkpoint()
+        entry["cuda_graphs"] = graph_section(eng, sizes)
+        checkpoint()
         del eng
         release(device)
         entry["transformers"] = bench_hf(model, sizes, reps, vocab)
@@ -225,7 +156,18 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device, dtype
         entry["check"]["greedy_tokens_equal_batch0"] = ours["tokens_batch0"] == theirs["tokens_batch0"]
         del model
         release(device)
-    return entry
+
+
+def graph_section(eng: Engine, sizes: dict) -> dict:
+    """Eager vs CUDA-graph decode forward; a failure is recorded, not fatal: later sections still run."""
+    if eng.device.type != "cuda" or eng.runner.backend.name != "triton":
+        return {"skipped": "needs CUDA and the triton attention backend"}
+    from benchmarks.graph_bench import bench_decode_graphs
+
+    try:
+        return bench_decode_graphs(eng, sizes["batches"], sizes["decode_ctx"])
+    except Exception as e:  # noqa: BLE001 (one broken section must not lose the rest of a GPU lease)
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
 
 
 def release(device: torch.device) -> None:
@@ -245,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                    "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
+                    "torch": torch.__version__, "transformers": transformers.__version__, "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
     if device.type == "cuda":
         from benchmarks import kernel_bench
 
@@ -266,7 +208,8 @@ def run(args: argparse.Namespace) -> dict:
             result["models"][name] = {"skipped": "needs 64 GiB of free GPU memory"}
         else:
             print(f"gpu_bench: {name}", flush=True)
-            result["models"][name] = bench_model(name, args, device, dtype, sizes)
+            entry = result["models"][name] = {}
+            bench_model(name, args, device, dtype, sizes, entry, lambda: save(result, args.out))
         result["elapsed_s"] = time.perf_counter() - start
         save(result, args.out)
     return result

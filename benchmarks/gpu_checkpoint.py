@@ -43,7 +43,12 @@ def build_checkpoint(arch: dict[str, Any], out: Path, device: torch.device, dtyp
     cfg = AutoConfig.for_model(**arch)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        except TypeError:  # transformers before 4.56 names it torch_dtype
+            model = AutoModelForCausalLM.from_config(
+                cfg, torch_dtype=DTYPES[dtype], attn_implementation="sdpa"
+            )
     model.eval()
     model.save_pretrained(out)
     write_tokenizer(out, arch["vocab_size"], arch["bos_token_id"], arch["eos_token_id"])
