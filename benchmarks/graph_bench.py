@@ -1,7 +1,7 @@
 """Do CUDA graphs pay for decode?  One decode forward timed eagerly and replayed from a captured graph.
 
 Called by ``benchmarks.gpu_bench`` with a loaded engine: sequences of ``context`` tokens on pages taken
-from (and given back to) the engine's allocator, so cached prefixes in the tree are never overwritten.
+from (and given back to) the engine's allocator after the prefix cache is emptied, so no cached K/V is overwritten.
 The graph runs with the page-table width of the longest allowed sequence (what an engine would
 capture), the eager forward with the batch's own width, so the comparison includes that cost too.
 """
@@ -49,6 +49,7 @@ def median_ms(fn, device: torch.device, reps: int) -> float:
 
 def bench_decode_graphs(eng: Engine, batches: list[int], context: int, reps: int = 20) -> dict:
     runner_ = eng.runner
+    eng.reset_prefix_cache()  # the engine's own measurements are done: free the tree's pages for these
     per_seq = context // eng.cache.page_size + 1
     pages = eng.cache.allocator.alloc(max(batches) * per_seq)
     try:
