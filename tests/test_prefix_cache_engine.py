@@ -174,3 +174,34 @@ def test_eviction_with_pool_smaller_than_working_set(tiny_models):
         f"cached={s.cached_tokens} prefilled={s.prefilled_tokens} working_set_pages={working_set} "
         f"follow_up_cached={follow_up_hits}"
     )
+
+
+def test_running_requests_prefix_survives_eviction_when_least_recent(tiny_models):
+    d = tiny_models[("llama", False)]
+    ps = 4
+    eng = tiny_engine(d, page_size=ps, num_pages=48, chunk_size=64)
+    spy = _EvictSpy(eng)
+    gen = torch.Generator().manual_seed(5)
+    long_prompt = random_ids(gen, 24)
+    long = eng.make_request(long_prompt, greedy(40))
+    eng.submit(long)
+    while len(long.output_ids) < 2:
+        eng.step()
+    assert long.num_tree_pages == 6  # its prompt is in the tree, locked, and now the oldest leaf
+    shorts = []
+    while long.finish_reason is None:  # short requests keep inserting fresher leaves that must be evicted
+        req = eng.make_request(random_ids(gen, 24), greedy(2))
+        shorts.append(req)
+        eng.submit(req)
+        while req.finish_reason is None and long.finish_reason is None:
+            eng.step()
+            eng.check_integrity()
+            assert not any(eng.cache.allocator.is_free(p) for p in long.pages)
+    while eng.has_work():
+        eng.step()
+    s = eng.stats()
+    assert s.evicted_pages > 0 and spy.calls_with_locked > 0
+    assert 7 * len(shorts) > s.total_pages  # the shorts alone overflow the pool
+    assert_no_request_pages(eng)
+    eng.reset_prefix_cache()
+    assert long.output_ids == eng.generate(long_prompt, greedy(40))[0].output_token_ids
