@@ -40,6 +40,8 @@ class AsyncEngine:
         req = self.engine.make_request(prompt, params, request_id)
         q: asyncio.Queue = asyncio.Queue()
         with self._lock:
+            if self._stop.is_set():  # a stream registered after shutdown's _fail_all would wait forever
+                raise RuntimeError("the engine was shut down")
             self._streams[req.request_id] = (asyncio.get_running_loop(), q)
         self.engine.submit(req)
         self._wake.set()
@@ -101,9 +103,11 @@ class AsyncEngine:
     def _fail_all(self, e: BaseException) -> None:
         with self._lock:
             for loop, q in self._streams.values():
-                loop.call_soon_threadsafe(q.put_nowait, e)
+                if not loop.is_closed():  # a stream whose loop is gone has no one waiting
+                    loop.call_soon_threadsafe(q.put_nowait, e)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
+        self._fail_all(RuntimeError("the engine was shut down"))  # else callers still waiting hang forever
