@@ -150,3 +150,20 @@ def test_request_larger_than_kv_pool_or_context_is_rejected(tiny_models):
     msg = str(err.value)
     assert "1100" in msg and "1024" in msg
     assert not eng.has_work() and not big.has_work()
+
+
+def test_shutdown_ends_pending_streams(tiny_models):
+    eng = tiny_engine(tiny_models[("llama", False)], page_size=PS, num_pages=64)
+
+    async def main():
+        ae = AsyncEngine(eng)
+        task = asyncio.create_task(ae.generate(list(range(10, 30)), greedy(600)))
+        while eng.stats().generated_tokens == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(ae.shutdown)
+        with pytest.raises(RuntimeError, match="shut down"):
+            await asyncio.wait_for(task, 10)  # a caller still waiting must not hang forever
+        with pytest.raises(RuntimeError, match="shut down"):
+            await asyncio.wait_for(ae.generate([5, 6, 7], greedy(2)), 10)
+
+    asyncio.run(main())
