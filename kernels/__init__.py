@@ -18,6 +18,7 @@ class AttentionBackend(NamedTuple):
     store_kv: Callable
     extend_attention: Callable
     decode_attention: Callable
+    decode_plan: Callable | None  # per-step metadata shared by all layers, passed as ``plan=``
 
 
 def select_backend(device: torch.device | str, name: str = "auto") -> AttentionBackend:
@@ -28,11 +29,13 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
     if name == "reference":
         from kernels import reference as r
 
-        return AttentionBackend("reference", r.store_kv, r.extend_attention, r.decode_attention)
+        return AttentionBackend(
+            "reference", r.store_kv, r.extend_attention, r.decode_attention, r.decode_plan
+        )
     if name == "triton":
         from kernels import triton_attention as t
 
-        return AttentionBackend("triton", t.store_kv, t.extend_attention, t.decode_attention)
+        return AttentionBackend("triton", t.store_kv, t.extend_attention, t.decode_attention, None)
     raise ValueError(f"unknown attention backend {name!r} (expected auto, reference or triton)")
 
 

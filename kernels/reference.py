@@ -19,6 +19,8 @@ aligns top-left, which is only right when q_len == seq_len_k.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -88,6 +90,23 @@ def extend_attention(
     return out
 
 
+class DecodePlan(NamedTuple):
+    """Gather indices shared by every layer of one decode step (computed once, not per layer)."""
+
+    slots: torch.Tensor  # [B, L] flat slot of each key (0 where padded)
+    valid: torch.Tensor  # [B, L] key exists
+
+
+def decode_plan(page_table: torch.Tensor, seq_lens_k: torch.Tensor, page_size: int) -> DecodePlan:
+    b = page_table.shape[0]
+    max_len = int(seq_lens_k.max())
+    n_pages = (max_len + page_size - 1) // page_size
+    offs = torch.arange(page_size, device=page_table.device)
+    slots = (page_table[:, :n_pages].long()[:, :, None] * page_size + offs).reshape(b, -1)[:, :max_len]
+    valid = torch.arange(max_len, device=page_table.device)[None, :] < seq_lens_k[:, None].long()
+    return DecodePlan(slots.masked_fill(~valid, 0), valid)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -95,23 +114,20 @@ def decode_attention(
     page_table: torch.Tensor,
     seq_lens_k: torch.Tensor,
     scale: float,
+    *,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], batched with a padding mask."""
-    page_size = k_cache.shape[1]
     hkv, d = k_cache.shape[2:]
     b, hq, _ = q.shape
-    max_len = int(seq_lens_k.max())
-    n_pages = (max_len + page_size - 1) // page_size
-    offs = torch.arange(page_size, device=q.device)
-    slots = (page_table[:, :n_pages].long()[:, :, None] * page_size + offs).reshape(b, -1)[:, :max_len]
-    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens_k[:, None].long()
-    slots = torch.where(valid, slots, torch.zeros_like(slots))
-    k = k_cache.view(-1, hkv, d)[slots].to(q.dtype)  # [B, L, Hkv, D]
-    v = v_cache.view(-1, hkv, d)[slots].to(q.dtype)
+    if plan is None:
+        plan = decode_plan(page_table, seq_lens_k, k_cache.shape[1])
+    k = k_cache.view(-1, hkv, d)[plan.slots].to(q.dtype)  # [B, L, Hkv, D]
+    v = v_cache.view(-1, hkv, d)[plan.slots].to(q.dtype)
     group = hq // hkv
     # Fold the query heads of one KV group into the query-length axis: no K/V copy per head.
     qg = q.reshape(b, hkv, group, d)
     out = F.scaled_dot_product_attention(
-        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=plan.valid[:, None, None, :], scale=scale
     )
     return out.reshape(b, hq, d)

@@ -154,6 +154,7 @@ def decode_attention(
     *,
     num_kv_splits: int | None = None,
     out: torch.Tensor | None = None,
+    plan: object | None = None,  # the torch reference's host-side gather plan; unused here
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] -> [B, Hq, D].
 

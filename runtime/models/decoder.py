@@ -6,13 +6,25 @@ QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 from torch import nn
 
 from kernels import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
-from runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+
+
+class StepContext(NamedTuple):
+    """What every layer of one forward shares: the batch, rope tables, kernels and their plan."""
+
+    fb: ForwardBatch
+    cos: torch.Tensor
+    sin: torch.Tensor
+    backend: AttentionBackend
+    plan: Any
 
 
 class PagedAttention(nn.Module):
@@ -29,12 +41,7 @@ class PagedAttention(nn.Module):
         self.scale = self.hd**-0.5
 
     def forward(
-        self,
-        x: torch.Tensor,
-        fb: ForwardBatch,
-        rope: RotaryEmbedding,
-        kv: tuple[torch.Tensor, torch.Tensor],
-        backend: AttentionBackend,
+        self, x: torch.Tensor, ctx: StepContext, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.nh, self.hd)
@@ -42,11 +49,14 @@ class PagedAttention(nn.Module):
         v = v.view(-1, self.nkv, self.hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(fb.positions, q, k)
+        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
         k_cache, v_cache = kv
+        fb, backend = ctx.fb, ctx.backend
         backend.store_kv(k_cache, v_cache, fb.slot_mapping, k, v)
         if fb.is_decode:
-            o = backend.decode_attention(q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, self.scale)
+            o = backend.decode_attention(
+                q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, self.scale, plan=ctx.plan
+            )
         else:
             o = backend.extend_attention(
                 q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, self.scale
@@ -64,8 +74,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: torch.Tensor, fb: ForwardBatch, rope: RotaryEmbedding, kv, backend) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), fb, rope, kv, backend)
+    def forward(
+        self, h: torch.Tensor, ctx: StepContext, kv: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), ctx, kv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -90,8 +102,13 @@ class CausalLM(nn.Module):
         self, fb: ForwardBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend
     ) -> torch.Tensor:
         """Returns float32 logits ``[len(fb.logits_rows), vocab]``."""
+        plan = None
+        if fb.is_decode and backend.decode_plan is not None:
+            plan = backend.decode_plan(fb.page_table, fb.seq_lens_k, kv_layers[0][0].shape[1])
+        cos, sin = self.rope.lookup(fb.positions)
+        ctx = StepContext(fb, cos, sin, backend, plan)
         h = self.embed_tokens(fb.input_ids)
         for layer, kv in zip(self.layers, kv_layers):
-            h = layer(h, fb, self.rope, kv, backend)
+            h = layer(h, ctx, kv)
         h = self.norm(h[fb.logits_rows])
         return self.lm_head(h).float()
