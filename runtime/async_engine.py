@@ -71,13 +71,27 @@ class AsyncEngine:
         assert last is not None
         return last
 
-    def run_idle(self, fn):
-        """Run ``fn(engine)`` on the engine thread between steps (e.g. a cache reset); returns its result."""
+    def run_idle(self, fn, timeout: float = 30.0):
+        """Run ``fn(engine)`` on the engine thread between steps (e.g. a cache reset); returns its result.
+
+        Raises TimeoutError if the engine thread does not get to it (busy or dead) within ``timeout``.
+        """
         done = threading.Event()
         box: list = []
-        self.engine._inbox.put(("call", lambda: (box.append(fn(self.engine)), done.set())))
+
+        def call() -> None:
+            try:
+                box.append(fn(self.engine))
+            except BaseException as e:  # handed to the caller, not fatal to the loop
+                box.append(e)
+            done.set()
+
+        self.engine._inbox.put(("call", call))
         self._wake.set()
-        done.wait()
+        if not done.wait(timeout) or not self._thread.is_alive() and not box:
+            raise TimeoutError("the engine thread did not answer")
+        if isinstance(box[0], BaseException):
+            raise box[0]
         return box[0]
 
     def _run(self) -> None:

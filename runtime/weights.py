@@ -24,7 +24,8 @@ class WeightsError(Exception):
     """Weights are missing, corrupt or do not fit the architecture."""
 
 
-def load_weights(model: CausalLM, model_dir: Path, dtype: torch.dtype) -> None:
+def load_weights(model: CausalLM, model_dir: Path) -> None:
+    """Copy every tensor into the (already allocated, target-dtype) module; raise WeightsError on any mismatch."""
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise WeightsError(f"no *.safetensors files in {model_dir}")
@@ -43,7 +44,6 @@ def load_weights(model: CausalLM, model_dir: Path, dtype: torch.dtype) -> None:
     ]
     if missing:
         raise WeightsError(f"weights missing from {model_dir}: {', '.join(missing[:4])}")
-    model.to(dtype)
 
 
 def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: set[str]) -> None:

@@ -9,14 +9,14 @@ from runtime.models.decoder import CausalLM
 from runtime.models.layers import RotaryEmbedding
 
 
-def build_model(cfg: ModelConfig, device: torch.device) -> CausalLM:
+def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> CausalLM:
     """Our module tree for any supported ``model_type``, uninitialised (weights are loaded next).
 
     Built on the meta device so no time goes into random initialisation of weights that are
     overwritten anyway; only the rotary tables are computed for real.
     """
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg).to(dtype)  # allocate in the target dtype: no fp32 copy of an 8B model
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor
         model.lm_head.weight = model.embed_tokens.weight
