@@ -29,6 +29,7 @@ from benchmarks.common import (
     format_table,
     median,
     percentile,
+    progress,
     reps,
     synthetic_prompt,
     write_results,
@@ -122,6 +123,7 @@ def run(args: argparse.Namespace) -> dict:
     for _ in range(n_reps):
         for n in counts:
             rates[n].append(drv.decode_rate(n, args.stream_prompt, args.decode_tokens))
+            progress(f"{n} streams: {rates[n][-1]:.2f} tok/s")
     one = median(rates[counts[0]])
     stream_rows = [(n, median(rates[n]), median(rates[n]) / one) for n in counts]
     scaling = {
@@ -139,6 +141,7 @@ def run(args: argparse.Namespace) -> dict:
             t, steps = drv.prefill_alone(args.long_prompt)
             alone[c].append(t / steps)
             itls[c].extend(drv.itl_under_prefill(args.chunk_streams, args.stream_prompt, args.long_prompt, c))
+            progress(f"chunk {c}: one chunk {alone[c][-1]:.3f} s, ITL max so far {max(itls[c]):.3f} s")
     drv.engine.check_integrity()
     chunk_rows, chunked = [], []
     for c in chunks:

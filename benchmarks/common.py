@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -83,11 +84,12 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def interleave(
-    variants: dict[str, Callable[[int], float]], n_reps: int, warmup: bool = True
+    variants: dict[str, Callable[[int], float]], n_reps: int, warmup: bool = False
 ) -> dict[str, list[float]]:
     """Run each variant once per round, in turn (A B A B ...); each call gets the round and returns seconds.
 
-    One untimed warm-up round first (first calls pay for allocation and kernel selection).
+    With ``warmup``, one untimed round first (first calls pay for allocation and kernel selection); callers
+    that warm up once with a small input pass False.
     """
     times: dict[str, list[float]] = {k: [] for k in variants}
     if warmup:
@@ -96,7 +98,13 @@ def interleave(
     for r in range(n_reps):
         for name, fn in variants.items():
             times[name].append(fn(r))
+            progress(f"{name} round {r}: {times[name][-1]:.3f} s")
     return times
+
+
+def progress(msg: str) -> None:
+    """A timestamped line on stderr so a long run shows where it is."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def median(xs: Sequence[float]) -> float:

@@ -25,6 +25,7 @@ from benchmarks.common import (
     base_parser,
     format_table,
     median,
+    progress,
     reps,
     write_results,
 )
@@ -73,11 +74,12 @@ def run(args: argparse.Namespace) -> dict:
                                    args.min_new, args.max_new)  # fmt: skip
     n_reps = reps(args)
     samples: dict[int, list[dict]] = {ps: [] for ps in sizes}
-    for r in range(n_reps + 1):  # round 0 warms every engine up
+    for ps in sizes:  # warm-up: first calls pay for allocation and kernel selection
+        replay(engines[ps], prompts[:1], 4)
+    for r in range(n_reps):
         for ps in sizes:
-            res = replay(engines[ps], prompts, args.decode_tokens)
-            if r:
-                samples[ps].append(res)
+            samples[ps].append(replay(engines[ps], prompts, args.decode_tokens))
+            progress(f"round {r} page size {ps}: {samples[ps][-1]['ttft_sum_s']:.2f} s summed TTFT")
     first = samples[sizes[0]][0]["first_tokens"]
     rows, per_size = [], []
     for ps in sizes:

@@ -102,6 +102,10 @@ def run(args: argparse.Namespace) -> dict:
     lengths = [int(x) for x in args.prefill_lengths.split(",") if x]
     sides = Sides(max(lengths))
     n_reps = reps(args)
+    for warm in (sides.kv_prefill, sides.hf_prefill):  # first calls pay for allocation and kernel selection
+        warm(64)
+    sides.kv_decode(16, 4)
+    sides.hf_decode(16, 4)
     rows, results = [], {"prefill": [], "decode": None}
     for n in lengths:
         t = interleave(

@@ -24,6 +24,7 @@ from benchmarks.common import (
     base_parser,
     format_table,
     median,
+    progress,
     reps,
     write_results,
 )
@@ -111,13 +112,16 @@ def run(args: argparse.Namespace) -> dict:
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     n_reps = reps(args)
     per_turn = [{"off": [], "radix": [], "limit": [], "cached": [], "prefilled": []} for _ in prompts]
-    for r in range(n_reps + 1):  # round 0 warms both engines up and is not recorded
+    for r in range(n_reps + 1):  # round 0 (first turn only) warms both engines up and is not recorded
         engines["radix"].reset_prefix_cache()
-        for t, prompt in enumerate(prompts):
+        for t, prompt in enumerate(prompts if r else prompts[:1]):
             off = engines["off"].generate([prompt], params)[0]
             rad = engines["radix"].generate([prompt], params)[0]
             assert off.output_token_ids == rad.output_token_ids, f"turn {t}: cache changed the greedy token"
             lim = limit_prefill(engines["radix"], prompt, rad.cached_tokens, args.limit_reps)
+            progress(
+                f"round {r} turn {t + 1}: off {off.ttft_s:.3f} s, radix {rad.ttft_s:.3f} s, limit {lim:.3f} s"
+            )
             if r == 0:
                 continue
             d = per_turn[t]
