@@ -63,8 +63,12 @@ class Scheduler:
         for req in list(self.running):
             # a prompt's 1-token tail is prefill, not a decode: it must come out of the chunk budget
             decoding = req.remaining == 1 and req.num_computed >= req.num_prompt
-            if req in self.running and decoding and self._reserve(req, 1, chunks):
+            if req not in self.running or not decoding:
+                continue
+            if self._reserve(req, 1, chunks):
                 chunks[req] = Chunk(req, req.num_computed, 1, True)
+            elif len(self.running) > 1:
+                self._retract(req)  # the newest yields its pages (to the tree) so older ones progress
         budget = self.chunk_size
         for req in list(self.running):
             if budget <= 0:
@@ -95,11 +99,15 @@ class Scheduler:
         return list(chunks.values())
 
     def _reserve(self, req: Request, n: int, chunks: dict[Request, Chunk]) -> bool:
-        """Reserve pages, retracting the newest other running requests while that is needed."""
+        """Reserve pages, retracting requests admitted after ``req`` (newest first) while needed.
+
+        Only newer requests are retracted, so an old request never loses its progress to a new one.
+        """
         while not self.cache.reserve(req, n):
-            victims = [r for r in reversed(self.running) if r is not req]
+            victims = self.running[self.running.index(req) + 1 :]
             if not victims:
                 return False
+            victims = victims[::-1]
             self._retract(victims[0])
             chunks.pop(victims[0], None)
         return True
