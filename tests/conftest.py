@@ -16,4 +16,11 @@ def tiny_models(tmp_path_factory):
     for arch in ("llama", "qwen2", "qwen3"):
         for tie in (False, True):
             out[(arch, tie)] = make_tiny_model(root / f"{arch}-{int(tie)}", arch, tie)
+    # Llama 3.1-style rope scaling (with original context 128, so positions past it are scaled)
+    llama3_rope = dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=128, rope_theta=500000.0,
+    )  # fmt: skip
+    out[("llama3-rope", False)] = make_tiny_model(root / "llama3-rope", "llama", rope_scaling=llama3_rope)
+    out[("mistral", False)] = make_tiny_model(root / "mistral", "mistral", sliding_window=None)
     return out

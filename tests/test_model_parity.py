@@ -10,7 +10,10 @@ from runtime.forward_batch import build_forward_batch
 from runtime.sampling import SamplingParams
 from tests.helpers import load_hf
 
-ARCHS = [(a, t) for a in ("llama", "qwen2", "qwen3") for t in (False, True)]
+ARCHS = [(a, t) for a in ("llama", "qwen2", "qwen3") for t in (False, True)] + [
+    ("llama3-rope", False),
+    ("mistral", False),
+]
 LENGTHS = [1, 2, 7, 31, 64, 129, 300]
 
 
