@@ -143,7 +143,7 @@ def test_compress_budget_freezes_stubs_and_respects_the_budget():
 
 
 def test_compress_summary_summarises_once():
-    traj = load("coding")
+    traj = load("research")
     firsts = set()
     for k in range(len(traj.turns)):
         msgs = PATTERNS["compress_summary"].build(traj, k).messages
@@ -230,7 +230,7 @@ def run_all(engine, names, traj):
     from benchmarks.targets import InProcessTarget
 
     target = InProcessTarget(engine, max_tokens=2)
-    runs = [run_pattern(target, engine.tokenizer, PATTERNS[n], traj, lambda: None, 16) for n in names]
+    runs = [run_pattern(target, engine.tokenizer, PATTERNS[n], traj, lambda row: None, 16) for n in names]
     add_savings(runs)
     return {r["pattern"]: r for r in runs}
 

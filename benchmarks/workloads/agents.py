@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.workloads import codegen, webgen
-from benchmarks.workloads.prompts import CODING_SYSTEM, CODING_TOOLS, RESEARCH_SYSTEM, RESEARCH_TOOLS
+from benchmarks.workloads.prompts import (
+    CODING_SYSTEM,
+    CODING_TOOLS,
+    RESEARCH_SYSTEM,
+    RESEARCH_TOOLS,
+    compact_system,
+    compact_tools,
+)
 from benchmarks.workloads.trajectory import Message, Trajectory, Turn
 
 
@@ -56,38 +63,56 @@ def _think(rng: random.Random, *ideas: str) -> str:
     return f"{lead} {' '.join(ideas)}"
 
 
-def _explore_and_fix(
-    s: _Script, thread: int, rng: random.Random, file_fns: int, fix_rounds: int
-) -> list[str]:
-    """find -> grep -> read -> write -> run (-> write -> run)... ; returns the paths touched."""
+def _fix(s: _Script, thread: int, path: str, fix_rounds: int) -> None:
+    """write -> run, ``fix_rounds`` times, on a file the thread has read."""
     r = s.rng
-    pattern = "ledgerly/**/*.py"
-    (cid,) = s.reply(
-        thread, "", [("find", {"pattern": pattern})], _think(r, "I should see the layout first.")
-    )
-    s.tool(thread, cid, "find", codegen.find_output(r, pattern, 8))
-    regex = f"def {r.choice(codegen.VERBS)}_{r.choice(codegen.NOUNS)}"
-    (cid,) = s.reply(
-        thread, "", [("grep", {"regex": regex, "glob": "*.py"})], _think(r, "Find the entry point.")
-    )
-    s.tool(thread, cid, "grep", codegen.grep_output(r, regex, 6))
-    path = codegen.module_path(r)
-    (cid,) = s.reply(thread, f"The logic lives in `{path}`; reading it.", [("read_file", {"path": path})])
-    s.tool(thread, cid, "read_file", codegen.code_file(r, path, file_fns))
-    touched = [path]
     for _ in range(fix_rounds):
-        content = codegen.patch_content(r, path)
+        content = codegen.from_first_def(codegen.patch_content(r, path))
         why = _think(r, f"The check in {path} compares before converting currency.", "Rewrite the function.")
         (cid,) = s.reply(thread, "", [("write_file", {"path": path, "content": content})], why)
         s.tool(thread, cid, "write_file", codegen.write_result(r, path, content))
         cmd = f"pytest -q tests/{path.split('/')[1]}"
         (cid,) = s.reply(thread, "Running the tests for this package.", [("run", {"command": cmd})])
-        s.tool(thread, cid, "run", codegen.test_run_output(r, cmd, failing=r.randint(0, 2)))
-    return touched
+        s.tool(thread, cid, "run", codegen.test_run_output(r, cmd, failing=r.randint(0, 1), packages=2))
+
+
+def _read(s: _Script, thread: int, path: str, file_fns: int) -> None:
+    """Read the file from its first function on (offset/limit), as agents do after a grep hit."""
+    text = codegen.from_first_def(codegen.code_file(s.rng, path, file_fns))
+    offset = int(text.split("\t", 1)[0])
+    args = {"path": path, "offset": offset, "limit": 40}
+    (cid,) = s.reply(thread, f"The logic lives in `{path}`; reading it.", [("read_file", args)])
+    s.tool(thread, cid, "read_file", text)
+
+
+def _explore_and_fix(s: _Script, thread: int, file_fns: int, fix_rounds: int, find: bool = True) -> str:
+    """(find ->) grep -> read -> (write -> run) x fix_rounds; returns the path fixed."""
+    r = s.rng
+    pattern = "ledgerly/**/*.py"
+    if find:
+        (cid,) = s.reply(
+            thread, "", [("find", {"pattern": pattern})], _think(r, "I should see the layout first.")
+        )
+        s.tool(thread, cid, "find", codegen.find_output(r, pattern, 4))
+    regex = f"def {r.choice(codegen.VERBS)}_{r.choice(codegen.NOUNS)}"
+    (cid,) = s.reply(
+        thread, "", [("grep", {"regex": regex, "glob": "*.py"})], _think(r, "Find the entry point.")
+    )
+    s.tool(thread, cid, "grep", codegen.grep_output(r, regex, 4))
+    path = codegen.module_path(r)
+    _read(s, thread, path, file_fns)
+    _fix(s, thread, path, fix_rounds)
+    return path
 
 
 def coding(seed: int, quick: bool) -> Trajectory:
-    """A bug fix plus a follow-up request, with file tools, in one thread."""
+    """A bug fix plus (default variant) a follow-up request, with file tools, in one thread.
+
+    Ten turns with short tool results by default: the patterns that recompute the whole prompt every
+    turn cost (turns x context) tokens, so this workload is the smallest the benchmark's claims allow.
+    The quick variant skips the `find` step (five turns) behind a compact prefix (first-sentence tool descriptions,
+    no working rules) so that a smoke run fits in two minutes on two CPU cores.
+    """
     rng = random.Random(seed)
     s = _Script(rng)
     s.user(
@@ -95,18 +120,22 @@ def coding(seed: int, quick: bool) -> Trajectory:
         "Refunds that arrive after a statement closes are counted twice by the nightly reconciliation "
         "job. Find the cause, fix it, and add a regression test.",
     )
-    paths = _explore_and_fix(s, 0, rng, file_fns=2, fix_rounds=1 if quick else 2)
+    path = _explore_and_fix(s, 0, file_fns=1, fix_rounds=1, find=not quick)
     s.reply(
         0,
-        f"Fixed: `{paths[0]}` now matches refunds by reference before amount, so a late refund is "
+        f"Fixed: `{path}` now matches refunds by reference before amount, so a late refund is "
         "applied once. Regression test added; the package's tests pass.",
     )
     if quick:
-        return Trajectory("coding", "quick", seed, CODING_SYSTEM, CODING_TOOLS, s.turns)
+        return Trajectory(
+            "coding", "quick", seed, compact_system(CODING_SYSTEM), compact_tools(CODING_TOOLS), s.turns
+        )
     s.user(0, "Thanks. Do chargebacks have the same problem? If so fix them the same way.")
-    paths = _explore_and_fix(s, 0, rng, file_fns=1, fix_rounds=1)
-    s.reply(0, f"Yes, chargebacks had the same ordering bug; fixed in `{paths[0]}` with a matching test.")
-    return Trajectory("coding", "quick" if quick else "default", seed, CODING_SYSTEM, CODING_TOOLS, s.turns)
+    path = codegen.module_path(rng)
+    _read(s, 0, path, 1)
+    _fix(s, 0, path, 1)
+    s.reply(0, f"Yes, chargebacks had the same ordering bug; fixed in `{path}` with a matching test.")
+    return Trajectory("coding", "default", seed, CODING_SYSTEM, CODING_TOOLS, s.turns)
 
 
 def research(seed: int, quick: bool) -> Trajectory:

@@ -121,7 +121,7 @@ def grep_output(rng: random.Random, regex: str, n: int) -> str:
     return "\n".join(rows) + f"\n({n} matches for /{regex}/)"
 
 
-def test_run_output(rng: random.Random, command: str, failing: int) -> str:
+def test_run_output(rng: random.Random, command: str, failing: int, packages: int = 4) -> str:
     passed = rng.randint(40, 160)
     lines = [
         f"$ {command}",
@@ -130,7 +130,7 @@ def test_run_output(rng: random.Random, command: str, failing: int) -> str:
     lines.append(
         f"platform linux -- Python 3.11.9, pytest-8.2.1, pluggy-1.5.0\ncollected {passed + failing} items\n"
     )
-    for pkg in rng.sample(PACKAGES, k=4):
+    for pkg in rng.sample(PACKAGES, k=packages):
         marks = "".join(rng.choice("......F" if failing else ".") for _ in range(rng.randint(8, 30)))
         lines.append(f"tests/{pkg}/test_{rng.choice(NOUNS)}.py {marks}")
     for i in range(failing):
@@ -158,3 +158,10 @@ def write_result(rng: random.Random, path: str, content: str) -> str:
 def patch_content(rng: random.Random, path: str) -> str:
     """New file content the agent writes: a shorter module than read_file returns."""
     return "\n".join(line.split("\t", 1)[1] for line in code_file(rng, path, 1).splitlines())
+
+
+def from_first_def(source: str) -> str:
+    """The lines of ``source`` from its first top-level function on (imports and dataclasses dropped)."""
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split("\t", 1)[-1].startswith("def "))
+    return "\n".join(lines[start:])

@@ -272,3 +272,19 @@ RESEARCH_TOOLS: list[dict[str, Any]] = [
         [],
     ),
 ]
+
+
+def compact_system(system: str) -> str:
+    """The role and workflow sections only: a short prompt for the quick variant's smoke run."""
+    return system.split("# Repository conventions")[0].rstrip() + "\n"
+
+
+def compact_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same tools with first-sentence descriptions and only their required parameters."""
+    out = []
+    for t in tools:
+        fn = t["function"]
+        req = fn["parameters"]["required"]
+        props = {k: {"type": v["type"]} for k, v in fn["parameters"]["properties"].items() if k in req}
+        out.append(_fn(fn["name"], fn["description"].split(". ")[0].rstrip(".") + ".", props, req))
+    return out
