@@ -6,6 +6,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks.patterns.checks import acceptance
+
 
 def _n(v: Any) -> str:
     return "n/a" if v is None else f"{v:,.0f}"
@@ -17,6 +19,11 @@ def _pct(v: Any) -> str:
 
 def _s(v: Any) -> str:
     return "n/a" if v is None else f"{v:.2f}"
+
+
+def _saved(t: dict) -> str:
+    derived = t.get("savings_basis") == "derived"
+    return _pct(t.get("savings_vs_naive")) + ("*" if derived else "")
 
 
 def explain(run: dict) -> str:
@@ -43,7 +50,7 @@ def explain(run: dict) -> str:
         saved = t.get("savings_vs_naive")
         parts.append(
             f"Prefilled {_n(t['prefilled_tokens'])} of {_n(t['prompt_tokens'])} prompt tokens (reuse "
-            f"{_pct(t['reuse_ratio'])}{'' if saved is None else f', {_pct(saved)} saved vs naive'}); the ideal "
+            f"{_pct(t['reuse_ratio'])}{'' if saved is None else f', {_saved(t)} saved vs naive'}); the ideal "
             f"for these prompts is {_n(t['ideal_tokens'])} ({_n(t['ideal_paged_tokens'])} counting whole "
             f"{run.get('page', 16)}-token pages only), so the cache missed {_n(t['distance_to_ideal'])} reusable tokens"
         )
@@ -61,7 +68,7 @@ def table(runs: list[dict]) -> list[str]:
         t = r["totals"]
         lines.append(
             f"| {r['pattern']} | {_n(t['prompt_tokens'])} | {_n(t['cached_tokens'])} | {_n(t['prefilled_tokens'])} "
-            f"| {_n(t['ideal_tokens'])} | {_pct(t['reuse_ratio'])} | {_pct(t.get('savings_vs_naive'))} "
+            f"| {_n(t['ideal_tokens'])} | {_pct(t['reuse_ratio'])} | {_saved(t)} "
             f"| {_n(t['distance_to_ideal'])} | {_n(t['max_context'])} | {_s(t['ttft_s'])} |"
         )
     return lines
@@ -73,6 +80,7 @@ def plots(runs: list[dict], out: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
     files = []
@@ -81,31 +89,33 @@ def plots(runs: list[dict], out: Path) -> list[str]:
         ("ttft.png", "TTFT (s)", "ttft_s", False),
         ("context_size.png", "prompt tokens", "prompt_tokens", False),
     ]
+    names = list(dict.fromkeys(r["pattern"] for r in runs))
+    cmap = plt.get_cmap("tab20")
+    style = {
+        n: {"color": cmap(i % 20), "linestyle": ("-", "--", ":", "-.")[i // 10 % 4]}
+        for i, n in enumerate(names)
+    }
     for fname, ylabel, key, cumulative in series:
-        fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 5), squeeze=False)
+        fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 5.5), squeeze=False)
         for ax, w in zip(axes[0], workloads, strict=True):
             for r in (r for r in runs if r["workload"] == w):
                 ys = [row[key] if row[key] is not None else 0 for row in r["requests"]]
                 if cumulative:
                     ys = [sum(ys[: i + 1]) for i in range(len(ys))]
-                ax.plot(range(len(ys)), ys, marker=".", label=r["pattern"])
-            if cumulative:
-                ideal = [
-                    row["ideal_tokens"] for row in next(r for r in runs if r["workload"] == w)["requests"]
-                ]
-                ap = next((r for r in runs if r["workload"] == w and r["pattern"] == "append_only"), None)
-                if ap:
-                    ideal = [row["ideal_tokens"] for row in ap["requests"]]
-                    ax.plot(
-                        range(len(ideal)),
-                        [sum(ideal[: i + 1]) for i in range(len(ideal))],
-                        "k--",
-                        label="ideal",
-                    )
-            ax.set_title(w)
-            ax.set_xlabel("turn")
+                ax.plot(range(len(ys)), ys, marker=".", label=r["pattern"], **style[r["pattern"]])
+            ap = next((r for r in runs if r["workload"] == w and r["pattern"] == "append_only"), None)
+            if cumulative and ap:
+                ideal = [row["ideal_tokens"] for row in ap["requests"]]
+                cum = [sum(ideal[: i + 1]) for i in range(len(ideal))]
+                ax.plot(range(len(ideal)), cum, "k", linewidth=3, alpha=0.3, label="ideal (append-only)")
+            ax.set_title(f"workload: {w}")
+            ax.set_xlabel("request (turn)")
             ax.set_ylabel(ylabel)
-        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+            ax.grid(alpha=0.3)
+            ax.yaxis.set_major_formatter(
+                matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")
+            )
+            ax.legend(fontsize=7, loc="upper left", ncol=1 if len(ax.lines) < 9 else 2)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=90)
         plt.close(fig)
@@ -113,7 +123,11 @@ def plots(runs: list[dict], out: Path) -> list[str]:
     fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 5), squeeze=False)
     for ax, w in zip(axes[0], workloads, strict=True):
         sel = [r for r in runs if r["workload"] == w]
-        ax.barh([r["pattern"] for r in sel], [r["totals"]["reuse_ratio"] or 0 for r in sel])
+        ratios = [r["totals"]["reuse_ratio"] or 0 for r in sel]
+        ax.barh([r["pattern"] for r in sel], ratios, color=[style[r["pattern"]]["color"] for r in sel])
+        for y, v in enumerate(ratios):
+            ax.text(min(v, 0.88) + 0.01, y, f"{100 * v:.0f}%", va="center", fontsize=8)
+        ax.invert_yaxis()
         ax.set_xlim(0, 1)
         ax.set_title(f"{w}: reuse ratio (cached / prompt)")
     fig.tight_layout()
@@ -138,6 +152,19 @@ def write_report(results: dict, out: Path) -> Path:
               "for any prefix cache on these prompts. *distance to ideal*: prefilled minus ideal.", ""]  # fmt: skip
     notes = {r["reset_note"] for r in runs if r.get("reset_note")}
     lines += [f"> {n}" for n in sorted(notes)]
+    checks = acceptance(runs, meta.get("page_size", 16))
+    if checks:
+        lines += ["", "## Acceptance checks", ""]
+        lines += [
+            f"- {'PASS' if c['ok'] else 'FAIL'} `{c['workload']}:{c['pattern']}`: {c['text']}."
+            for c in checks
+        ]
+    if any(r["totals"].get("savings_basis") == "derived" for r in runs):
+        lines += [
+            "",
+            "\\* naive did not run on this workload: its prefill is derived as every prompt token of the "
+            "append-only requests (the prefix cache off computes them all; TTFT savings need the measured run).",
+        ]
     for w in dict.fromkeys(r["workload"] for r in runs):
         sel = [r for r in runs if r["workload"] == w]
         lines += ["", f"## Workload `{w}` ({len(sel[0]['requests'])} requests)", ""] + table(sel) + [""]

@@ -1,0 +1,133 @@
+"""The issue's acceptance claims, checked on measured rows: where each pattern's change starts, and
+whether the cache reused exactly what lies before it.
+
+``change_start`` is recorded per request while the benchmark runs (it needs the rendered prompts);
+``acceptance`` turns a finished run into one pass/fail line per claim, with the figures behind it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.patterns.request import Request
+
+TIMESTAMP_LABEL = "Current time: "
+CHECKED = ("append_only", "timestamp_start", "timestamp_end", "tools_reordered", "sliding_window")
+
+
+def token_at_char(tokenizer: Any, text: str, char: int) -> int:
+    """Index of the token covering character ``char`` of ``text`` (tokenised as the prompt was)."""
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return next((i for i, (_, end) in enumerate(offsets) if end > char), len(offsets))
+
+
+def change_start(name: str, prev: Request, cur: Request, rendered: Any, tokenizer: Any) -> int | None:
+    """First token of request ``cur`` that the pattern changed relative to ``prev`` (None: no change).
+
+    timestamps: the first character of the timestamp; tools: the first tool whose position changed;
+    sliding window: the first history message, when the window dropped messages.
+    """
+    if name in ("timestamp_start", "timestamp_end"):
+        char = rendered.text.index(TIMESTAMP_LABEL) + len(TIMESTAMP_LABEL)
+        return token_at_char(tokenizer, rendered.text, char)
+    if name == "tools_reordered":
+        order = [[t["function"]["name"] for t in r.tools] for r in (prev, cur)]
+        moved = next((i for i, (a, b) in enumerate(zip(*order, strict=True)) if a != b), None)
+        if moved is None:
+            return None
+        # the template writes one JSON object per tool per line: the moved tool starts its line
+        name_at = rendered.text.index(f'"name": "{order[1][moved]}"')
+        return token_at_char(tokenizer, rendered.text, rendered.text.rfind("\n", 0, name_at) + 1)
+    if name == "sliding_window":
+        if len(prev.messages) < 2 or cur.messages[1] == prev.messages[1]:
+            return None
+        first = [s.token_start for s in rendered.segments if s.message_index == 1]
+        return first[0] if first else max(s.token_end for s in rendered.segments if s.message_index == 0)
+    return None
+
+
+def _later(run: dict) -> list[dict]:
+    return [r for r in run["requests"] if r["divergence"] is not None]
+
+
+def _append_only(run: dict, page: int) -> tuple[bool, str]:
+    t = run["totals"]
+    loss = t["prefilled_tokens"] - t["ideal_tokens"]
+    ok = t["ideal_tokens"] <= t["prefilled_tokens"] <= t["ideal_paged_tokens"]
+    return ok, (
+        f"prefilled {t['prefilled_tokens']:,} = ideal {t['ideal_tokens']:,} + {loss:,} tokens of page "
+        f"granularity (at most {t['ideal_paged_tokens'] - t['ideal_tokens']:,} with {page}-token pages)"
+    )
+
+
+def _timestamp_start(run: dict, page: int) -> tuple[bool, str]:
+    rows = _later(run)
+    starts = {r["change_start"] for r in rows}
+    most = max(r["cached_tokens"] for r in rows)
+    ok = all(r["cached_tokens"] <= r["divergence"] // page * page for r in rows) and max(starts) < 2 * page
+    return ok, (
+        f"the timestamp begins at token {min(starts)} (after the template's `<|im_start|>system` header and "
+        f"the label); requests reuse at most {most} tokens, never past the first differing token "
+        f"({min(r['divergence'] for r in rows)}-{max(r['divergence'] for r in rows)}: shared leading digits)"
+    )
+
+
+def _timestamp_end(run: dict, page: int) -> tuple[bool, str]:
+    rows = _later(run)
+    ok = all(r["change_start"] // page * page <= r["cached_tokens"] <= r["divergence"] for r in rows)
+    return ok, (
+        f"the timestamp begins at token {min(r['change_start'] for r in rows)}; every request reused all the "
+        f"whole pages before it ({min(r['cached_tokens'] for r in rows)}-{max(r['cached_tokens'] for r in rows)} "
+        "cached tokens) and nothing after it"
+    )
+
+
+def _tools_reordered(run: dict, page: int) -> tuple[bool, str]:
+    moved = [r for r in _later(run) if r["change_start"] is not None]
+    ok = bool(moved) and all(
+        r["change_start"] // page * page <= r["cached_tokens"] <= r["divergence"] and r["segment"] == "tools"
+        for r in moved
+    )
+    gaps = [r["divergence"] - r["change_start"] for r in moved]
+    return ok, (
+        f"on {len(moved)} of {len(_later(run))} requests the order changed; each reused everything up to the "
+        f"first moved tool (which starts {min(gaps)}-{max(gaps)} tokens before the first differing token, "
+        "its shared schema opening) and nothing after it"
+    )
+
+
+def _sliding_window(run: dict, page: int) -> tuple[bool, str]:
+    rows = _later(run)
+    slides = [r for r in rows if r["change_start"] is not None]
+    lost = [r for r in slides if r["divergence"] < r["prev_tokens"] and r["cached_tokens"] <= r["divergence"]]
+    steady = [r for r in rows if r["change_start"] is None]
+    ok = (
+        bool(slides) and len(lost) == len(slides) and all(r["divergence"] == r["prev_tokens"] for r in steady)
+    )
+    recomputed = sum(r["prompt_tokens"] - r["cached_tokens"] for r in slides)
+    return ok, (
+        f"the window slid on {len(slides)} of {len(rows)} requests and every slide lost the reuse of the "
+        f"history (reuse stopped at the first kept message, {recomputed:,} tokens prefilled on those "
+        f"requests); the other {len(steady)} requests extended the previous one"
+    )
+
+
+_CHECKS = {
+    "append_only": _append_only,
+    "timestamp_start": _timestamp_start,
+    "timestamp_end": _timestamp_end,
+    "tools_reordered": _tools_reordered,
+    "sliding_window": _sliding_window,
+}
+
+
+def acceptance(runs: list[dict], page: int) -> list[dict]:
+    """One result per checked claim per workload: ``{workload, pattern, ok, text}``."""
+    out = []
+    for run in runs:
+        check = _CHECKS.get(run["pattern"])
+        if check is None or run["totals"]["prefilled_tokens"] is None or not _later(run):
+            continue
+        ok, text = check(run, page)
+        out.append({"workload": run["workload"], "pattern": run["pattern"], "ok": ok, "text": text})
+    return out
