@@ -74,3 +74,21 @@ def test_fanout_has_a_parent_and_three_sub_agents():
         assert [m["role"] for m in first.new] == ["user"]
     parent_calls = traj.turns[0].assistant["tool_calls"]
     assert [c["function"]["name"] for c in parent_calls] == ["task"] * 3
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_same_seed_same_tokens(name, tokenizer):
+    """Two builds from one seed render to identical token streams, request by request."""
+    from benchmarks.patterns import PATTERNS
+    from chat_templates import render
+
+    def streams(traj):
+        reqs = PATTERNS["append_only"].requests(traj)
+        return [
+            render(tokenizer, r.messages, r.tools, template="qwen3", **r.template_kwargs).token_ids
+            for r in reqs
+        ]
+
+    a, b = build(name, "quick", 7), build(name, "quick", 7)
+    assert a is not b and streams(a) == streams(b)
+    assert streams(build(name, "quick", 8)) != streams(a)
