@@ -120,8 +120,15 @@ def plots(runs: list[dict], out: Path) -> list[str]:
         fig.savefig(out / fname, dpi=90)
         plt.close(fig)
         files.append(fname)
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 5), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
+    sizes = [sum(r["workload"] == w for r in runs) for w in workloads]
+    fig, axes = plt.subplots(
+        len(workloads),
+        1,
+        figsize=(8, 1.2 + 0.4 * sum(sizes)),
+        squeeze=False,
+        height_ratios=[n + 1.5 for n in sizes],
+    )
+    for ax, w in zip(axes[:, 0], workloads, strict=True):
         sel = [r for r in runs if r["workload"] == w]
         ratios = [r["totals"]["reuse_ratio"] or 0 for r in sel]
         ax.barh([r["pattern"] for r in sel], ratios, color=[style[r["pattern"]]["color"] for r in sel])
@@ -129,7 +136,7 @@ def plots(runs: list[dict], out: Path) -> list[str]:
             ax.text(min(v, 0.88) + 0.01, y, f"{100 * v:.0f}%", va="center", fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, 1)
-        ax.set_title(f"{w}: reuse ratio (cached / prompt)")
+        ax.set_title(f"workload {w}: reuse ratio (cached / prompt tokens)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "reuse_ratio.png", dpi=90)
     plt.close(fig)

@@ -64,17 +64,21 @@ def _timestamp_start(run: dict, page: int) -> tuple[bool, str]:
     rows = _later(run)
     starts = {r["change_start"] for r in rows}
     most = max(r["cached_tokens"] for r in rows)
-    ok = all(r["cached_tokens"] <= r["divergence"] // page * page for r in rows) and max(starts) < 2 * page
+    ok = max(starts) < 2 * page and most < 2 * page
     return ok, (
         f"the timestamp begins at token {min(starts)} (after the template's `<|im_start|>system` header and "
-        f"the label); requests reuse at most {most} tokens, never past the first differing token "
-        f"({min(r['divergence'] for r in rows)}-{max(r['divergence'] for r in rows)}: shared leading digits)"
+        f"the label); requests reuse at most {most} tokens (whole pages before the first differing "
+        f"digit, token {min(r['divergence'] for r in rows)}-{max(r['divergence'] for r in rows)})"
     )
 
 
 def _timestamp_end(run: dict, page: int) -> tuple[bool, str]:
     rows = _later(run)
-    ok = all(r["change_start"] // page * page <= r["cached_tokens"] <= r["divergence"] for r in rows)
+    ok = all(
+        r["change_start"] // page * page <= r["cached_tokens"]
+        and r["prefilled_tokens"] <= r["ideal_paged_tokens"]
+        for r in rows
+    )
     return ok, (
         f"the timestamp begins at token {min(r['change_start'] for r in rows)}; every request reused all the "
         f"whole pages before it ({min(r['cached_tokens'] for r in rows)}-{max(r['cached_tokens'] for r in rows)} "
@@ -85,14 +89,22 @@ def _timestamp_end(run: dict, page: int) -> tuple[bool, str]:
 def _tools_reordered(run: dict, page: int) -> tuple[bool, str]:
     moved = [r for r in _later(run) if r["change_start"] is not None]
     ok = bool(moved) and all(
-        r["change_start"] // page * page <= r["cached_tokens"] <= r["divergence"] and r["segment"] == "tools"
+        r["change_start"] // page * page <= r["cached_tokens"]
+        and r["prefilled_tokens"] <= r["ideal_paged_tokens"]
+        and r["segment"] == "tools"
         for r in moved
     )
+    older = sum(r["cached_tokens"] > r["divergence"] for r in moved)
     gaps = [r["divergence"] - r["change_start"] for r in moved]
     return ok, (
         f"on {len(moved)} of {len(_later(run))} requests the order changed; each reused everything up to the "
-        f"first moved tool (which starts {min(gaps)}-{max(gaps)} tokens before the first differing token, "
-        "its shared schema opening) and nothing after it"
+        f"first moved tool (whose line starts {min(gaps)}-{max(gaps)} tokens before the first differing token: "
+        "the shared schema opening) and nothing after it"
+        + (
+            f"; on {older} of them an older request had kept more tools in place and the cache reused that"
+            if older
+            else ""
+        )
     )
 
 
