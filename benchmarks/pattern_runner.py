@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmarks.patterns import PATTERNS, Pattern, ideal_prefill, select
 from benchmarks.patterns.checks import change_start
-from benchmarks.patterns.ideal import best_prefix
+from benchmarks.patterns.ideal import best_prefix, computed_streams
 from benchmarks.patterns.projection import CostModel, expected_prefill
 from benchmarks.targets import TEMPLATE, InProcessTarget, Measured, ServerTarget
 from benchmarks.workloads import WORKLOADS, Trajectory, load
@@ -82,7 +82,7 @@ def run_pattern(
         rows.append(row)
         tick(row)
     ids = [rp.token_ids for rp in rendered]
-    streams = [list(p) + list(o) for p, o in zip(ids, outputs, strict=True)]
+    streams = computed_streams(ids, outputs)
     for k, row in enumerate(rows):
         reusable = best_prefix(ids[k], streams[:k]) if pattern.cache else 0
         row["ideal_tokens"] = max(1, len(ids[k]) - reusable) if pattern.cache else len(ids[k])

@@ -166,11 +166,12 @@ def test_reasoning_patterns_differ_only_in_template_kwargs(coding):
 
 def test_ideal_on_a_hand_made_example():
     prompts = [[1, 2, 3], [1, 2, 3, 4, 5], [9, 9], [1, 2, 3, 4, 5, 6], [1, 2, 7]]
-    outputs = [[4], [6], [], [], []]
-    # 1: [1,2,3,4] from request 0's prompt+output covers 4 of 5; 3: request 1's stream covers all 6,
+    outputs = [[4, 8], [6, 8], [], [], []]
+    # Only generated tokens with KV count: all but the last (sampled, never run through the model).
+    # 1: [1,2,3,4] from request 0's prompt+first output covers 4 of 5; 3: request 1's stream covers all 6,
     # but one token is always computed; 4: [1,2] shared with everything earlier.
     assert ideal_prefill(prompts, outputs) == [3, 1, 2, 1, 1]
-    assert ideal_prefill(prompts) == [3, 2, 2, 1, 1]
+    assert ideal_prefill(prompts, [[4], [6], [], [], []]) == ideal_prefill(prompts) == [3, 2, 2, 1, 1]
 
 
 def tiny_trajectory():
@@ -220,7 +221,7 @@ class FakeEngine:
                 break
             cached = end
         out = [7] * params.max_tokens
-        self.pages.update(k for _, k in self._keys(list(ids) + out))
+        self.pages.update(k for _, k in self._keys(list(ids) + out[:-1]))  # the last token has no KV
         return [SimpleNamespace(prompt_token_ids=list(ids), output_token_ids=out, cached_tokens=cached,
                                 prefilled_tokens=len(ids) - cached, ttft_s=0.01, prefill_s=0.01, decode_s=0.0)]  # fmt: skip
 

@@ -19,14 +19,22 @@ def best_prefix(prompt: Sequence[int], earlier: Sequence[Sequence[int]]) -> int:
     return max((common_prefix(p, np.asarray(s, dtype=np.int64)) for s in earlier), default=0)
 
 
+def computed_streams(
+    prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]] | None = None
+) -> list[list[int]]:
+    """Each request's tokens that have KV: its prompt and every generated token but the last, which is
+    sampled from the final step's logits and never run through the model."""
+    outputs = outputs if outputs is not None else [[] for _ in prompts]
+    return [list(p) + list(o)[:-1] for p, o in zip(prompts, outputs, strict=True)]
+
+
 def ideal_prefill(
     prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]] | None = None
 ) -> list[int]:
-    """Per request: ``len(prompt_k) - LCP(prompt_k, any earlier prompt_j + output_j)``, at least 1.
+    """Per request: ``len(prompt_k) - LCP(prompt_k, any earlier computed stream_j)``, at least 1.
 
     At least one token is always computed because the next-token logits come from the last prompt
     position, so a fully cached prompt still costs one token.
     """
-    outputs = outputs if outputs is not None else [[] for _ in prompts]
-    streams = [list(p) + list(o) for p, o in zip(prompts, outputs, strict=True)]
+    streams = computed_streams(prompts, outputs)
     return [max(1, len(p) - best_prefix(p, streams[:k])) for k, p in enumerate(prompts)]
