@@ -96,7 +96,7 @@ def plots(runs: list[dict], out: Path) -> list[str]:
         for i, n in enumerate(names)
     }
     for fname, ylabel, key, cumulative in series:
-        fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 5.5), squeeze=False)
+        fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 6.5), squeeze=False)
         for ax, w in zip(axes[0], workloads, strict=True):
             for r in (r for r in runs if r["workload"] == w):
                 ys = [row[key] if row[key] is not None else 0 for row in r["requests"]]
@@ -115,7 +115,8 @@ def plots(runs: list[dict], out: Path) -> list[str]:
             ax.yaxis.set_major_formatter(
                 matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")
             )
-            ax.legend(fontsize=7, loc="upper left", ncol=1 if len(ax.lines) < 9 else 2)
+            # below the axes: TTFT curves fill the whole plot area, so a legend inside would hide data
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
         fig.tight_layout()
         fig.savefig(out / fname, dpi=90)
         plt.close(fig)
