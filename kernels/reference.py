@@ -86,15 +86,16 @@ def extend_attention(
         if e == s:
             continue
         slots = kv_slots(page_table[i], lk, page_size)
-        out[s:e] = _attend(q[s:e], kf[slots].to(q.dtype), vf[slots].to(q.dtype), scale, lk - (e - s))
+        k, v = kf.index_select(0, slots).to(q.dtype), vf.index_select(0, slots).to(q.dtype)
+        out[s:e] = _attend(q[s:e], k, v, scale, lk - (e - s))
     return out
 
 
 class DecodePlan(NamedTuple):
     """Gather indices shared by every layer of one decode step (computed once, not per layer)."""
 
-    slots: torch.Tensor  # [B, L] flat slot of each key (0 where padded)
-    valid: torch.Tensor  # [B, L] key exists
+    slots: torch.Tensor  # [B * L] flat slot of each key (0 where padded)
+    valid: torch.Tensor | None  # [B, L] key exists; None when every sequence has L keys (no mask needed)
 
 
 def decode_plan(page_table: torch.Tensor, seq_lens_k: torch.Tensor, page_size: int) -> DecodePlan:
@@ -104,7 +105,9 @@ def decode_plan(page_table: torch.Tensor, seq_lens_k: torch.Tensor, page_size: i
     offs = torch.arange(page_size, device=page_table.device)
     slots = (page_table[:, :n_pages].long()[:, :, None] * page_size + offs).reshape(b, -1)[:, :max_len]
     valid = torch.arange(max_len, device=page_table.device)[None, :] < seq_lens_k[:, None].long()
-    return DecodePlan(slots.masked_fill(~valid, 0), valid)
+    if bool(valid.all()):  # sdpa without a mask is ~2x faster on CPU
+        return DecodePlan(slots.reshape(-1), None)
+    return DecodePlan(slots.masked_fill(~valid, 0).reshape(-1), valid)
 
 
 def decode_attention(
@@ -122,12 +125,14 @@ def decode_attention(
     b, hq, _ = q.shape
     if plan is None:
         plan = decode_plan(page_table, seq_lens_k, k_cache.shape[1])
-    k = k_cache.view(-1, hkv, d)[plan.slots].to(q.dtype)  # [B, L, Hkv, D]
-    v = v_cache.view(-1, hkv, d)[plan.slots].to(q.dtype)
+    # index_select, not advanced indexing: several times faster for a flat gather on CPU
+    k = k_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).to(q.dtype)
+    v = v_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).to(q.dtype)
     group = hq // hkv
     # Fold the query heads of one KV group into the query-length axis: no K/V copy per head.
     qg = q.reshape(b, hkv, group, d)
+    mask = None if plan.valid is None else plan.valid[:, None, None, :]
     out = F.scaled_dot_product_attention(
-        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=plan.valid[:, None, None, :], scale=scale
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
     )
     return out.reshape(b, hq, d)
