@@ -158,8 +158,8 @@ def write_report(results: dict, out: Path) -> Path:
     )
     lines += ["", "*ideal*: tokens no earlier request (prompt or generated output) had computed, i.e. the floor",
               "for any prefix cache on these prompts. *distance to ideal*: prefilled minus ideal.", ""]  # fmt: skip
-    notes = {r["reset_note"] for r in runs if r.get("reset_note")}
-    lines += [f"> {n}" for n in sorted(notes)]
+    notes = {r["reset_note"] for r in runs if r.get("reset_note")} | set(meta.get("notes", []))
+    lines += [line for n in sorted(notes) for line in (f"> {n}", "")]
     checks = acceptance(runs, meta.get("page_size", 16))
     if checks:
         lines += ["", "## Acceptance checks", ""]
