@@ -154,7 +154,7 @@ def write_report(results: dict, out: Path) -> Path:
     lines.append(
         f"Target: {meta['target']} ({meta.get('model')}), template `{meta['template']}`, page size "
         f"{meta['page_size']}, {meta['max_tokens']} generated tokens per request (ignored; the next turn replays "
-        f"the scripted reply), {'quick' if meta['quick'] else 'default'} workloads, {meta['wall_s']:.0f} s wall."
+        f"the scripted reply), {'quick' if meta['quick'] else 'full' if meta.get('full') else 'default'} plan, {meta['wall_s']:.0f} s wall."
     )
     lines += ["", "*ideal*: tokens no earlier request (prompt or generated output) had computed, i.e. the floor",
               "for any prefix cache on these prompts. *distance to ideal*: prefilled minus ideal.", ""]  # fmt: skip
