@@ -47,6 +47,7 @@ class ModelRunner:
         self.cfg = ModelConfig.from_dir(model_dir)
         self.model = build_model(self.cfg, self.device, self.dtype)
         load_weights(self.model, model_dir)
+        self.model.prepare()
         self.model.eval()
         self.pool = KVPool(self.cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
