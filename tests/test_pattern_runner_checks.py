@@ -75,12 +75,23 @@ def test_cost_model_recovers_a_linear_cost():
     assert m.seconds_for([1000, 0]) == pytest.approx(2.2)
 
 
-def test_default_plan_runs_every_pattern_and_quick_is_coding_only():
+def test_full_plan_runs_every_pattern_default_keeps_the_acceptance_ones_and_quick_is_coding_only():
     from benchmarks.patterns import PATTERNS
 
+    full = make_plan(parse_args(["--full"]))
+    assert {p.name for _, ps in full for p in ps} == set(PATTERNS)
+    assert sum(p.name == "naive" for _, ps in full for p in ps) == 1
     default = make_plan(parse_args([]))
-    ran = {p.name for _, ps in default for p in ps}
-    assert ran == set(PATTERNS)
-    assert sum(p.name == "naive" for _, ps in default for p in ps) == 1
+    ran = {(t.name, p.name) for t, ps in default for p in ps}
+    acceptance = {
+        "append_only",
+        "naive",
+        "timestamp_start",
+        "timestamp_end",
+        "tools_reordered",
+        "sliding_window",
+    }
+    assert {("coding", n) for n in acceptance} <= ran
+    assert ("fanout", "append_only") in ran
     quick = make_plan(parse_args(["--quick"]))
     assert [t.name for t, _ in quick] == ["coding"] and quick[0][0].variant == "quick"
