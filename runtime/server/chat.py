@@ -21,6 +21,7 @@ from runtime.server.streaming import (
     GuardedStream,
     Once,
     delta_messages,
+    final_outputs,
     join_parsed,
     merge_streams,
     sse,
@@ -83,12 +84,7 @@ class ChatRun:
 
 
 async def complete(run: ChatRun) -> dict[str, Any]:
-    outs: dict[int, RequestOutput] = {}
-    async with aclosing(run.streams()) as outputs:
-        async for i, out in outputs:
-            if out.finished:
-                outs[i] = out
-    ordered = [outs[i] for i in range(len(outs))]
+    ordered = await final_outputs(run.streams())
     p = run.prompt
     choices = []
     for i, out in enumerate(ordered):

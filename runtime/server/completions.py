@@ -13,7 +13,7 @@ from runtime.request import RequestOutput
 from runtime.server.params import completion_logprobs, sampling_params, usage, validate_prompt
 from runtime.server.protocol import CompletionRequest
 from runtime.server.state import ServerState
-from runtime.server.streaming import DONE, GuardedStream, Once, merge_streams, sse
+from runtime.server.streaming import DONE, GuardedStream, Once, final_outputs, merge_streams, sse
 
 log = logging.getLogger("kvreuse.server")
 
@@ -27,13 +27,14 @@ class CompletionRun:
         self.created = int(time.time())
         self.model = state.config.served_model_name
         prompt = req.prompt
-        n_prompt = (
-            len(prompt)
+        # tokenised once here; the engine streams get the ids
+        ids = (
+            list(prompt)
             if isinstance(prompt, list)
-            else len(state.tokenizer.encode(prompt, add_special_tokens=False))
+            else state.tokenizer.encode(prompt, add_special_tokens=False)
         )
-        self.params = [sampling_params(req, state.engine, n_prompt, i) for i in range(req.n)]
-        self.prompt_ids = validate_prompt(state.engine, prompt, self.params[0])
+        self.params = [sampling_params(req, state.engine, len(ids), i) for i in range(req.n)]
+        self.prompt_ids = validate_prompt(state.engine, ids, self.params[0])
         self.prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(self.prompt_ids)
 
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -62,12 +63,7 @@ class CompletionRun:
 
 
 async def complete(run: CompletionRun) -> dict[str, Any]:
-    outs: dict[int, RequestOutput] = {}
-    async with aclosing(run.streams()) as outputs:
-        async for i, out in outputs:
-            if out.finished:
-                outs[i] = out
-    ordered = [outs[i] for i in range(len(outs))]
+    ordered = await final_outputs(run.streams())
     echo = run.prompt_text if run.req.echo else ""
     tok = run.state.tokenizer
     choices = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -45,6 +46,16 @@ def delta_messages(parsed: ParsedDelta) -> list[dict[str, Any]]:
 
 def join_parsed(a: ParsedDelta, b: ParsedDelta) -> ParsedDelta:
     return ParsedDelta(a.content + b.content, a.reasoning + b.reasoning, a.tool_calls + b.tool_calls)
+
+
+async def final_outputs(outputs: AsyncIterator[tuple[int, RequestOutput]]) -> list[RequestOutput]:
+    """Drain merged choice streams (non-streamed responses); the finished outputs in choice order."""
+    outs: dict[int, RequestOutput] = {}
+    async with aclosing(outputs) as merged:
+        async for i, out in merged:
+            if out.finished:
+                outs[i] = out
+    return [outs[i] for i in range(len(outs))]
 
 
 async def merge_streams(
