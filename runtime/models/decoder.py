@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from runtime.models.linear import Linear
 
 
 class StepContext(NamedTuple):
@@ -35,8 +35,8 @@ class PagedAttention(nn.Module):
         super().__init__()
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.hd**-0.5
@@ -44,7 +44,7 @@ class PagedAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, ctx: StepContext, kv: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
-        qkv = _linear(self.qkv_proj, x)
+        qkv = self.qkv_proj.run(x)
         v = qkv[:, self.q_size + self.kv_size :].view(-1, self.nkv, self.hd)
         if self.q_norm is None:
             # q and k heads are adjacent in the fused output: rotate them in one go
@@ -67,7 +67,7 @@ class PagedAttention(nn.Module):
             o = backend.extend_attention(
                 q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, self.scale
             )
-        return _linear(self.o_proj, o.reshape(-1, self.q_size))
+        return self.o_proj.run(o.reshape(-1, self.q_size))
 
 
 class DecoderLayer(nn.Module):
@@ -96,23 +96,23 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
-        self.lm_head_t: torch.Tensor | None = None
 
     def prepare(self) -> None:
-        """After the weights are loaded: on CPU keep the LM head transposed ([hidden, vocab]).
+        """After the weights are loaded: on CPU repack every linear weight for oneDNN.
 
-        A one-row decode GEMV against the vocab-sized head runs ~1.8x faster in this layout on
-        CPU (measured: 6.3 vs 11.5 ms for SmolLM2's 49152 x 576 head); it costs one more copy of
-        the head when embeddings are tied.  GPUs need no such copy.
+        Decode on CPU streams every weight once per step; the packed layout streams it up to ~2.5x
+        faster for 1-8 rows (figures in ``runtime/models/linear.py``).  A tied LM head gets its own
+        packed copy, the embedding table keeps the dense one.  GPUs need none of this.
         """
-        w = self.lm_head.weight
-        self.lm_head_t = w.detach().t().contiguous() if w.device.type == "cpu" else None
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.pack_for_cpu()
 
     @torch.inference_mode()
     def forward(
@@ -128,11 +128,5 @@ class CausalLM(nn.Module):
         for layer, kv in zip(self.layers, kv_layers):
             h = layer.forward(h, ctx, kv)
         h = self.norm.forward(h[fb.logits_rows])
-        logits = h @ self.lm_head_t if self.lm_head_t is not None else _linear(self.lm_head, h)
+        logits = self.lm_head.run(h)
         return logits.float()
-
-
-# The hot path calls ``.forward`` / ``F.linear`` directly: nn.Module.__call__'s hook machinery costs
-# ~10 us a call, and a CPU decode step makes ~300 such calls for a few ms of useful work each token.
-def _linear(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, m.weight, m.bias)

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.models.linear import Linear
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32 like the reference implementations, cast back to the input dtype."""
@@ -77,9 +79,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, inter: int) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * inter, bias=False)
+        self.down_proj = Linear(inter, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj.weight).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj.weight)
+        gate, up = self.gate_up_proj.run(x).chunk(2, dim=-1)
+        return self.down_proj.run(F.silu(gate) * up)
