@@ -24,15 +24,14 @@ import sys
 import time
 
 from benchmarks.common import (
-    apply_threads,
     base_parser,
+    bench_main,
     format_table,
     median,
     percentile,
     progress,
     reps,
     synthetic_prompt,
-    write_results,
 )
 
 SCALING_TARGET, ITL_TARGET = 3.0, 1.5
@@ -178,10 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    apply_threads(args)
-    write_results(args.out, "batching", args, run(args))
-    return 0
+    return bench_main("batching", parse_args, run, argv)
 
 
 if __name__ == "__main__":

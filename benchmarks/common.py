@@ -150,6 +150,19 @@ def write_results(path: Path, name: str, args: argparse.Namespace, results: dict
     print(f"wrote {path}")
 
 
+def bench_main(
+    name: str,
+    parse_args: Callable[[list[str] | None], argparse.Namespace],
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    argv: list[str] | None,
+) -> int:
+    """The CPU benchmarks' ``main``: parse flags, pin threads, run, write the JSON results."""
+    args = parse_args(argv)
+    apply_threads(args)
+    write_results(args.out, name, args, run(args))
+    return 0
+
+
 def model_dir() -> Path:
     from runtime.model_source import resolve_model
 

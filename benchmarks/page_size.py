@@ -21,13 +21,12 @@ import argparse
 import sys
 
 from benchmarks.common import (
-    apply_threads,
     base_parser,
+    bench_main,
     format_table,
     median,
     progress,
     reps,
-    write_results,
 )
 from benchmarks.ttft_multiturn import common_prefix, conversation_prompts
 
@@ -123,10 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    apply_threads(args)
-    write_results(args.out, "page_size", args, run(args))
-    return 0
+    return bench_main("page_size", parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import sys
 import torch
 
 from benchmarks.common import (
-    apply_threads,
     base_parser,
+    bench_main,
     format_table,
     interleave,
     median,
@@ -29,7 +29,6 @@ from benchmarks.common import (
     reps,
     synthetic_prompt,
     timed,
-    write_results,
 )
 
 PREFILL_TARGET, DECODE_TARGET = 1.0, 1.2
@@ -149,10 +148,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    apply_threads(args)
-    write_results(args.out, "throughput", args, run(args))
-    return 0
+    return bench_main("throughput", parse_args, run, argv)
 
 
 if __name__ == "__main__":

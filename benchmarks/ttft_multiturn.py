@@ -20,13 +20,12 @@ import sys
 import time
 
 from benchmarks.common import (
-    apply_threads,
     base_parser,
+    bench_main,
     format_table,
     median,
     progress,
     reps,
-    write_results,
 )
 
 SPEEDUP_TARGET, LIMIT_TARGET = 5.0, 1.3
@@ -178,10 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    apply_threads(args)
-    write_results(args.out, "ttft_multiturn", args, run(args))
-    return 0
+    return bench_main("ttft_multiturn", parse_args, run, argv)
 
 
 if __name__ == "__main__":

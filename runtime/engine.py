@@ -87,10 +87,11 @@ class Engine:
         self.record_logits = cfg.record_logits
 
     # -- requests -----------------------------------------------------------------------
-    def make_request(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
-    ) -> Request:
-        """Validate and tokenise (in the caller's thread); raises EngineError with a one-line reason."""
+    def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Tokenise and check a prompt (in the caller's thread); raises EngineError with a one-line reason.
+
+        Side-effect free, so a server can reject a request before its response starts.
+        """
         ids = (
             self.tokenizer.encode(prompt, add_special_tokens=False)
             if isinstance(prompt, str)
@@ -113,6 +114,13 @@ class Engine:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the KV cache "
                 f"({pool_tokens} tokens); raise --kv-cache-memory"
             )
+        return ids
+
+    def make_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Request:
+        """A validated request, its sampling generator seeded; raises EngineError like :meth:`validate`."""
+        ids = self.validate(prompt, params)
         gen = None
         if not params.greedy:
             seed = (

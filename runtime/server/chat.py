@@ -12,7 +12,7 @@ from typing import Any
 from chat_templates.parsers import OutputParser, parse_full
 from runtime.request import RequestOutput
 from runtime.server.diagnostics import HistoryEntry
-from runtime.server.params import chat_logprobs, sampling_params, usage, validate_prompt
+from runtime.server.params import chat_logprobs, sampling_params, usage
 from runtime.server.prompting import ChatPrompt, build_chat_prompt
 from runtime.server.protocol import ChatCompletionRequest
 from runtime.server.state import ServerState
@@ -41,7 +41,7 @@ class ChatRun:
         self.prompt: ChatPrompt = build_chat_prompt(req, state.tokenizer, state.template)
         n_prompt = len(self.prompt.token_ids)
         self.params = [sampling_params(req, state.engine, n_prompt, i) for i in range(req.n)]
-        validate_prompt(state.engine, self.prompt.token_ids, self.params[0])
+        state.engine.validate(self.prompt.token_ids, self.params[0])
 
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         ids = self.prompt.token_ids

@@ -10,7 +10,7 @@ from contextlib import aclosing
 from typing import Any
 
 from runtime.request import RequestOutput
-from runtime.server.params import completion_logprobs, sampling_params, usage, validate_prompt
+from runtime.server.params import completion_logprobs, sampling_params, usage
 from runtime.server.protocol import CompletionRequest
 from runtime.server.state import ServerState
 from runtime.server.streaming import DONE, GuardedStream, Once, final_outputs, merge_streams, sse
@@ -34,7 +34,7 @@ class CompletionRun:
             else state.tokenizer.encode(prompt, add_special_tokens=False)
         )
         self.params = [sampling_params(req, state.engine, len(ids), i) for i in range(req.n)]
-        self.prompt_ids = validate_prompt(state.engine, ids, self.params[0])
+        self.prompt_ids = state.engine.validate(ids, self.params[0])
         self.prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(self.prompt_ids)
 
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -39,11 +39,6 @@ def sampling_params(
         raise bad_request(str(e)) from None
 
 
-def validate_prompt(engine: Engine, prompt: str | list[int], params: SamplingParams) -> list[int]:
-    """Raise EngineError (a 400) before any response starts; returns the prompt token ids."""
-    return engine.make_request(prompt, params, "validate").tokens
-
-
 def _token_text(tokenizer: Any, tid: int) -> str:
     return tokenizer.decode([tid])
 
