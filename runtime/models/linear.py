@@ -37,11 +37,10 @@ def onednn_packs(weight: torch.Tensor) -> bool:
         return False
     if weight.dtype == torch.float32:
         return True
-    if weight.dtype == torch.bfloat16:
-        return bool(ops._is_mkldnn_bf16_supported())
-    if weight.dtype == torch.float16:
-        return bool(ops._is_mkldnn_fp16_supported())
-    return False
+    probe = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
+    name = probe.get(weight.dtype)
+    # these private probes differ across torch releases: a missing one means "don't pack"
+    return name is not None and hasattr(ops, name) and bool(getattr(ops, name)())
 
 
 class Linear(nn.Linear):
