@@ -44,6 +44,7 @@ class FakeRun(ChatRun):
         self.prompt = SimpleNamespace(
             token_ids=[1, 2, 3], forced_prefix="", tool_format="hermes", think_open=False
         )
+        self.prompt_ids = self.prompt.token_ids
         self.pieces = pieces
 
     async def _replay(self):

@@ -51,7 +51,7 @@ def append_only_messages(traj: Trajectory, k: int) -> list[Message]:
 
 
 def status_text(traj: Trajectory, k: int) -> str:
-    """The agent status bar for request ``k``: progress counters and a TODO list."""
+    """The agent status bar for request ``k``: progress counters and a checklist of steps."""
     turns = traj.thread_turns(k)
     done = min(3, len(turns) // 3)
     todo = " ".join(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -12,9 +10,10 @@ from typing import Any
 from chat_templates.parsers import OutputParser, parse_full
 from runtime.request import RequestOutput
 from runtime.server.diagnostics import HistoryEntry
-from runtime.server.params import chat_logprobs, sampling_params, usage
+from runtime.server.params import chat_logprobs, usage
 from runtime.server.prompting import ChatPrompt, build_chat_prompt
 from runtime.server.protocol import ChatCompletionRequest
+from runtime.server.run import EngineRun
 from runtime.server.state import ServerState
 from runtime.server.streaming import (
     DONE,
@@ -22,32 +21,20 @@ from runtime.server.streaming import (
     Once,
     delta_messages,
     final_outputs,
+    guarded_events,
     join_parsed,
-    merge_streams,
     sse,
 )
 
 log = logging.getLogger("kvreuse.server")
 
 
-class ChatRun:
+class ChatRun(EngineRun):
     """One chat request in flight: its prompt, the n engine streams, and bookkeeping at the end."""
 
     def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
-        self.state, self.req = state, req
-        self.id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
-        self.model = state.config.served_model_name
         self.prompt: ChatPrompt = build_chat_prompt(req, state.tokenizer, state.template)
-        n_prompt = len(self.prompt.token_ids)
-        self.params = [sampling_params(req, state.engine, n_prompt, i) for i in range(req.n)]
-        state.engine.validate(self.prompt.token_ids, self.params[0])
-
-    def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        ids = self.prompt.token_ids
-        return merge_streams(
-            [self.state.aengine.stream(ids, p, f"{self.id}-{i}") for i, p in enumerate(self.params)]
-        )
+        super().__init__(state, req, "chatcmpl", self.prompt.token_ids)
 
     def parser(self, i: int) -> OutputParser:
         p = self.prompt
@@ -67,10 +54,7 @@ class ChatRun:
             )
         )
         st.metrics.cache_miss.labels(diag["cause"]).inc()
-        for o in outs:
-            st.metrics.observe_request(
-                o.prompt_tokens, o.cached_tokens, len(o.output_token_ids), o.ttft_s, o.decode_s
-            )
+        self.observe(outs)
         div = diag["divergence"] or {}
         log.info(
             "chat %s prompt=%d cached=%d reusable=%d cause=%s at=%s where=%s",
@@ -110,12 +94,9 @@ async def complete(run: ChatRun) -> dict[str, Any]:
         choice["logprobs"] = chat_logprobs(run.state.tokenizer, out.logprobs) if run.req.logprobs else None
         choices.append(choice)
     return {
-        "id": run.id,
-        "object": "chat.completion",
-        "created": run.created,
-        "model": run.model,
+        **run.head("chat.completion"),
         "choices": choices,
-        "usage": usage(len(p.token_ids), ordered),
+        "usage": usage(len(run.prompt_ids), ordered),
         "kvreuse": run.finish(ordered),
     }
 
@@ -131,13 +112,7 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
         i: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
     ) -> dict[str, Any]:
         c = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return {
-            "id": run.id,
-            "object": "chat.completion.chunk",
-            "created": run.created,
-            "model": run.model,
-            "choices": [c],
-        }
+        return {**run.head("chat.completion.chunk"), "choices": [c]}
 
     for i in range(n):
         yield sse(chunk(i, {"role": "assistant", "content": ""}))
@@ -159,26 +134,16 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
                 last = chunk(i, {}, run.finish_reason(out, calls[i]))
                 if len(finals) == n:
                     ordered = [finals[k] for k in range(n)]
-                    last["usage"] = usage(len(run.prompt.token_ids), ordered)
+                    last["usage"] = usage(len(run.prompt_ids), ordered)
                     last["kvreuse"] = run.finish(ordered)
                 yield sse(last)
     if run.req.stream_options and run.req.stream_options.include_usage:
         ordered = [finals[k] for k in range(n)]
-        tail = {"id": run.id, "object": "chat.completion.chunk", "created": run.created, "model": run.model}
-        yield sse({**tail, "choices": [], "usage": usage(len(run.prompt.token_ids), ordered)})
+        yield sse(
+            {**run.head("chat.completion.chunk"), "choices": [], "usage": usage(len(run.prompt_ids), ordered)}
+        )
     yield DONE
 
 
 def stream_response(run: ChatRun, release: Once) -> GuardedStream:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for event in stream_events(run):
-                yield event
-        except Exception as e:  # headers are sent: report in-band, the way OpenAI streams do
-            log.exception("stream %s failed", run.id)
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
-            yield DONE
-        finally:
-            release()
-
-    return GuardedStream(body(), release)
+    return guarded_events(stream_events(run), run.id, release, log)

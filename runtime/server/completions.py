@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
 from runtime.request import RequestOutput
-from runtime.server.params import completion_logprobs, sampling_params, usage
+from runtime.server.params import completion_logprobs, usage
 from runtime.server.protocol import CompletionRequest
+from runtime.server.run import EngineRun
 from runtime.server.state import ServerState
-from runtime.server.streaming import DONE, GuardedStream, Once, final_outputs, merge_streams, sse
+from runtime.server.streaming import DONE, GuardedStream, Once, final_outputs, guarded_events, sse
 
 log = logging.getLogger("kvreuse.server")
 
 
-class CompletionRun:
+class CompletionRun(EngineRun):
     """One completion request: tokenised prompt, per-choice params and the response shapes."""
 
     def __init__(self, state: ServerState, req: CompletionRequest) -> None:
-        self.state, self.req = state, req
-        self.id = f"cmpl-{uuid.uuid4().hex[:24]}"
-        self.created = int(time.time())
-        self.model = state.config.served_model_name
         prompt = req.prompt
         # tokenised once here; the engine streams get the ids
         ids = (
@@ -33,32 +28,14 @@ class CompletionRun:
             if isinstance(prompt, list)
             else state.tokenizer.encode(prompt, add_special_tokens=False)
         )
-        self.params = [sampling_params(req, state.engine, len(ids), i) for i in range(req.n)]
-        self.prompt_ids = state.engine.validate(ids, self.params[0])
+        super().__init__(state, req, "cmpl", ids)
         self.prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(self.prompt_ids)
 
-    def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        return merge_streams(
-            [
-                self.state.aengine.stream(self.prompt_ids, p, f"{self.id}-{i}")
-                for i, p in enumerate(self.params)
-            ]
-        )
-
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
+        return {**self.head("text_completion"), "choices": choices}
 
     def observe(self, outs: list[RequestOutput]) -> None:
-        for o in outs:
-            self.state.metrics.observe_request(
-                o.prompt_tokens, o.cached_tokens, len(o.output_token_ids), o.ttft_s, o.decode_s
-            )
+        super().observe(outs)
         log.info("completion %s prompt=%d cached=%d", self.id, len(self.prompt_ids), outs[0].cached_tokens)
 
 
@@ -115,15 +92,4 @@ async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
 
 
 def stream_response(run: CompletionRun, release: Once) -> GuardedStream:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for event in stream_events(run):
-                yield event
-        except Exception as e:  # headers are sent: report in-band
-            log.exception("stream %s failed", run.id)
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
-            yield DONE
-        finally:
-            release()
-
-    return GuardedStream(body(), release)
+    return guarded_events(stream_events(run), run.id, release, log)

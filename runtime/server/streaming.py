@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -88,6 +89,27 @@ async def merge_streams(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def guarded_events(
+    events: AsyncIterator[str], request_id: str, release: Callable[[], None], log: logging.Logger
+) -> GuardedStream:
+    """Stream ``events``; an error after the headers went out is reported in-band, the way OpenAI
+    streams do, and ``release`` runs however the stream ends."""
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            async with aclosing(events) as it:
+                async for event in it:
+                    yield event
+        except Exception as e:
+            log.exception("stream %s failed", request_id)
+            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+            yield DONE
+        finally:
+            release()
+
+    return GuardedStream(body(), release)
 
 
 class GuardedStream(StreamingResponse):
