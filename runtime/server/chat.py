@@ -146,4 +146,4 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
 
 
 def stream_response(run: ChatRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release, log)
+    return guarded_events(stream_events(run), run.id, release)

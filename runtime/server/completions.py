@@ -92,4 +92,4 @@ async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
 
 
 def stream_response(run: CompletionRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release, log)
+    return guarded_events(stream_events(run), run.id, release)

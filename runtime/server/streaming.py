@@ -16,6 +16,7 @@ from chat_templates.tool_calls import ParsedDelta
 from runtime.request import RequestOutput
 
 DONE = "data: [DONE]\n\n"
+log = logging.getLogger("kvreuse.server")
 
 
 def sse(obj: dict[str, Any]) -> str:
@@ -91,9 +92,7 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def guarded_events(
-    events: AsyncIterator[str], request_id: str, release: Callable[[], None], log: logging.Logger
-) -> GuardedStream:
+def guarded_events(events: AsyncIterator[str], request_id: str, release: Callable[[], None]) -> GuardedStream:
     """Stream ``events``; an error after the headers went out is reported in-band, the way OpenAI
     streams do, and ``release`` runs however the stream ends."""
 
