@@ -39,7 +39,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ).token_ids
     else:
         prompt = args.prompt
-    out = eng.generate(prompt, params)[0]
+    try:
+        out = eng.generate(prompt, params)[0]
+    finally:
+        eng.close()  # stops the other tensor-parallel ranks, persists the KV tiers
     print(out.text)
     return 0
 

@@ -25,6 +25,7 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
     seed: int = 0
+    tensor_parallel_size: int = 1  # ranks on torch.distributed (gloo on CPU, NCCL on GPUs); rank 0 schedules
 
     def __post_init__(self) -> None:
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
@@ -32,5 +33,7 @@ class EngineConfig:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")

@@ -70,6 +70,7 @@ class Engine:
             cfg.kv_cache_memory,
             cfg.num_pages,
             cfg.attention_backend,
+            cfg.tensor_parallel_size,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -260,6 +261,10 @@ class Engine:
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
         return self.cache.check_integrity()
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process (the other tensor-parallel ranks)."""
+        self.runner.close()
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached page (only when idle)."""

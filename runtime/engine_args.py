@@ -36,6 +36,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+    g.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="shard the model over N ranks (torch.distributed)"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,4 +53,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         schedule_policy=args.schedule_policy,
         attention_backend=args.attention_backend,
         max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
