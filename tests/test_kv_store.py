@@ -184,3 +184,26 @@ def test_host_tier_lru_writes_back_to_disk(tmp_path):
     assert disk.match(keys) == 5 and len(host) == 0
     assert torch.equal(disk.get(keys), torch.stack([page_kv(k) for k in keys]))
     disk.close()
+
+
+def test_lower_tiers_write_in_background_and_serve_meanwhile(tmp_path):
+    from runtime.kv_store.tiers import LowerTiers
+
+    disk = DiskStore(tmp_path, FP, 1 << 20)
+    tiers = LowerTiers(None, disk)
+    tokens = list(range(16))
+    keys = page_keys(tokens, PS)
+    kv = torch.stack([page_kv(k) for k in keys])
+    tiers.write_back(root_key(), True, keys, [tuple(tokens[i * PS : (i + 1) * PS]) for i in range(4)], kv)
+    m = tiers.match(keys)  # served from the queue or the disk, whichever has it now
+    assert m.total == 4 and m.host == 0
+    assert torch.equal(tiers.load(keys, m), kv)
+    tiers.flush()
+    assert disk.match(keys) == 4 and tiers.stats().written_pages == 4
+    tiers.close()
+    disk = DiskStore(tmp_path, FP, 1 << 20)
+    tiers = LowerTiers(HostStore(1 << 20), disk)
+    m = tiers.match(keys)
+    assert m == (0, 4) and torch.equal(tiers.load(keys, m), kv)
+    assert tiers.stats().loaded_disk_pages == 4
+    tiers.close()

@@ -1,0 +1,157 @@
+"""The tiers below the pool, as one object: host memory above disk, writes in the background.
+
+``match`` says how far a chain of page keys continues in the lower tiers (host pages first,
+then disk pages); ``load`` brings those pages' K/V up; ``write_back`` takes pages the pool is
+about to drop and keeps them: in the host tier when there is one (its LRU overflow goes to disk),
+else straight to disk on a writer thread, so the engine step that evicts never waits for a file.
+A page being written is still served from the writer's queue, so nothing is lost in between.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from runtime.kv_store.disk import DiskStore
+from runtime.kv_store.host import HostStore
+
+
+class TierMatch(NamedTuple):
+    """Leading pages of a key chain found in each lower tier (host ones come first)."""
+
+    host: int
+    disk: int
+
+    @property
+    def total(self) -> int:
+        return self.host + self.disk
+
+
+class TierStats(NamedTuple):
+    """Counters since start and the tiers' size now."""
+
+    loaded_host_pages: int
+    loaded_disk_pages: int
+    load_seconds: float
+    written_pages: int
+    host_pages: int
+    disk_pages: int
+    disk_bytes: int
+
+
+class LowerTiers:
+    """Host tier (optional) over disk tier (optional); see the module docstring."""
+
+    def __init__(self, host: HostStore | None, disk: DiskStore | None) -> None:
+        self.host = host
+        self.disk = disk
+        self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
+        self._mu = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._counts = {"host": 0, "disk": 0, "written": 0}
+        self._load_s = 0.0
+        self._writer = None
+        if disk is not None:
+            if host is not None:
+                host.on_evict = self._enqueue
+            self._writer = threading.Thread(target=self._write_loop, name="kvreuse-kv-writer", daemon=True)
+            self._writer.start()
+
+    # -- reads -------------------------------------------------------------------------
+    def match(self, keys: Sequence[bytes]) -> TierMatch:
+        n_host = self.host.match(keys) if self.host is not None else 0
+        rest = keys[n_host:]
+        n_pending = 0
+        with self._mu:
+            while n_pending < len(rest) and rest[n_pending] in self._pending:
+                n_pending += 1
+        n_disk = n_pending
+        if self.disk is not None and n_pending < len(rest):
+            n_disk += self.disk.match(rest[n_pending:])
+        return TierMatch(n_host, n_disk)
+
+    def load(self, keys: Sequence[bytes], m: TierMatch) -> torch.Tensor | None:
+        """K/V of ``keys`` (matched as ``m``) stacked ``[n, ...]``; None if a disk group failed its check."""
+        t0 = time.perf_counter()
+        parts = []
+        if m.host:
+            parts.append(self.host.get(keys[: m.host]))
+        disk_keys = list(keys[m.host : m.total])
+        with self._mu:
+            queued = [self._pending.get(k) for k in disk_keys]
+        n_q = next((i for i, t in enumerate(queued) if t is None), len(queued))
+        if n_q:
+            parts.append(torch.stack(queued[:n_q]))
+        if n_q < len(disk_keys):
+            got = self.disk.get(disk_keys[n_q:])
+            if got is None:
+                return None
+            parts.append(got)
+        self._counts["host"] += m.host
+        self._counts["disk"] += len(disk_keys)
+        self._load_s += time.perf_counter() - t0
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    # -- writes --------------------------------------------------------------------------
+    def write_back(
+        self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list[tuple[int, ...]], kv: torch.Tensor
+    ) -> None:
+        """Keep pages the pool drops (``kv`` must already be a copy: the pool pages are reused at once)."""
+        if self.host is not None:
+            self.host.put(parent, parent_is_root, keys, tokens, kv)
+        elif self.disk is not None:
+            self._enqueue(parent, parent_is_root, keys, tokens, kv)
+
+    def _enqueue(self, parent, parent_is_root, keys, tokens, kv) -> None:
+        with self._mu:
+            for k, t in zip(keys, kv):
+                self._pending[k] = t
+        self._queue.put((parent, parent_is_root, list(keys), list(tokens), kv))
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                self._queue.task_done()
+                return
+            parent, is_root, keys, tokens, kv = job
+            try:
+                self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
+            finally:
+                with self._mu:
+                    for k in keys:
+                        self._pending.pop(k, None)
+                self._queue.task_done()
+
+    def flush(self, drain_host: bool = False) -> None:
+        """Wait until every queued write is on disk (and, with ``drain_host``, the host tier too)."""
+        if drain_host and self.host is not None and self.disk is not None:
+            self.host.drain()
+        if self._writer is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        self.flush(drain_host=True)
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join()
+            self._writer = None
+        if self.disk is not None:
+            self.disk.close()
+
+    def stats(self) -> TierStats:
+        ds = self.disk.stats() if self.disk is not None else None
+        return TierStats(
+            loaded_host_pages=self._counts["host"],
+            loaded_disk_pages=self._counts["disk"],
+            load_seconds=self._load_s,
+            written_pages=self._counts["written"],
+            host_pages=len(self.host) if self.host is not None else 0,
+            disk_pages=ds.pages if ds else 0,
+            disk_bytes=ds.nbytes if ds else 0,
+        )
