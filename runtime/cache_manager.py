@@ -10,16 +10,29 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from runtime.kv_store.tiers import LowerTiers, TierStats
 from runtime.page_allocator import OutOfPages, PageAllocator
 from runtime.prefix_cache import NoPrefixCache, PrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
+from runtime.tiered_cache import PageIO, TieredRadixCache
 
 PREFIX_CACHES = ("radix", "off")
 
 
-def make_prefix_cache(kind: str, page_size: int, allocator: PageAllocator) -> PrefixCache:
-    """``radix``: the radix tree over ``allocator``'s pages; ``off``: no cache (the naive baseline)."""
+def make_prefix_cache(
+    kind: str,
+    page_size: int,
+    allocator: PageAllocator,
+    tiers: LowerTiers | None = None,
+    io: PageIO | None = None,
+    write_through: bool = False,
+) -> PrefixCache:
+    """``radix``: the radix tree over ``allocator``'s pages (with ``tiers`` below it, if given);
+    ``off``: no cache (the naive baseline)."""
+    if kind == "radix" and tiers is not None:
+        assert io is not None, "a tiered cache copies pages through the pool's PageIO"
+        return TieredRadixCache(page_size, allocator, io, tiers, write_through)
     if kind == "radix":
         return RadixCache(page_size, allocator)
     if kind == "off":
@@ -41,10 +54,21 @@ class CacheStats(NamedTuple):
 class CacheManager:
     """Match, lock, allocate, insert and release pages for requests."""
 
-    def __init__(self, num_pages: int, page_size: int, mode: str = "radix") -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        mode: str = "radix",
+        tiers: LowerTiers | None = None,
+        io: PageIO | None = None,
+        write_through: bool = False,
+    ) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.prefix: PrefixCache = make_prefix_cache(mode, page_size, self.allocator)
+        self.prefix: PrefixCache = make_prefix_cache(
+            mode, page_size, self.allocator, tiers, io, write_through
+        )
+        self.tiers = tiers
         self.live: set[Request] = set()
 
     # -- admission ---------------------------------------------------------------
@@ -57,6 +81,7 @@ class CacheManager:
         req.num_computed = m.cached_len
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
             req.cached_tokens = m.cached_len
+            req.cached_host_tokens, req.cached_disk_tokens = m.host_len, m.disk_len
 
     def match_len(self, tokens: list[int]) -> int:
         return self.prefix.peek_len(tokens[: len(tokens) - 1])
@@ -118,6 +143,21 @@ class CacheManager:
     def reset(self) -> None:
         self.prefix.reset()
 
+    # -- lower tiers -------------------------------------------------------------------
+    def persist(self, wait: bool = True) -> int:
+        """Write every cached page that is only in the pool to the disk tier; returns pages written."""
+        return self.prefix.persist(wait) if isinstance(self.prefix, TieredRadixCache) else 0
+
+    def close(self) -> None:
+        """Persist and close the lower tiers (shutdown); the pool's cache stays usable in memory."""
+        if self.tiers is not None:
+            self.persist()
+            self.tiers.close()
+            self.tiers = None
+
+    def tier_stats(self) -> TierStats | None:
+        return self.tiers.stats() if self.tiers is not None else None
+
     # -- accounting ------------------------------------------------------------------
     def stats(self) -> CacheStats:
         ps = self.prefix.stats()
@@ -134,4 +174,6 @@ class CacheManager:
         s = self.stats()
         if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
             raise AssertionError(f"KV page leak: {s}")
+        if self.tiers is not None:
+            self.tiers.check()
         return s

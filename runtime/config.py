@@ -25,9 +25,18 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
     seed: int = 0
+    kv_store: str | None = None  # directory of the disk tier (KV pages that outlive eviction and restarts)
+    kv_store_size: int | str = "20G"  # the disk tier's byte budget
+    kv_host_memory: int | str | None = None  # host-memory tier budget (pinned on GPU); None: no host tier
+    kv_write_through: bool = False  # write every cached page down at once, not only when evicted
+    kv_store_sync_s: float = 60.0  # how often pool-only pages are written to the disk tier
 
     def __post_init__(self) -> None:
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        self.kv_store_size = parse_memory(self.kv_store_size)
+        self.kv_host_memory = parse_memory(self.kv_host_memory)
+        if (self.kv_store or self.kv_host_memory) and self.prefix_cache != "radix":
+            raise ValueError("--kv-store / --kv-host-memory need the radix prefix cache")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_size < 1:

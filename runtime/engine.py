@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -20,8 +21,9 @@ import torch
 from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.kv_store.open import open_tiers
 from runtime.model_runner import ModelRunner, default_dtype
-from runtime.model_source import resolve_model
+from runtime.model_source import cache_dir, resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams
@@ -78,7 +80,19 @@ class Engine:
         self.max_model_len = cfg.max_model_len or min(
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
-        self.cache = CacheManager(self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache)
+        tiers = open_tiers(
+            cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
+            pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
+        )  # fmt: skip
+        self.cache = CacheManager(
+            self.runner.pool.num_pages,
+            cfg.page_size,
+            cfg.prefix_cache,
+            tiers,
+            self.runner.pool,
+            cfg.kv_write_through,
+        )
+        self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
             self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, self.max_model_len
         )
@@ -158,6 +172,9 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """inbox -> schedule -> forward + sample -> commit -> detokenise -> outputs."""
         outputs = self._drain_inbox()
+        if self.cache.tiers is not None and time.monotonic() >= self._next_persist:
+            self._next_persist = time.monotonic() + self.config.kv_store_sync_s
+            self.cache.persist(wait=False)
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
@@ -260,6 +277,18 @@ class Engine:
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
         return self.cache.check_integrity()
+
+    def persist_cache(self) -> int:
+        """Write every cached page that is only in the pool to the disk tier (``--kv-store``); returns pages."""
+        return self.cache.persist()
+
+    def close(self) -> None:
+        """Persist the cache to the disk tier and release the store (its lock); the engine can still run."""
+        self.cache.close()
+
+    def tier_stats(self):
+        """Lower-tier counters (``runtime.kv_store.tiers.TierStats``), or None without tiers."""
+        return self.cache.tier_stats()
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached page (only when idle)."""

@@ -187,6 +187,7 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            self._before_evict(leaf)
             del parent.children[leaf.key[: self.page_size]]
             self._evictable.discard(leaf)
             leaf.parent = None
@@ -199,6 +200,9 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, parent.uid, parent))
         self.evicted_pages_total += freed
         return freed
+
+    def _before_evict(self, leaf: TreeNode) -> None:
+        """Called with a leaf about to be evicted, still attached: a tiered cache copies it down here."""
 
     def reset(self) -> None:
         """Drop the whole tree and free its pages; only allowed while nothing is locked."""

@@ -84,7 +84,13 @@ def test_damaged_group_is_dropped_never_served(tmp_path, damage):
     s = DiskStore(tmp_path, FP, 1 << 20)
     base = put_chain(s, list(range(8)))
     tail = page_keys(list(range(16)), PS)[2:]
-    s.put(base[-1], False, tail, [list(range(8, 12)), list(range(12, 16))], torch.stack([page_kv(k) for k in tail]))
+    s.put(
+        base[-1],
+        False,
+        tail,
+        [list(range(8, 12)), list(range(12, 16))],
+        torch.stack([page_kv(k) for k in tail]),
+    )
     first = min((tmp_path / "groups").iterdir(), key=lambda f: f.stat().st_mtime_ns)
     data = bytearray(first.read_bytes())
     if damage == "flip":

@@ -14,7 +14,9 @@ group of consecutive pages: the file is written under ``tmp/``, fsynced, renamed
 unindexed file that the next open removes.  Every group's blake2b checksum is checked on load;
 a group that fails it (truncated, flipped byte) is dropped with every page below it, and the
 caller recomputes those tokens.  The byte budget is kept by evicting least recently used
-groups; a page whose parent is gone can never match again and is dropped with it.
+groups; a page below an evicted one can never match again and is dropped with it.  A page may
+arrive before its parent (a host tier above evicts in its own order); the index accepts it, and
+an open drops whatever parent never came.
 """
 
 from __future__ import annotations
@@ -111,12 +113,15 @@ class DiskStore:
         rows = dict(self._db.execute("SELECT name, value FROM meta").fetchall())
         if not rows:
             self._db.executemany(
-                "INSERT INTO meta VALUES (?, ?)", [("fingerprint", fingerprint), ("format", str(FORMAT_VERSION))]
+                "INSERT INTO meta VALUES (?, ?)",
+                [("fingerprint", fingerprint), ("format", str(FORMAT_VERSION))],
             )
             return
         if rows.get("format") != str(FORMAT_VERSION):
             self.close()
-            raise StoreError(f"KV store {self.dir} has format {rows.get('format')}, this kvreuse writes {FORMAT_VERSION}")
+            raise StoreError(
+                f"KV store {self.dir} has format {rows.get('format')}, this kvreuse writes {FORMAT_VERSION}"
+            )
         if rows.get("fingerprint") != fingerprint:
             self.close()
             raise StoreError(
@@ -132,7 +137,11 @@ class DiskStore:
         for f in (self.dir / "groups").iterdir():
             if f.name not in known:
                 f.unlink(missing_ok=True)
-        missing = [gid for gid, name in self._db.execute("SELECT id, file FROM groups") if not (self.dir / "groups" / name).is_file()]
+        missing = [
+            gid
+            for gid, name in self._db.execute("SELECT id, file FROM groups")
+            if not (self.dir / "groups" / name).is_file()
+        ]
         with self._mu:
             for gid in missing:
                 self._drop_group(gid)
@@ -159,7 +168,9 @@ class DiskStore:
         A group that fails its checksum is dropped (with the pages below it), never served.
         """
         with self._mu:
-            rows = [self._db.execute("SELECT grp, idx FROM pages WHERE key = ?", (k,)).fetchone() for k in keys]
+            rows = [
+                self._db.execute("SELECT grp, idx FROM pages WHERE key = ?", (k,)).fetchone() for k in keys
+            ]
             if any(r is None for r in rows):
                 return None
             loaded: dict[int, torch.Tensor] = {}
@@ -167,7 +178,6 @@ class DiskStore:
                 t = self._read_group(gid)
                 if t is None:
                     self._drop_group(gid)
-                    self._drop_orphans()
                     return None
                 loaded[gid] = t
             self._touch(loaded)
@@ -180,7 +190,12 @@ class DiskStore:
         children: dict[bytes, list] = {}
         roots = []
         for key, parent, is_root, tokens in rows:
-            rec = PageRecord(key, parent, bool(is_root), tuple(torch.frombuffer(bytearray(tokens), dtype=torch.int64).tolist()))
+            rec = PageRecord(
+                key,
+                parent,
+                bool(is_root),
+                tuple(torch.frombuffer(bytearray(tokens), dtype=torch.int64).tolist()),
+            )
             (roots if is_root else children.setdefault(parent, [])).append(rec)
         stack = roots[::-1]
         while stack:
@@ -191,17 +206,55 @@ class DiskStore:
     def stats(self) -> StoreStats:
         with self._mu:
             pages = self._db.execute("SELECT COUNT(*) FROM pages").fetchone()[0]
-            groups, nbytes = self._db.execute("SELECT COUNT(*), COALESCE(SUM(nbytes), 0) FROM groups").fetchone()
+            groups, nbytes = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(nbytes), 0) FROM groups"
+            ).fetchone()
         return StoreStats(pages, groups, nbytes, self.budget)
 
+    def check(self) -> StoreStats:
+        """The store's invariants: within budget, every page in an indexed group whose file exists;
+        raises AssertionError naming what fails (parents: see :meth:`orphan_parents`)."""
+        with self._mu:
+            db = self._db
+            bad_grp = db.execute(
+                "SELECT COUNT(*) FROM pages WHERE grp NOT IN (SELECT id FROM groups)"
+            ).fetchone()[0]
+            files = [row[0] for row in db.execute("SELECT file FROM groups")]
+        missing = [f for f in files if not (self.dir / "groups" / f).is_file()]
+        s = self.stats()
+        if s.nbytes > s.budget:
+            raise AssertionError(f"KV store over budget: {s}")
+        if bad_grp or missing:
+            raise AssertionError(
+                f"KV store index broken: {bad_grp} pages without group, missing files {missing[:3]}"
+            )
+        return s
+
+    def orphan_parents(self) -> set[bytes]:
+        """Parents of stored pages that are not stored here (a host tier may still hold them)."""
+        with self._mu:
+            rows = self._db.execute(
+                "SELECT DISTINCT parent FROM pages WHERE is_root = 0 AND parent NOT IN (SELECT key FROM pages)"
+            ).fetchall()
+        return {r[0] for r in rows}
+
     # -- writes ------------------------------------------------------------------------
-    def put(self, parent: bytes, parent_is_root: bool, keys: Sequence[bytes], tokens: Sequence[Sequence[int]], kv: torch.Tensor) -> int:
+    def put(
+        self,
+        parent: bytes,
+        parent_is_root: bool,
+        keys: Sequence[bytes],
+        tokens: Sequence[Sequence[int]],
+        kv: torch.Tensor,
+    ) -> int:
         """Store consecutive pages (``kv[i]`` is page ``keys[i]``) after ``parent``; returns pages written.
 
         Pages already stored are skipped; a group larger than the whole budget is not stored.
         """
         with self._mu:
-            known = {k for k in keys if self._db.execute("SELECT 1 FROM pages WHERE key = ?", (k,)).fetchone()}
+            known = {
+                k for k in keys if self._db.execute("SELECT 1 FROM pages WHERE key = ?", (k,)).fetchone()
+            }
         first_new = next((i for i, k in enumerate(keys) if k not in known), len(keys))
         if first_new == len(keys):
             return 0
@@ -233,7 +286,14 @@ class DiskStore:
             for i, (k, toks) in enumerate(zip(keys, tokens)):
                 cur.execute(
                     "INSERT INTO pages VALUES (?, ?, ?, ?, ?, ?)",
-                    (k, prev, int(prev_root), torch.tensor(list(toks), dtype=torch.int64).numpy().tobytes(), gid, i),
+                    (
+                        k,
+                        prev,
+                        int(prev_root),
+                        torch.tensor(list(toks), dtype=torch.int64).numpy().tobytes(),
+                        gid,
+                        i,
+                    ),
                 )
                 prev, prev_root = k, False
             cur.execute("COMMIT")
@@ -256,7 +316,9 @@ class DiskStore:
     def _touch(self, groups) -> None:
         if groups:
             self._clock += 1
-            self._db.executemany("UPDATE groups SET last_use = ? WHERE id = ?", [(self._clock, g) for g in groups])
+            self._db.executemany(
+                "UPDATE groups SET last_use = ? WHERE id = ?", [(self._clock, g) for g in groups]
+            )
 
     def _read_group(self, gid: int) -> torch.Tensor | None:
         name, checksum = self._db.execute("SELECT file, checksum FROM groups WHERE id = ?", (gid,)).fetchone()
@@ -278,18 +340,29 @@ class DiskStore:
             if row is None:
                 break
             self._drop_group(row[0])
-            used -= row[1]
-        self._drop_orphans()
+            used = self._db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM groups").fetchone()[0]
 
     def _drop_group(self, gid: int) -> None:
+        """Delete a group's pages and file, and every stored page below them (they can never match)."""
         row = self._db.execute("SELECT file FROM groups WHERE id = ?", (gid,)).fetchone()
+        gone = [k for (k,) in self._db.execute("SELECT key FROM pages WHERE grp = ?", (gid,))]
         self._db.execute("DELETE FROM pages WHERE grp = ?", (gid,))
         self._db.execute("DELETE FROM groups WHERE id = ?", (gid,))
         if row is not None:
             (self.dir / "groups" / row[0]).unlink(missing_ok=True)
+        while gone:
+            below = []
+            for k in gone:
+                below += [c for (c,) in self._db.execute("SELECT key FROM pages WHERE parent = ?", (k,))]
+            self._db.executemany("DELETE FROM pages WHERE key = ?", [(k,) for k in below])
+            gone = below
+        for (empty,) in self._db.execute(
+            "SELECT id FROM groups WHERE id NOT IN (SELECT DISTINCT grp FROM pages)"
+        ).fetchall():
+            self._drop_group(empty)
 
     def _drop_orphans(self) -> None:
-        """Pages whose parent is gone can never be matched: drop them, then groups left empty."""
+        """At open: pages whose parent is stored nowhere can never match; drop them."""
         while self._db.execute(
             "DELETE FROM pages WHERE is_root = 0 AND parent NOT IN (SELECT key FROM pages)"
         ).rowcount:

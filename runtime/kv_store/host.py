@@ -84,6 +84,12 @@ class HostStore:
         self._evict_to(self.budget)
         return new
 
+    def check(self) -> None:
+        """Byte count equals the pages held, and within budget; raises AssertionError otherwise."""
+        held = sum(p.kv.numel() * p.kv.element_size() for p in self._pages.values())
+        if held != self.nbytes or self.nbytes > self.budget:
+            raise AssertionError(f"host tier: {held} bytes held, {self.nbytes} counted, budget {self.budget}")
+
     def drain(self) -> None:
         """Hand every page to ``on_evict`` (a shutdown flush), oldest first."""
         self._evict_to(0)

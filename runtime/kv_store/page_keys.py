@@ -31,7 +31,9 @@ def page_key(parent: bytes, page_tokens: Sequence[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", page_tokens).tobytes(), digest_size=KEY_BYTES).digest()
 
 
-def page_keys(tokens: Sequence[int], page_size: int, parent: bytes | None = None, start: int = 0) -> list[bytes]:
+def page_keys(
+    tokens: Sequence[int], page_size: int, parent: bytes | None = None, start: int = 0
+) -> list[bytes]:
     """Keys of the whole pages of ``tokens[start:]``; ``parent`` is the key of the page ending at ``start``."""
     if start % page_size:
         raise ValueError(f"start {start} is not page-aligned (page_size {page_size})")

@@ -63,8 +63,9 @@ class LowerTiers:
             self._writer.start()
 
     # -- reads -------------------------------------------------------------------------
-    def match(self, keys: Sequence[bytes]) -> TierMatch:
-        n_host = self.host.match(keys) if self.host is not None else 0
+    def match(self, keys: Sequence[bytes], durable: bool = False) -> TierMatch:
+        """Leading ``keys`` held below the pool; ``durable``: on disk (or queued for it) only."""
+        n_host = self.host.match(keys) if self.host is not None and not durable else 0
         rest = keys[n_host:]
         n_pending = 0
         with self._mu:
@@ -99,10 +100,19 @@ class LowerTiers:
 
     # -- writes --------------------------------------------------------------------------
     def write_back(
-        self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list[tuple[int, ...]], kv: torch.Tensor
+        self,
+        parent: bytes,
+        parent_is_root: bool,
+        keys: list[bytes],
+        tokens: list[tuple[int, ...]],
+        kv: torch.Tensor,
+        durable: bool = False,
     ) -> None:
-        """Keep pages the pool drops (``kv`` must already be a copy: the pool pages are reused at once)."""
-        if self.host is not None:
+        """Keep pages the pool drops (``kv`` must already be a copy: the pool pages are reused at once).
+
+        To the host tier when there is one, else (or with ``durable``) to disk in the background.
+        """
+        if self.host is not None and not (durable and self.disk is not None):
             self.host.put(parent, parent_is_root, keys, tokens, kv)
         elif self.disk is not None:
             self._enqueue(parent, parent_is_root, keys, tokens, kv)
@@ -143,6 +153,22 @@ class LowerTiers:
             self._writer = None
         if self.disk is not None:
             self.disk.close()
+
+    def check(self) -> None:
+        """Every tier's invariants (see ``HostStore.check`` and ``DiskStore.check``)."""
+        if self.host is not None:
+            self.host.check()
+        if self.disk is not None:
+            self.disk.check()
+            with self._mu:
+                pending = set(self._pending)
+            lost = {
+                k
+                for k in self.disk.orphan_parents()
+                if k not in pending and (self.host is None or k not in self.host) and not self.disk.match([k])
+            }  # the last test: the writer may have stored it since the first query
+            if lost:
+                raise AssertionError(f"{len(lost)} disk pages have a parent stored in no tier")
 
     def stats(self) -> TierStats:
         ds = self.disk.stats() if self.disk is not None else None
