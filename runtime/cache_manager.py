@@ -148,6 +148,10 @@ class CacheManager:
         """Write every cached page that is only in the pool to the disk tier; returns pages written."""
         return self.prefix.persist(wait) if isinstance(self.prefix, TieredRadixCache) else 0
 
+    def load_stored(self) -> int:
+        """Load stored prefixes from the disk tier into the pool while it has free pages; returns tokens."""
+        return self.prefix.load_stored() if isinstance(self.prefix, TieredRadixCache) else 0
+
     def close(self) -> None:
         """Persist and close the lower tiers (shutdown); the pool's cache stays usable in memory."""
         if self.tiers is not None:

@@ -282,6 +282,11 @@ class Engine:
         """Write every cached page that is only in the pool to the disk tier (``--kv-store``); returns pages."""
         return self.cache.persist()
 
+    def load_cache(self) -> int:
+        """Load what the disk tier (``--kv-store``) holds into the pool, as far as free pages allow
+        (only between steps); returns tokens loaded.  Matches load lazily anyway: this prewarms."""
+        return self.cache.load_stored()
+
     def close(self) -> None:
         """Persist the cache to the disk tier and release the store (its lock); the engine can still run."""
         self.cache.close()

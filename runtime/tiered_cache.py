@@ -147,6 +147,23 @@ class TieredRadixCache(RadixCache):
             self.tiers.flush()
         return written
 
+    def load_stored(self) -> int:
+        """Bring stored prefixes from disk into the pool while free pages last; returns tokens loaded.
+
+        Longest chains first; stops before a chain would need evictions (which would only demote
+        what was just loaded).
+        """
+        if self.tiers.disk is None:
+            return 0
+        loaded = 0
+        for tokens in self.tiers.disk.chains(self.root_key):
+            need = (len(tokens) - self.peek_len(tokens)) // self.page_size
+            if need > self.allocator.num_free:
+                continue
+            m = self.match(tokens)
+            loaded += m.host_len + m.disk_len
+        return loaded
+
     def path_pages(self, node: TreeNode) -> list[int]:
         """The pool pages of the whole prefix that ends at ``node``."""
         parts = []

@@ -113,3 +113,23 @@ def test_host_tier_alone(model, off, tmp_path):
     ra = _run(eng, a)
     assert ra.cached_tokens == ra.cached_host_tokens == 68 and ra.cached_disk_tokens == 0
     assert ra.output_ids == _run(off, a).output_ids
+
+
+def test_cache_cli_save_inspect_load_clear(model, tmp_path, capsys):
+    from runtime.cache_cli import main
+
+    gen = torch.Generator().manual_seed(4)
+    prompts = tmp_path / "prompts.jsonl"
+    ids = [random_ids(gen, 40), random_ids(gen, 23)]
+    prompts.write_text("\n".join(map(str, ids)) + "\n")
+    store = str(tmp_path / "store")
+    common = ["--kv-store", store, "--model", str(model), "--dtype", "float32", "--page-size", str(PS)]
+    assert main(["save", "--prompt-file", str(prompts), *common]) == 0
+    assert "saved 2 prompts (63 tokens)" in capsys.readouterr().out
+    assert main(["inspect", "--kv-store", store]) == 0
+    info = capsys.readouterr().out
+    assert '"pages": 15' in info and '"leaves": 2' in info  # 40//4 + 23//4 whole pages
+    assert main(["load", *common]) == 0
+    assert "loaded 60 tokens (15 pages)" in capsys.readouterr().out
+    assert main(["clear", "--kv-store", store]) == 0
+    assert "cleared 15 pages" in capsys.readouterr().out

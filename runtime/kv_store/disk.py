@@ -50,8 +50,8 @@ CREATE INDEX IF NOT EXISTS pages_parent ON pages(parent);
 """
 
 
-class StoreError(Exception):
-    """The store cannot be used as asked; the message says why in one line."""
+class StoreError(ValueError):
+    """The store cannot be used as asked (in use, another model, another format); one-line message."""
 
 
 class PageRecord(NamedTuple):
@@ -203,6 +203,20 @@ class DiskStore:
             yield rec
             stack.extend(children.get(rec.key, [])[::-1])
 
+    def chains(self, root: bytes) -> list[list[int]]:
+        """The token sequence of every stored root-to-leaf path that starts at ``root``, longest first."""
+        paths: dict[bytes, list[int]] = {}
+        parents: set[bytes] = set()
+        for r in self.records():
+            if r.is_root:
+                if r.parent != root:
+                    continue
+                paths[r.key] = list(r.tokens)
+            elif r.parent in paths:
+                paths[r.key] = paths[r.parent] + list(r.tokens)
+                parents.add(r.parent)
+        return sorted((p for k, p in paths.items() if k not in parents), key=len, reverse=True)
+
     def stats(self) -> StoreStats:
         with self._mu:
             pages = self._db.execute("SELECT COUNT(*) FROM pages").fetchone()[0]
@@ -210,6 +224,27 @@ class DiskStore:
                 "SELECT COUNT(*), COALESCE(SUM(nbytes), 0) FROM groups"
             ).fetchone()
         return StoreStats(pages, groups, nbytes, self.budget)
+
+    @staticmethod
+    def describe(directory: str | Path) -> dict:
+        """What a store holds, read without taking it (``kvreuse cache inspect``): works while a server runs."""
+        path = Path(directory) / "index.sqlite"
+        if not path.is_file():
+            raise StoreError(f"{directory} is not a kvreuse KV store (no index.sqlite)")
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
+            pages, roots = db.execute("SELECT COUNT(*), COALESCE(SUM(is_root), 0) FROM pages").fetchone()
+            groups, nbytes = db.execute("SELECT COUNT(*), COALESCE(SUM(nbytes), 0) FROM groups").fetchone()
+            leaves = db.execute(
+                "SELECT COUNT(*) FROM pages WHERE key NOT IN (SELECT parent FROM pages)"
+            ).fetchone()[0]
+        finally:
+            db.close()
+        return {
+            "directory": str(directory), "fingerprint": meta.get("fingerprint"), "format": meta.get("format"),
+            "pages": pages, "groups": groups, "bytes": nbytes, "prefix_roots": roots, "leaves": leaves,
+        }  # fmt: skip
 
     def check(self) -> StoreStats:
         """The store's invariants: within budget, every page in an indexed group whose file exists;
