@@ -69,6 +69,7 @@ class CacheManager:
             mode, page_size, self.allocator, tiers, io, write_through
         )
         self.tiers = tiers
+        self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
 
     # -- admission ---------------------------------------------------------------
@@ -131,6 +132,7 @@ class CacheManager:
 
     def release(self, req: Request, cache: bool = True) -> None:
         """Finished, aborted or retracted: keep computed pages in the cache, free the rest."""
+        self._loads.pop(req, None)
         if req not in self.live:
             return
         if cache:
@@ -147,6 +149,25 @@ class CacheManager:
     def persist(self, wait: bool = True) -> int:
         """Write every cached page that is only in the pool to the disk tier; returns pages written."""
         return self.prefix.persist(wait) if isinstance(self.prefix, TieredRadixCache) else 0
+
+    def prefetch(self, req: Request) -> None:
+        """A request was queued: start reading its disk-tier pages in the background."""
+        if isinstance(self.prefix, TieredRadixCache):
+            fut = self.prefix.prefetch(req.tokens[: len(req.tokens) - 1])
+            if fut is not None:
+                self._loads[req] = fut
+
+    def loading(self, req: Request, wait: bool = False) -> bool:
+        """Whether ``req``'s read-ahead is still running (``wait``: finish it first)."""
+        fut = self._loads.get(req)
+        if fut is None:
+            return False
+        if wait:
+            fut.result()
+        if fut.done():
+            del self._loads[req]
+            return False
+        return True
 
     def load_stored(self) -> int:
         """Load stored prefixes from the disk tier into the pool while it has free pages; returns tokens."""

@@ -52,6 +52,12 @@ class EngineStats(NamedTuple):
     tree_pages: int
     request_pages: int
     page_size: int
+    host_loaded_tokens: int = 0  # cached tokens loaded back from the host tier
+    disk_loaded_tokens: int = 0  # cached tokens loaded back from the disk tier
+    tier_load_s: float = 0.0  # time spent loading them
+    host_tier_pages: int = 0
+    disk_tier_pages: int = 0
+    disk_tier_bytes: int = 0
 
 
 class Engine:
@@ -272,6 +278,18 @@ class Engine:
             retractions=self.scheduler.num_retractions, running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
             tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=self.cache.page_size,
+            **self._tier_fields(),
+        )  # fmt: skip
+
+    def _tier_fields(self) -> dict:
+        ts = self.cache.tier_stats()
+        if ts is None:
+            return {}
+        ps = self.page_size
+        return dict(
+            host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
+            tier_load_s=ts.load_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
+            disk_tier_bytes=ts.disk_bytes,
         )  # fmt: skip
 
     def check_integrity(self) -> CacheStats:

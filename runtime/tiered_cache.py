@@ -93,6 +93,16 @@ class TieredRadixCache(RadixCache):
         ps = self.page_size
         return MatchResult(full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps)
 
+    def prefetch(self, token_ids: Sequence[int]):
+        """Start reading the lower-tier part of this prefix from disk in the background (a Future or None)."""
+        tokens = list(token_ids)
+        n_pages = len(tokens) // self.page_size
+        first = self.peek_len(tokens) // self.page_size
+        if first == n_pages:
+            return None
+        keys = page_keys(tokens[: n_pages * self.page_size], self.page_size, self.root_key)
+        return self.tiers.prefetch(keys[first:])
+
     def _room_for(self, n: int) -> int:
         short = n - self.allocator.num_free
         if short > 0:

@@ -213,3 +213,19 @@ def test_lower_tiers_write_in_background_and_serve_meanwhile(tmp_path):
     assert m == (0, 4) and torch.equal(tiers.load(keys, m), kv)
     assert tiers.stats().loaded_disk_pages == 4
     tiers.close()
+
+
+def test_prefetch_stages_disk_pages_so_the_load_reads_no_file(tmp_path):
+    from runtime.kv_store.tiers import LowerTiers
+
+    disk = DiskStore(tmp_path, FP, 1 << 20)
+    keys = put_chain(disk, list(range(16)))
+    tiers = LowerTiers(None, disk)
+    tiers.prefetch(keys[1:]).result()  # the request's first page is in the pool already, say
+    reads = []
+    disk.get = lambda ks: reads.append(ks)  # any file read from here on would be recorded
+    m = tiers.match(keys[1:])
+    assert m.total == 3
+    assert torch.equal(tiers.load(keys[1:], m), torch.stack([page_kv(k) for k in keys[1:]]))
+    assert reads == [] and tiers._staged_bytes == 0  # served from staging, which is then empty
+    tiers.close()

@@ -165,7 +165,8 @@ class DiskStore:
     def get(self, keys: Sequence[bytes]) -> torch.Tensor | None:
         """The pages' K/V stacked ``[n, ...]``, or None if any is missing or fails its checksum.
 
-        A group that fails its checksum is dropped (with the pages below it), never served.
+        Files are read and checked outside the index lock (a prefetch thread reads while the engine
+        matches); a group that fails its checksum is dropped (with the pages below it), never served.
         """
         with self._mu:
             rows = [
@@ -173,13 +174,19 @@ class DiskStore:
             ]
             if any(r is None for r in rows):
                 return None
-            loaded: dict[int, torch.Tensor] = {}
-            for gid in {r[0] for r in rows}:
-                t = self._read_group(gid)
-                if t is None:
+            files = {
+                gid: self._db.execute("SELECT file, checksum FROM groups WHERE id = ?", (gid,)).fetchone()
+                for gid in {r[0] for r in rows}
+            }
+        loaded: dict[int, torch.Tensor] = {}
+        for gid, (name, checksum) in files.items():
+            t = self._read_group(name, checksum)
+            if t is None:
+                with self._mu:
                     self._drop_group(gid)
-                    return None
-                loaded[gid] = t
+                return None
+            loaded[gid] = t
+        with self._mu:
             self._touch(loaded)
         return torch.stack([loaded[g][i] for g, i in rows])
 
@@ -355,8 +362,7 @@ class DiskStore:
                 "UPDATE groups SET last_use = ? WHERE id = ?", [(self._clock, g) for g in groups]
             )
 
-    def _read_group(self, gid: int) -> torch.Tensor | None:
-        name, checksum = self._db.execute("SELECT file, checksum FROM groups WHERE id = ?", (gid,)).fetchone()
+    def _read_group(self, name: str, checksum: bytes) -> torch.Tensor | None:
         try:
             data = (self.dir / "groups" / name).read_bytes()
         except OSError:

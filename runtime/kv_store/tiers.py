@@ -5,6 +5,8 @@ then disk pages); ``load`` brings those pages' K/V up; ``write_back`` takes page
 about to drop and keeps them: in the host tier when there is one (its LRU overflow goes to disk),
 else straight to disk on a writer thread, so the engine step that evicts never waits for a file.
 A page being written is still served from the writer's queue, so nothing is lost in between.
+``prefetch`` reads a waiting request's disk pages on a reader thread into a bounded staging area,
+so the engine keeps computing other requests meanwhile and the admission only copies them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -47,10 +51,16 @@ class TierStats(NamedTuple):
 class LowerTiers:
     """Host tier (optional) over disk tier (optional); see the module docstring."""
 
-    def __init__(self, host: HostStore | None, disk: DiskStore | None) -> None:
+    def __init__(
+        self, host: HostStore | None, disk: DiskStore | None, staging_bytes: int = 512 << 20
+    ) -> None:
         self.host = host
         self.disk = disk
         self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
+        self._staged: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # read ahead from disk
+        self._staged_bytes = 0
+        self.staging_bytes = staging_bytes
+        self._reader = ThreadPoolExecutor(1, "kvreuse-kv-prefetch") if disk is not None else None
         self._mu = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._counts = {"host": 0, "disk": 0, "written": 0}
@@ -67,14 +77,17 @@ class LowerTiers:
         """Leading ``keys`` held below the pool; ``durable``: on disk (or queued for it) only."""
         n_host = self.host.match(keys) if self.host is not None and not durable else 0
         rest = keys[n_host:]
-        n_pending = 0
-        with self._mu:
-            while n_pending < len(rest) and rest[n_pending] in self._pending:
-                n_pending += 1
-        n_disk = n_pending
-        if self.disk is not None and n_pending < len(rest):
-            n_disk += self.disk.match(rest[n_pending:])
-        return TierMatch(n_host, n_disk)
+        n = 0
+        while n < len(rest):
+            with self._mu:
+                start = n
+                while n < len(rest) and (rest[n] in self._pending or rest[n] in self._staged):
+                    n += 1
+            if self.disk is not None and n < len(rest):
+                n += self.disk.match(rest[n:])
+            if n == start:
+                break
+        return TierMatch(n_host, n)
 
     def load(self, keys: Sequence[bytes], m: TierMatch) -> torch.Tensor | None:
         """K/V of ``keys`` (matched as ``m``) stacked ``[n, ...]``; None if a disk group failed its check."""
@@ -83,20 +96,64 @@ class LowerTiers:
         if m.host:
             parts.append(self.host.get(keys[: m.host]))
         disk_keys = list(keys[m.host : m.total])
-        with self._mu:
-            queued = [self._pending.get(k) for k in disk_keys]
-        n_q = next((i for i, t in enumerate(queued) if t is None), len(queued))
-        if n_q:
-            parts.append(torch.stack(queued[:n_q]))
-        if n_q < len(disk_keys):
-            got = self.disk.get(disk_keys[n_q:])
+        i = 0
+        while i < len(disk_keys):
+            with self._mu:
+                run = []
+                while i + len(run) < len(disk_keys):
+                    k = disk_keys[i + len(run)]
+                    t = self._pending.get(k)
+                    if t is None and k in self._staged:
+                        t = self._staged.pop(k)
+                        self._staged_bytes -= t.numel() * t.element_size()
+                    if t is None:
+                        break
+                    run.append(t)
+            if run:
+                parts.append(torch.stack(run))
+                i += len(run)
+                continue
+            j = i  # the longest run the disk itself must serve
+            with self._mu:
+                while (
+                    j < len(disk_keys)
+                    and disk_keys[j] not in self._pending
+                    and disk_keys[j] not in self._staged
+                ):
+                    j += 1
+            got = self.disk.get(disk_keys[i:j])
             if got is None:
                 return None
             parts.append(got)
+            i = j
         self._counts["host"] += m.host
         self._counts["disk"] += len(disk_keys)
         self._load_s += time.perf_counter() - t0
         return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def prefetch(self, keys: Sequence[bytes]) -> Future | None:
+        """Start reading the disk-only part of ``keys`` (leading pages below the pool) ahead of use."""
+        if self._reader is None:
+            return None
+        m = self.match(keys)
+        with self._mu:
+            todo = [k for k in keys[m.host : m.total] if k not in self._pending and k not in self._staged]
+        if not todo:
+            return None
+        return self._reader.submit(self._stage, todo)
+
+    def _stage(self, keys: list[bytes]) -> None:
+        kv = self.disk.get(keys)
+        if kv is None:
+            return
+        with self._mu:
+            for k, t in zip(keys, kv):
+                if k not in self._staged:
+                    self._staged[k] = t
+                    self._staged_bytes += t.numel() * t.element_size()
+            while self._staged_bytes > self.staging_bytes and self._staged:  # unclaimed reads age out
+                _, old = self._staged.popitem(last=False)
+                self._staged_bytes -= old.numel() * old.element_size()
 
     # -- writes --------------------------------------------------------------------------
     def write_back(
@@ -146,6 +203,9 @@ class LowerTiers:
             self._queue.join()
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
         self.flush(drain_host=True)
         if self._writer is not None:
             self._queue.put(None)
