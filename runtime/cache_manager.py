@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from runtime.eviction import DEFAULT_POLICY
 from runtime.page_allocator import OutOfPages, PageAllocator
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
@@ -27,12 +28,14 @@ class CacheStats(NamedTuple):
 class CacheManager:
     """Match, lock, allocate, insert and release pages for requests."""
 
-    def __init__(self, num_pages: int, page_size: int, mode: str = "radix") -> None:
+    def __init__(
+        self, num_pages: int, page_size: int, mode: str = "radix", eviction: str = DEFAULT_POLICY
+    ) -> None:
         if mode not in ("radix", "off"):
             raise ValueError(f"prefix_cache must be 'radix' or 'off', got {mode!r}")
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.tree = RadixCache(page_size, self.allocator) if mode == "radix" else None
+        self.tree = RadixCache(page_size, self.allocator, eviction) if mode == "radix" else None
         self.live: set[Request] = set()
 
     # -- admission ---------------------------------------------------------------
@@ -93,12 +96,14 @@ class CacheManager:
         dup_end = res.prefix_len // self.page_size
         if dup_end > req.num_tree_pages:
             self.allocator.free(req.pages[req.num_tree_pages : dup_end])
-        m = self.tree.match(req.tokens[:n])
-        assert m.cached_len == n, "a just-inserted prefix must match in full"
-        self.tree.lock(m.handle)
+        # The insert's own handle, not a fresh match: a match would count as a use of the new
+        # leaf for the eviction policy.
+        self.tree.lock(res.handle)
         self.tree.unlock(req.handle)
-        req.handle = m.handle
-        req.pages[:n_pages] = m.pages
+        req.handle = res.handle
+        tree_pages = self.tree.path_pages(res.handle)
+        assert len(tree_pages) == n_pages, "the insert's handle must end the inserted prefix"
+        req.pages[:n_pages] = tree_pages
         req.num_tree_pages = n_pages
 
     def release(self, req: Request, cache: bool = True) -> None:

@@ -27,10 +27,15 @@ The algorithm is SGLang's radix cache; the handle API (``match`` / ``lock`` / ``
 * ``lock(handle)`` adds one reference to the node and every ancestor; a node with a non-zero
   ref count is never evicted.  So ref counts never increase going down, and the unlocked nodes
   form whole subtrees: ``evictable_pages`` is every page in a node with ref count 0.
-* ``evict(n)`` frees unlocked leaves, least recently used first (``match`` and ``insert`` stamp
-  the nodes on their path with a monotonic clock); a parent left childless and unlocked becomes
-  a candidate in the same call.  Evictable leaves are tracked incrementally in a set, so one
-  eviction costs a heap over the candidate leaves, never a walk of the whole tree.
+* ``evict(n)`` frees unlocked leaves in the order of the tree's eviction policy (a strategy
+  object from ``runtime/eviction.py``; ``match`` and ``insert`` stamp the nodes on their path with
+  a monotonic clock and report uses to it); a parent left childless and unlocked becomes a
+  candidate in the same call.  A policy that trims (all but ``lru``) frees only the tail pages
+  it needs from the last victim, splitting it, so the head of that prefix stays cached.
+  Evictable leaves are tracked incrementally in a set, so one eviction costs a heap over the
+  candidate leaves, never a walk of the whole tree.
+* ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
+  shared prefixes once); ``runtime/pins.py`` gives pins owners, TTLs and a page budget.
 """
 
 from __future__ import annotations
@@ -40,13 +45,14 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from runtime.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
 from runtime.page_allocator import PageAllocator
 
 
 class TreeNode:
     """One edge of the radix tree: a run of whole pages and the tokens they hold."""
 
-    __slots__ = ("key", "pages", "children", "parent", "ref", "last_access", "uid")
+    __slots__ = ("key", "pages", "children", "parent", "ref", "pin", "last_access", "uid")
 
     def __init__(self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, uid: int) -> None:
         self.key = key
@@ -54,6 +60,7 @@ class TreeNode:
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.parent = parent
         self.ref = 0
+        self.pin = 0  # how many of ``ref`` are pins (never more)
         self.last_access = 0
         self.uid = uid
 
@@ -79,7 +86,9 @@ class InsertResult(NamedTuple):
 class RadixCache:
     """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring)."""
 
-    def __init__(self, page_size: int, allocator: PageAllocator) -> None:
+    def __init__(
+        self, page_size: int, allocator: PageAllocator, policy: EvictionPolicy | str = DEFAULT_POLICY
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
@@ -90,8 +99,10 @@ class RadixCache:
         self._evictable: set[TreeNode] = set()
         self._total_pages = 0
         self._locked_pages = 0
+        self._pinned_pages = 0
         self.num_nodes = 0
         self.evicted_pages_total = 0
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
 
     @property
     def total_pages(self) -> int:
@@ -100,6 +111,10 @@ class RadixCache:
     @property
     def locked_pages(self) -> int:
         return self._locked_pages
+
+    @property
+    def pinned_pages(self) -> int:
+        return self._pinned_pages
 
     @property
     def evictable_pages(self) -> int:
@@ -114,7 +129,7 @@ class RadixCache:
             child, n_pages = self._step(node, tokens, pos)
             if child is None:
                 break
-            child.last_access = now
+            self._touch(child, now)
             pages.extend(child.pages)
             pos += n_pages * self.page_size
             node = child
@@ -148,13 +163,14 @@ class RadixCache:
             child, n_pages = self._step(node, tokens, pos)
             if child is None:
                 break
-            child.last_access = now
+            self._touch(child, now)
             pos += n_pages * self.page_size
             node = child
         prefix_len = pos
         if pos < len(tokens):
             leaf = TreeNode(tokens[pos:], list(pages[pos // self.page_size :]), node, next(self._uids))
             leaf.last_access = now
+            self.policy.added(leaf, now)
             node.children[leaf.key[: self.page_size]] = leaf
             self.num_nodes += 1
             self._total_pages += len(leaf.pages)
@@ -165,39 +181,49 @@ class RadixCache:
 
     def lock(self, handle: TreeNode) -> None:
         """Protect the handle's prefix from eviction (one more reference on it and its ancestors)."""
-        self._check_attached(handle)
-        node: TreeNode | None = handle
-        while node is not None and node is not self.root:
-            if node.ref == 0:
-                self._locked_pages += len(node.pages)
-            node.ref += 1
-            self._refresh(node)
-            node = node.parent
+        self._add_ref(handle, 1, pin=False)
 
     def unlock(self, handle: TreeNode) -> None:
         """Drop one reference taken by :meth:`lock`."""
-        self._check_attached(handle)
-        if handle is not self.root and handle.ref <= 0:
-            raise ValueError(f"unlock of a node that is not locked: {handle!r}")
-        node: TreeNode | None = handle
+        self._add_ref(handle, -1, pin=False)
+
+    def pin(self, handle: TreeNode) -> None:
+        """A lock that also counts the path's pages in ``pinned_pages``; undone by :meth:`unpin`."""
+        self._add_ref(handle, 1, pin=True)
+
+    def unpin(self, handle: TreeNode) -> None:
+        self._add_ref(handle, -1, pin=True)
+
+    def path_pages(self, handle: TreeNode) -> list[int]:
+        """Every page from the root down to ``handle``, in token order."""
+        parts, node = [], handle
         while node is not None and node is not self.root:
-            node.ref -= 1
-            if node.ref == 0:
-                self._locked_pages -= len(node.pages)
-            self._refresh(node)
+            parts.append(node.pages)
             node = node.parent
+        return [p for pages in reversed(parts) for p in pages]
 
     def evict(self, n_pages: int) -> int:
-        """Free at least ``n_pages`` pages if possible, LRU unlocked leaves first; returns pages freed."""
-        heap = [(leaf.last_access, leaf.uid, leaf) for leaf in self._evictable]
+        """Free at least ``n_pages`` pages if possible, in policy order; returns pages freed.
+
+        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.
+        """
+        policy, now = self.policy, self._clock
+        heap = [(policy.priority(leaf, now), leaf.uid, leaf) for leaf in self._evictable]
         heapq.heapify(heap)
         freed = 0
         while freed < n_pages and heap:
             _, _, leaf = heapq.heappop(heap)
+            if policy.spare(leaf):
+                heapq.heappush(heap, (policy.priority(leaf, now), leaf.uid, leaf))
+                continue
+            want = n_pages - freed
+            if policy.trim and want < len(leaf.pages):
+                self._split(leaf, len(leaf.pages) - want)  # ``leaf`` is now just its tail
             parent = leaf.parent
             assert parent is not None
             del parent.children[leaf.key[: self.page_size]]
             self._evictable.discard(leaf)
+            policy.removed(leaf)
             leaf.parent = None
             self.allocator.free(leaf.pages)
             freed += len(leaf.pages)
@@ -205,7 +231,7 @@ class RadixCache:
             self.num_nodes -= 1
             self._refresh(parent)
             if parent in self._evictable:
-                heapq.heappush(heap, (parent.last_access, parent.uid, parent))
+                heapq.heappush(heap, (policy.priority(parent, now), parent.uid, parent))
         self.evicted_pages_total += freed
         return freed
 
@@ -218,11 +244,36 @@ class RadixCache:
             node = stack.pop()
             stack.extend(node.children.values())
             self.allocator.free(node.pages)
+            self.policy.removed(node)
             node.parent = None
         self.root.children.clear()
         self._evictable.clear()
         self._total_pages = 0
         self.num_nodes = 0
+
+    def _add_ref(self, handle: TreeNode, delta: int, pin: bool) -> None:
+        """Add ``delta`` references (pins when ``pin``) to ``handle`` and every ancestor."""
+        self._check_attached(handle)
+        if delta < 0 and handle is not self.root and (handle.pin if pin else handle.ref - handle.pin) <= 0:
+            verb, state = ("unpin", "pinned") if pin else ("unlock", "locked")
+            raise ValueError(f"{verb} of a node that is not {state}: {handle!r}")
+        node: TreeNode | None = handle
+        while node is not None and node is not self.root:
+            n = len(node.pages)
+            was_locked, was_pinned = node.ref > 0, node.pin > 0
+            node.ref += delta
+            if pin:
+                node.pin += delta
+                self._pinned_pages += n * ((node.pin > 0) - was_pinned)
+            self._locked_pages += n * ((node.ref > 0) - was_locked)
+            self._refresh(node)
+            node = node.parent
+
+    def _touch(self, node: TreeNode, now: int) -> None:
+        """Stamp a node on a match/insert path; reaching one nobody holds is a use for the policy."""
+        node.last_access = now
+        if node.ref == 0:
+            self.policy.used(node, now)
 
     def _tick(self) -> int:
         self._clock += 1
@@ -257,7 +308,7 @@ class RadixCache:
         parent = node.parent
         assert parent is not None
         upper = TreeNode(node.key[:cut], node.pages[:n_pages], parent, next(self._uids))
-        upper.ref = node.ref
+        upper.ref, upper.pin = node.ref, node.pin
         upper.last_access = node.last_access
         parent.children[upper.key[: self.page_size]] = upper
         node.key = node.key[cut:]
@@ -265,6 +316,7 @@ class RadixCache:
         node.parent = upper
         upper.children[node.key[: self.page_size]] = node
         self.num_nodes += 1
+        self.policy.split(upper, node)
         return upper
 
     def _refresh(self, node: TreeNode) -> None:
