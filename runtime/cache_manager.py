@@ -6,10 +6,13 @@ own pages.  ``check_integrity`` asserts that.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from runtime.eviction import DEFAULT_POLICY
 from runtime.page_allocator import OutOfPages, PageAllocator
+from runtime.pins import PinTable
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
 
@@ -23,19 +26,29 @@ class CacheStats(NamedTuple):
     evictable_pages: int
     request_pages: int
     evicted_pages: int
+    pinned_pages: int = 0
 
 
 class CacheManager:
     """Match, lock, allocate, insert and release pages for requests."""
 
     def __init__(
-        self, num_pages: int, page_size: int, mode: str = "radix", eviction: str = DEFAULT_POLICY
+        self,
+        num_pages: int,
+        page_size: int,
+        mode: str = "radix",
+        eviction: str = DEFAULT_POLICY,
+        session_ttl: float = 300.0,
+        pinned_fraction: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if mode not in ("radix", "off"):
             raise ValueError(f"prefix_cache must be 'radix' or 'off', got {mode!r}")
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixCache(page_size, self.allocator, eviction) if mode == "radix" else None
+        budget = int(pinned_fraction * num_pages)
+        self.pins = PinTable(self.tree, budget, session_ttl, clock) if self.tree is not None else None
         self.live: set[Request] = set()
 
     # -- admission ---------------------------------------------------------------
@@ -47,6 +60,8 @@ class CacheManager:
             if req.cached_tokens < 0:
                 req.cached_tokens = 0
             return
+        if req.pin_key is not None:
+            self.pins.touch(req.pin_key)  # the session is back: its TTL starts again
         m = self.tree.match(req.tokens[: len(req.tokens) - 1])
         self.tree.lock(m.handle)
         req.handle, req.pages, req.num_tree_pages = m.handle, list(m.pages), len(m.pages)
@@ -67,13 +82,19 @@ class CacheManager:
         return self.allocator.num_free + evictable
 
     def reserve(self, req: Request, n_new: int) -> bool:
-        """Give ``req`` pages for ``n_new`` more tokens, evicting LRU tree pages if needed."""
+        """Give ``req`` pages for ``n_new`` more tokens, evicting tree pages if needed.
+
+        Pins lapse, oldest first, only when evicting everything unpinned is not enough.
+        """
         need = self.pages_needed(req, n_new)
         if need == 0:
             return True
-        short = need - self.allocator.num_free
-        if short > 0 and self.tree is not None:
-            self.tree.evict(short)
+        if need > self.allocator.num_free and self.tree is not None:
+            self.pins.expire()
+            self.tree.evict(need - self.allocator.num_free)
+            while need > self.allocator.num_free and len(self.pins):
+                self.pins.lapse_oldest("pressure")
+                self.tree.evict(need - self.allocator.num_free)
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
@@ -112,6 +133,8 @@ class CacheManager:
             return
         if cache:
             self.cache_computed(req)
+            if req.pin_key is not None and req.handle is not None and req.handle is not self.tree.root:
+                self.pins.pin(req.pin_key, req.handle)  # the session's last node: prompt + output
         self.allocator.free(req.own_pages)
         if self.tree is not None and req.handle is not None:
             self.tree.unlock(req.handle)
@@ -120,6 +143,7 @@ class CacheManager:
 
     def reset(self) -> None:
         if self.tree is not None:
+            self.pins.clear()
             self.tree.reset()
 
     # -- accounting ------------------------------------------------------------------
@@ -132,10 +156,13 @@ class CacheManager:
             evictable_pages=self.tree.evictable_pages if self.tree is not None else 0,
             request_pages=sum(len(r.own_pages) for r in self.live),
             evicted_pages=getattr(self.tree, "evicted_pages_total", 0) if self.tree is not None else 0,
+            pinned_pages=self.tree.pinned_pages if self.tree is not None else 0,
         )
 
     def check_integrity(self) -> CacheStats:
         s = self.stats()
         if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
             raise AssertionError(f"KV page leak: {s}")
+        if self.pins is not None:
+            self.pins.check()  # pinned pages: re-derived from the pins, inside the tree, within budget
         return s

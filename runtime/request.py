@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -42,6 +43,7 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     handle: TreeNode | None = None
+    pin_key: Hashable | None = None  # a session: its last node stays pinned (runtime/pins.py)
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
     prefilled_tokens: int = 0
