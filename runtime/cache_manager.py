@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.eviction import DEFAULT_POLICY
 from runtime.page_allocator import OutOfPages, PageAllocator
 from runtime.pins import PinTable
@@ -60,17 +61,19 @@ class CacheManager:
             if req.cached_tokens < 0:
                 req.cached_tokens = 0
             return
-        if req.pin_key is not None:
-            self.pins.touch(req.pin_key)  # the session is back: its TTL starts again
-        m = self.tree.match(req.tokens[: len(req.tokens) - 1])
+        if req.scope.session is not None:
+            self.pins.touch(req.scope.session)  # the session is back: its TTL starts again
+        m = self.tree.match(req.tokens[: len(req.tokens) - 1], req.scope.namespace, req.scope.public_len)
         self.tree.lock(m.handle)
         req.handle, req.pages, req.num_tree_pages = m.handle, list(m.pages), len(m.pages)
         req.num_computed = m.cached_len
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
             req.cached_tokens = m.cached_len
 
-    def match_len(self, tokens: list[int]) -> int:
-        return 0 if self.tree is None else self.tree.peek_len(tokens[: len(tokens) - 1])
+    def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
+        if self.tree is None:
+            return 0
+        return self.tree.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
@@ -113,7 +116,7 @@ class CacheManager:
         if n_pages <= req.num_tree_pages:
             return
         n = n_pages * self.page_size
-        res = self.tree.insert(req.tokens[:n], req.pages[:n_pages])
+        res = self.tree.insert(req.tokens[:n], req.pages[:n_pages], req.scope.namespace, req.scope.public_len)
         dup_end = res.prefix_len // self.page_size
         if dup_end > req.num_tree_pages:
             self.allocator.free(req.pages[req.num_tree_pages : dup_end])
@@ -133,8 +136,9 @@ class CacheManager:
             return
         if cache:
             self.cache_computed(req)
-            if req.pin_key is not None and req.handle is not None and req.handle is not self.tree.root:
-                self.pins.pin(req.pin_key, req.handle)  # the session's last node: prompt + output
+            session = req.scope.session
+            if session is not None and req.handle is not None and req.handle is not self.tree.root:
+                self.pins.pin(session, req.handle)  # the session's last node: prompt + output
         self.allocator.free(req.own_pages)
         if self.tree is not None and req.handle is not None:
             self.tree.unlock(req.handle)

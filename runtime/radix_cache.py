@@ -34,6 +34,9 @@ The algorithm is SGLang's radix cache; the handle API (``match`` / ``lock`` / ``
   it needs from the last victim, splitting it, so the head of that prefix stays cached.
   Evictable leaves are tracked incrementally in a set, so one eviction costs a heap over the
   candidate leaves, never a walk of the whole tree.
+* Namespaces (tenants, ``runtime/cache_scope.py``): a node belongs to one; children are keyed by
+  ``(namespace, first page)``, and ``match``/``insert`` take the request's namespace and how many
+  leading tokens are public (namespace ``None``), so tenants never match each other's prefixes.
 * ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
   shared prefixes once); ``runtime/pins.py`` gives pins owners, TTLs and a page budget.
 """
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import NamedTuple
 
 from runtime.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
@@ -52,12 +55,15 @@ from runtime.page_allocator import PageAllocator
 class TreeNode:
     """One edge of the radix tree: a run of whole pages and the tokens they hold."""
 
-    __slots__ = ("key", "pages", "children", "parent", "ref", "pin", "last_access", "uid")
+    __slots__ = ("key", "pages", "children", "parent", "ref", "pin", "last_access", "uid", "ns")
 
-    def __init__(self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, uid: int) -> None:
+    def __init__(
+        self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, uid: int, ns: Hashable = None
+    ) -> None:
         self.key = key
         self.pages = pages
-        self.children: dict[tuple[int, ...], TreeNode] = {}
+        self.ns = ns  # the namespace (tenant) it belongs to; children are keyed by (ns, first page)
+        self.children: dict[tuple, TreeNode] = {}
         self.parent = parent
         self.ref = 0
         self.pin = 0  # how many of ``ref`` are pins (never more)
@@ -120,13 +126,17 @@ class RadixCache:
     def evictable_pages(self) -> int:
         return self._total_pages - self._locked_pages
 
-    def match(self, token_ids: Sequence[int]) -> MatchResult:
-        """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed."""
+    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
+        """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed.
+
+        Only prefixes of ``namespace`` match, except the first ``public_len`` tokens, which match
+        public ones (``runtime/cache_scope.py``).
+        """
         tokens = tuple(token_ids)
         now = self._tick()
         node, pos, pages = self.root, 0, []
         while True:
-            child, n_pages = self._step(node, tokens, pos)
+            child, n_pages = self._step(node, tokens, pos, namespace, public_len)
             if child is None:
                 break
             self._touch(child, now)
@@ -135,7 +145,7 @@ class RadixCache:
             node = child
         return MatchResult(node, pos, pages)
 
-    def peek_len(self, token_ids: Sequence[int]) -> int:
+    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int:
         """``match(token_ids).cached_len`` without its side effects: no split, no access-time update.
 
         For scheduling estimates, which must not make a prefix look recently used.
@@ -144,14 +154,19 @@ class RadixCache:
         node: TreeNode | None = self.root
         pos = 0
         while node is not None:
-            node, n_pages = self._peek_step(node, tokens, pos)
+            node, n_pages = self._peek_step(node, tokens, pos, namespace, public_len)
             pos += n_pages * self.page_size
             if node is not None and n_pages < len(node.pages):
                 break
         return pos
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
-        """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership."""
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+    ) -> InsertResult:
+        """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership.
+
+        New nodes go to ``namespace``, except those within the first ``public_len`` tokens.
+        """
         tokens = tuple(token_ids)
         if len(tokens) != len(pages) * self.page_size:
             raise ValueError(
@@ -160,23 +175,25 @@ class RadixCache:
         now = self._tick()
         node, pos = self.root, 0
         while pos < len(tokens):
-            child, n_pages = self._step(node, tokens, pos)
+            child, n_pages = self._step(node, tokens, pos, namespace, public_len)
             if child is None:
                 break
             self._touch(child, now)
             pos += n_pages * self.page_size
             node = child
         prefix_len = pos
-        if pos < len(tokens):
-            leaf = TreeNode(tokens[pos:], list(pages[pos // self.page_size :]), node, next(self._uids))
+        while pos < len(tokens):  # one new leaf, or two where it crosses from public to private
+            ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
+            ps = self.page_size
+            leaf = TreeNode(tokens[pos:end], list(pages[pos // ps : end // ps]), node, next(self._uids), ns)
             leaf.last_access = now
             self.policy.added(leaf, now)
-            node.children[leaf.key[: self.page_size]] = leaf
+            node.children[(ns, leaf.key[:ps])] = leaf
             self.num_nodes += 1
             self._total_pages += len(leaf.pages)
             self._refresh(node)
             self._refresh(leaf)
-            node = leaf
+            node, pos = leaf, end
         return InsertResult(prefix_len, node)
 
     def lock(self, handle: TreeNode) -> None:
@@ -221,7 +238,7 @@ class RadixCache:
                 self._split(leaf, len(leaf.pages) - want)  # ``leaf`` is now just its tail
             parent = leaf.parent
             assert parent is not None
-            del parent.children[leaf.key[: self.page_size]]
+            del parent.children[(leaf.ns, leaf.key[: self.page_size])]
             self._evictable.discard(leaf)
             policy.removed(leaf)
             leaf.parent = None
@@ -279,25 +296,37 @@ class RadixCache:
         self._clock += 1
         return self._clock
 
-    def _step(self, node: TreeNode, tokens: tuple[int, ...], pos: int) -> tuple[TreeNode | None, int]:
+    def _scope_at(self, pos: int, end: int, namespace: Hashable, public_len: int) -> tuple[Hashable, int]:
+        """The namespace of the tokens at ``pos`` and where that namespace stops (at most ``end``)."""
+        boundary = public_len // self.page_size * self.page_size
+        if namespace is not None and pos < boundary:
+            return None, min(end, boundary)
+        return namespace, end
+
+    def _step(
+        self, node: TreeNode, tokens: tuple[int, ...], pos: int, namespace: Hashable, public_len: int
+    ) -> tuple[TreeNode | None, int]:
         """Follow the child of ``node`` matching ``tokens[pos:]``; returns it and its matched pages.
 
         When the match ends inside the child, the child is split so that the returned node is
         exactly the matched part.
         """
-        child, n = self._peek_step(node, tokens, pos)
+        child, n = self._peek_step(node, tokens, pos, namespace, public_len)
         if child is not None and n < len(child.pages):
             child = self._split(child, n)
         return child, n
 
-    def _peek_step(self, node: TreeNode, tokens: tuple[int, ...], pos: int) -> tuple[TreeNode | None, int]:
+    def _peek_step(
+        self, node: TreeNode, tokens: tuple[int, ...], pos: int, namespace: Hashable, public_len: int
+    ) -> tuple[TreeNode | None, int]:
         """The child of ``node`` matching ``tokens[pos:]`` and how many of its pages match."""
         ps = self.page_size
-        child = node.children.get(tokens[pos : pos + ps]) if pos + ps <= len(tokens) else None
+        ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
+        child = node.children.get((ns, tokens[pos : pos + ps])) if pos + ps <= end else None
         if child is None:
             return None, 0
         n = 1
-        limit = min(len(child.pages), (len(tokens) - pos) // ps)
+        limit = min(len(child.pages), (end - pos) // ps)
         while n < limit and child.key[n * ps : (n + 1) * ps] == tokens[pos + n * ps : pos + (n + 1) * ps]:
             n += 1
         return child, n
@@ -307,14 +336,14 @@ class RadixCache:
         cut = n_pages * self.page_size
         parent = node.parent
         assert parent is not None
-        upper = TreeNode(node.key[:cut], node.pages[:n_pages], parent, next(self._uids))
+        upper = TreeNode(node.key[:cut], node.pages[:n_pages], parent, next(self._uids), node.ns)
         upper.ref, upper.pin = node.ref, node.pin
         upper.last_access = node.last_access
-        parent.children[upper.key[: self.page_size]] = upper
+        parent.children[(upper.ns, upper.key[: self.page_size])] = upper
         node.key = node.key[cut:]
         node.pages = node.pages[n_pages:]
         node.parent = upper
-        upper.children[node.key[: self.page_size]] = node
+        upper.children[(node.ns, node.key[: self.page_size])] = node
         self.num_nodes += 1
         self.policy.split(upper, node)
         return upper

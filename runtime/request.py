@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.radix_cache import TreeNode
 from runtime.sampling import SamplingParams
 
@@ -43,7 +43,7 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     handle: TreeNode | None = None
-    pin_key: Hashable | None = None  # a session: its last node stays pinned (runtime/pins.py)
+    scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (runtime/cache_scope.py)
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
     prefilled_tokens: int = 0

@@ -34,7 +34,7 @@ def check_structure(tree: RadixCache, locked_handles: list[TreeNode], held: int 
         node = stack.pop()
         nodes.append(node)
         assert len(node.pages) >= 1 and len(node.key) == len(node.pages) * ps
-        assert node.parent is not None and node.parent.children[node.key[:ps]] is node
+        assert node.parent is not None and node.parent.children[(node.ns, node.key[:ps])] is node
         own = sum(h is node for h in locked_handles)
         assert node.ref == own + sum(c.ref for c in node.children.values())
         stack.extend(node.children.values())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.cache_scope import CacheScope
 from runtime.request import Request
 from tests.engine_drive import greedy, random_ids, run_checked, tiny_engine
 
@@ -33,7 +34,7 @@ def _engine(model, policy="lru", ttl=300.0):
 
 def _run(eng, prompt: list[int], session=None, out: int = 4) -> Request:
     req = eng.make_request(prompt, greedy(out))
-    req.pin_key = session
+    req.scope = CacheScope(session=session)
     run_checked(eng, [req])
     return req
 
