@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runtime.async_engine import AsyncEngine
@@ -14,6 +14,7 @@ from runtime.server.diagnostics import CacheDiagnostics
 from runtime.server.errors import APIError
 from runtime.server.metrics import ServerMetrics
 from runtime.server.templates import TemplateInfo, resolve_template
+from runtime.server.tenants import Tenants
 
 T = TypeVar("T")
 
@@ -28,6 +29,8 @@ class ServerConfig:
     retry_after_s: int = 1
     diagnostics_history: int = 64
     shutdown_timeout_s: float = 10.0
+    api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant; empty: no authentication
+    tenant_max_requests: int = 32  # running + waiting per tenant before 429s
 
 
 class ServerState:
@@ -45,6 +48,7 @@ class ServerState:
         self.last_stats: EngineStats | None = None
         self.metrics = ServerMetrics(lambda: self.last_stats)
         self.capacity = self.engine.config.max_running + config.max_waiting
+        self.tenants = Tenants(config.api_keys, config.tenant_max_requests, config.retry_after_s)
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
