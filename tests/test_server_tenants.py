@@ -109,3 +109,54 @@ def test_a_flooding_tenant_gets_429s_while_another_completes(model_dir):
     assert rejected and all(r.headers["Retry-After"] == "1" for r in rejected)
     assert all(r.status_code in (200, 429) for r in a) and any(r.status_code == 200 for r in a)
     assert app.state.kv.tenants.in_flight["A"] == 0 == app.state.kv.tenants.in_flight["B"]
+
+
+SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: be brief." for i in range(30))
+
+
+def _chat(client, key, messages, **extra):
+    body = {"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0, **extra}
+    r = client.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_public_system_prompt_opt_in_shares_only_the_system_part(model_dir):
+    app = _app(model_dir, public_system_prompt=SYSTEM)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        sys_msg = {"role": "system", "content": SYSTEM}
+        history = [sys_msg, {"role": "user", "content": "private question of A " * 20}]
+        assert _chat(c, "key-a", history) == 0
+        shared = _chat(c, "key-b", history)  # A's exact prompt: only the public part is reused
+        n_system = len(c.app.state.kv.tokenizer(SYSTEM)["input_ids"])
+        assert 0 < shared <= n_system + 16 and shared % 16 == 0
+        other = _chat(c, "key-b", [sys_msg, {"role": "user", "content": "something else"}])
+        assert other == shared  # B's own different question: the same public part, nothing more
+        assert _chat(c, "key-a", history) > shared  # A still has its private part too
+        unlisted = [{"role": "system", "content": SYSTEM + " extra"}, history[1]]
+        assert _chat(c, "key-a", unlisted) == 0 and _chat(c, "key-b", unlisted) == 0
+
+
+def test_prewarm_pins_a_prefix_and_introspection_shows_only_own_pins(client):
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "plan the sub-tasks"}]
+    h_a, h_b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    r = client.post("/v1/cache/prewarm", json={"model": "tiny", "messages": messages}, headers=h_a)
+    assert r.status_code == 200, r.text
+    pre = r.json()
+    assert pre["cached_tokens"] == pre["prompt_tokens"] // 16 * 16 > 0 and pre["already_cached_tokens"] == 0
+    mine = client.get("/v1/cache", headers=h_a)
+    assert mine.status_code == 200
+    info = mine.json()
+    assert [p["id"] for p in info["prewarmed"]] == [pre["id"]]
+    assert info["prewarmed"][0]["pinned_tokens"] >= pre["cached_tokens"]
+    assert 0 < info["prewarmed"][0]["ttl_left_s"] <= 300
+    assert info["pages"]["pinned"] >= pre["cached_tokens"] // 16
+    assert "Rule 1" not in mine.text and "sub-tasks" not in mine.text  # no token content
+    theirs = client.get("/v1/cache", headers=h_b).json()
+    assert theirs["prewarmed"] == [] and all(s["id"] != "s1" for s in theirs["sessions"])
+    # a sub-agent: the same system + a different task reuses the prewarmed system part
+    sub = [messages[0], {"role": "user", "content": "sub-task 3: check the logs"}]
+    assert _chat(client, "key-a", sub) > 0
+    assert _chat(client, "key-b", sub) == 0
+    metrics = client.get("/metrics", headers=h_a).text
+    assert "kvreuse_kv_pages_pinned" in metrics and 'kvreuse_pin_lapses_total{cause="ttl"}' in metrics

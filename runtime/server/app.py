@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
 from runtime.server import chat, completions
+from runtime.server.cache_routes import install_cache_routes
 from runtime.server.errors import APIError, error_response, install_error_handlers
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
@@ -44,7 +45,7 @@ async def _generate(
 ) -> Response:
     tenant = request.state.tenant
     session = getattr(run.req, "user", None) or request.headers.get("x-session-id")
-    run.scope = state.tenants.scope(tenant, session)
+    run.scope = state.tenants.scope(tenant, session, state.tenants.public_len(getattr(run, "prompt", None)))
     state.tenants.admit(tenant, n)
     try:
         state.admit(n)
@@ -134,7 +135,7 @@ def create_app(
             await state.on_engine(lambda e: e.reset_prefix_cache())
         except EngineError as e:
             raise APIError(409, str(e), code="engine_busy") from None
-        state.diagnostics.history.clear()
+        state.clear_diagnostics()
         return {"status": "ok"}
 
     @app.get("/debug/kv")
@@ -147,4 +148,5 @@ def create_app(
 
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
+    install_cache_routes(app, state)
     return app

@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -49,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=32,
         help="running + waiting requests per tenant before 429s",
+    )
+    p.add_argument(
+        "--public-system-prompt",
+        default=None,
+        help="file with a system prompt whose cache all tenants share (opt-in; nothing else is shared)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
@@ -110,6 +116,9 @@ def main(argv: list[str]) -> int:
         shutdown_timeout_s=args.shutdown_timeout,
         api_keys=api_keys,
         tenant_max_requests=args.tenant_max_requests,
+        public_system_prompt=None
+        if args.public_system_prompt is None
+        else Path(args.public_system_prompt).read_text(),
     )
     app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
     state = app.state.kv

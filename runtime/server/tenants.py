@@ -4,7 +4,9 @@ With keys configured (``--api-key``, ``--api-key-file``: one ``key [tenant-name]
 comments), every route but ``/health`` needs ``Authorization: Bearer <key>`` (or ``x-api-key``),
 else 401.  The key's tenant salts the prefix cache (``runtime/cache_scope.py``): the namespace
 comes from the key, never from a client field, so a tenant only hits prefixes it computed
-itself (a cached prefix is observably faster: CVE-2025-46570).  A tenant may have at most
+itself (a cached prefix is observably faster: CVE-2025-46570).  The one opt-in is
+``--public-system-prompt FILE``: a chat request whose first message is a system message with
+exactly that text shares the rendered system part (not tools, not later messages) across tenants.  A tenant may have at most
 ``cap`` requests running or waiting; beyond it, 429 with ``Retry-After``.  A request's session
 (``user`` field or ``X-Session-Id`` header) is scoped by its tenant too.
 """
@@ -15,6 +17,7 @@ import hashlib
 import hmac
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.server.errors import APIError
@@ -43,10 +46,13 @@ def load_keys(keys: list[str] | None, key_file: str | Path | None) -> dict[str, 
 class Tenants:
     """Authentication and per-tenant admission for one server."""
 
-    def __init__(self, keys: dict[str, str], cap: int, retry_after_s: int = 1) -> None:
+    def __init__(
+        self, keys: dict[str, str], cap: int, retry_after_s: int = 1, public_system: str | None = None
+    ) -> None:
         if cap < 1:
             raise ValueError(f"the per-tenant request cap must be >= 1, got {cap}")
         self.keys, self.cap, self.retry_after_s = keys, cap, retry_after_s
+        self.public_system = public_system
         self.in_flight: Counter[str | None] = Counter()
         self.rejected: Counter[str | None] = Counter()
 
@@ -68,10 +74,28 @@ class Tenants:
             type="authentication_error", code="invalid_api_key",
         )  # fmt: skip
 
-    def scope(self, tenant: str | None, session: str | None) -> CacheScope:
+    def scope(self, tenant: str | None, session: str | None, public_len: int = 0) -> CacheScope:
         if tenant is None and session is None:
             return PUBLIC
-        return CacheScope(tenant, 0, None if session is None else (tenant, session))
+        return CacheScope(tenant, public_len, None if session is None else (tenant, session))
+
+    def public_len(self, prompt: Any) -> int:
+        """Tokens of a chat prompt shared across tenants: the opted-in system prompt, when it opens it.
+
+        Only the system message and template glue before anything else count: tools rendered
+        into the system block, or any other message, end the public part.
+        """
+        messages = getattr(prompt, "messages", None)
+        if self.public_system is None or not messages:
+            return 0
+        if messages[0]["role"] != "system" or messages[0]["content"] != self.public_system:
+            return 0
+        end = 0
+        for seg in prompt.rendered.segments:
+            if seg.message_index not in (None, 0) or seg.kind not in ("system", "message", "template"):
+                break
+            end = seg.token_end
+        return end
 
     def admit(self, tenant: str | None, slots: int) -> None:
         if tenant is not None and self.in_flight[tenant] + slots > self.cap:
