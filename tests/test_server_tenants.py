@@ -72,6 +72,12 @@ def test_session_is_pinned_per_tenant(client):
     _complete(client, "key-a", prompt=PROMPT + " session", user="s1")
     pins = client.app.state.kv.engine.cache.pins
     assert [p.owner for p in pins.info()][-1] == ("A", "s1")
+    body = {"model": "tiny", "prompt": PROMPT + " header", "max_tokens": 2}
+    r = client.post(
+        "/v1/completions", json=body, headers={"Authorization": "Bearer key-b", "X-Session-Id": "s1"}
+    )
+    assert r.status_code == 200 and [p.owner for p in pins.info()][-1] == ("B", "s1")
+    assert ("A", "s1") in pins  # same session id, another tenant: another pin
 
 
 def test_load_keys_file(tmp_path):
