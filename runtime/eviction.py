@@ -67,6 +67,9 @@ class EvictionPolicy:
     def spare(self, node: TreeNode) -> bool:
         return False
 
+    def check(self, tree_pages: int) -> None:
+        """Assert the policy's own page counts agree with the tree's (tests)."""
+
 
 class LRU(EvictionPolicy):
     """Least recently touched first, whole leaves; ``last_access`` is stamped on every walk."""
@@ -107,7 +110,8 @@ class SLRU(_PerNode):
     def __init__(self, protected_share: float = 0.8) -> None:
         super().__init__()
         self.protected_share = protected_share
-        self.protected: OrderedDict[TreeNode, None] = OrderedDict()
+        self.protected: OrderedDict[TreeNode, int] = OrderedDict()  # node -> its pages when counted
+        self.protected_pages = 0
         self.total = 0  # pages of all nodes this policy tracks
 
     def added(self, node: TreeNode, now: int) -> None:
@@ -115,25 +119,34 @@ class SLRU(_PerNode):
         self.total += len(node.pages)
 
     def used(self, node: TreeNode, now: int) -> None:
-        self.protected[node] = None
+        if node not in self.protected:
+            self.protected[node] = len(node.pages)
+            self.protected_pages += len(node.pages)
         self.protected.move_to_end(node)
         cap = self.protected_share * self.total
-        pages = sum(len(n.pages) for n in self.protected)
-        while pages > cap and len(self.protected) > 1:
-            old, _ = self.protected.popitem(last=False)  # demoted to probation
-            pages -= len(old.pages)
+        while self.protected_pages > cap and len(self.protected) > 1:
+            _, pages = self.protected.popitem(last=False)  # demoted to probation
+            self.protected_pages -= pages
 
     def split(self, upper: TreeNode, lower: TreeNode) -> None:
-        if lower in self.protected:
-            self.protected[upper] = None
+        if lower in self.state:
+            self.state[upper] = list(self.state[lower])
+        if lower in self.protected:  # the pages move from the lower part to the upper one
+            self.protected[lower] -= len(upper.pages)
+            self.protected[upper] = len(upper.pages)
 
     def removed(self, node: TreeNode) -> None:
-        self.protected.pop(node, None)
+        self.protected_pages -= self.protected.pop(node, 0)
         if self.state.pop(node, None) is not None:
             self.total -= len(node.pages)
 
     def priority(self, node: TreeNode, now: int) -> tuple:
         return (node in self.protected, node.last_access)
+
+    def check(self, tree_pages: int) -> None:
+        assert self.total == tree_pages, (self.total, tree_pages)
+        assert all(pages == len(n.pages) for n, pages in self.protected.items())
+        assert self.protected_pages == sum(self.protected.values())
 
 
 class S3FIFO(_PerNode):
@@ -181,6 +194,9 @@ class S3FIFO(_PerNode):
             self.ghost[self._ident(node)] = None
             while len(self.ghost) > self.ghost_size:
                 self.ghost.popitem(last=False)
+
+    def check(self, tree_pages: int) -> None:
+        assert sum(self.pages) == tree_pages, (self.pages, tree_pages)
 
     def priority(self, node: TreeNode, now: int) -> tuple:
         st = self.state.get(node, [0, 0, 0])

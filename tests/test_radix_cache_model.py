@@ -123,6 +123,7 @@ class Harness:
     def check(self) -> None:
         assert tree_pages(self.tree) == self.model
         check_structure(self.tree, [h for h, _ in self.locks])
+        self.tree.policy.check(self.tree.total_pages)
         for handle, prefix in self.locks:
             assert path_tokens(handle) == prefix
         assert self.tree.locked_pages == len(self.locked_prefixes())
