@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from runtime.cache_manager import CacheManager
 from runtime.request import Request
+from runtime.sampler import SampleResult
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Scheduler
 
@@ -95,8 +96,8 @@ def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
 def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size: int = 512) -> list[int]:
     """Cached tokens of each request through the real scheduler, cache manager and radix tree.
 
-    Nothing is computed: each chunk the scheduler hands out is marked done and the trace's next
-    output token is appended, exactly where the engine would append a sampled one.
+    Nothing is computed: each batch the scheduler hands out is committed with the trace's next
+    output tokens as the samples, exactly where the engine commits sampled ones.
     """
     cache = CacheManager(num_pages, page_size, "radix", policy)
     sched = Scheduler(cache, chunk_size, 1, "fcfs")
@@ -106,14 +107,10 @@ def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size
         req = Request(str(i), list(prompt), len(prompt), params, frozenset())
         sched.add(req)
         while sched.has_work():
-            for c in sched.schedule():
-                c.req.num_computed += c.length
-                if c.length > 1 or not c.sample:
-                    cache.cache_computed(c.req)
-                if c.sample:
-                    c.req.tokens.append(output[len(c.req.tokens) - c.req.num_prompt])
-                    if len(c.req.tokens) - c.req.num_prompt == len(output):
-                        sched.remove(c.req)
+            batch = sched.schedule()
+            assert batch is not None, "a trace request does not fit the pool"
+            tokens = [output[len(c.req.tokens) - c.req.num_prompt] for c in batch.chunks if c.sample]
+            sched.commit(batch, SampleResult(tokens, [None] * len(tokens)))
             cache.check_integrity()
         out.append(req.cached_tokens)
     return out

@@ -7,8 +7,8 @@ explicit cache breakpoint (``("breakpoint", tenant, ...)``, e.g. a prewarmed pre
 Anthropic ``cache_control`` mark, with its own TTL).  One owner holds one pin; pinning again
 moves it.
 
-Pinned pages are the union of the pinned paths (a shared prefix counts once), kept by the tree
-(``RadixCache.pinned_pages``).  They never exceed ``budget`` pages: over it, the pins used
+Pinned pages are the union of the pinned paths (a shared prefix counts once), kept by the cache
+(``PrefixCache.stats().pinned_pages``; the naive baseline pins nothing).  They never exceed ``budget`` pages: over it, the pins used
 longest ago lapse first, so pins cannot starve admission; when the pool is short even after
 evicting everything unpinned, the cache manager lapses pins the same way.  Lapses are counted
 by cause (``ttl``, ``budget``, ``pressure``, ``moved``: the owner pinned another node).
@@ -22,14 +22,14 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from runtime.radix_cache import RadixCache, TreeNode
+from runtime.prefix_cache import PrefixCache
 
 
 @dataclass
 class Pin:
     """One owner's pin: the node it holds and until when."""
 
-    handle: TreeNode
+    handle: object
     ttl: float
     expires: float
     tokens: int  # prefix length the pin covers
@@ -44,18 +44,18 @@ class PinInfo(NamedTuple):
 
 
 class PinTable:
-    """The pins of one radix tree, oldest-used first (see the module docstring)."""
+    """The pins of one prefix cache, oldest-used first (see the module docstring)."""
 
     def __init__(
         self,
-        tree: RadixCache,
+        cache: PrefixCache,
         budget_pages: int,
         ttl: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"pin ttl must be > 0 seconds, got {ttl}")
-        self.tree, self.budget, self.ttl, self.clock = tree, budget_pages, ttl, clock
+        self.cache, self.budget, self.ttl, self.clock = cache, budget_pages, ttl, clock
         self._pins: OrderedDict[Hashable, Pin] = OrderedDict()
         self.lapsed: Counter[str] = Counter()
 
@@ -65,20 +65,26 @@ class PinTable:
     def __contains__(self, owner: Hashable) -> bool:
         return owner in self._pins
 
-    def pin(self, owner: Hashable, handle: TreeNode, ttl: float | None = None) -> bool:
-        """Pin ``handle`` for ``owner`` (moving its earlier pin); returns whether the pin survived the budget."""
+    def pin(self, owner: Hashable, handle: object, ttl: float | None = None) -> bool:
+        """Pin ``handle`` for ``owner`` (moving its earlier pin); returns whether the pin survived the budget.
+
+        An empty prefix (the cache holds nothing for it) is not pinned.
+        """
         self.expire()
         ttl = self.ttl if ttl is None else ttl
         if ttl <= 0:
             raise ValueError(f"pin ttl must be > 0 seconds, got {ttl}")
-        self.tree.pin(handle)  # before dropping the old pin, so a shared prefix never flips
+        tokens = self.cache.handle_len(handle)
+        if tokens == 0:
+            return False
+        self.cache.pin(handle)  # before dropping the old pin, so a shared prefix never flips
         old = self._pins.pop(owner, None)
         if old is not None:
-            self.tree.unpin(old.handle)
+            self.cache.unpin(old.handle)
             if old.handle is not handle:
                 self.lapsed["moved"] += 1
-        self._pins[owner] = Pin(handle, ttl, self.clock() + ttl, _depth_tokens(handle))
-        while self.tree.pinned_pages > self.budget and self._pins:
+        self._pins[owner] = Pin(handle, ttl, self.clock() + ttl, tokens)
+        while self.cache.stats().pinned_pages > self.budget and self._pins:
             self.lapse_oldest("budget")
         return owner in self._pins
 
@@ -92,7 +98,7 @@ class PinTable:
     def unpin(self, owner: Hashable) -> None:
         pin = self._pins.pop(owner, None)
         if pin is not None:
-            self.tree.unpin(pin.handle)
+            self.cache.unpin(pin.handle)
 
     def expire(self) -> int:
         """Lapse every pin past its TTL; returns how many."""
@@ -117,26 +123,12 @@ class PinTable:
         return [PinInfo(o, p.tokens, max(0.0, p.expires - now)) for o, p in self._pins.items()]
 
     def check(self) -> int:
-        """Re-derive the pinned pages from the pins themselves; returns them (raises on a mismatch)."""
-        nodes: dict[int, int] = {}
-        for owner, pin in self._pins.items():
-            node: TreeNode | None = pin.handle
-            if node is not self.tree.root and (node is None or node.parent is None):
-                raise AssertionError(f"pin of {owner!r} holds a node that left the tree")
-            while node is not None and node is not self.tree.root:
-                nodes[node.uid] = len(node.pages)
-                node = node.parent
-        pinned = sum(nodes.values())
-        if pinned != self.tree.pinned_pages:
-            raise AssertionError(f"pinned pages: tree says {self.tree.pinned_pages}, pins cover {pinned}")
-        if pinned > self.budget:
-            raise AssertionError(f"{pinned} pinned pages over the budget of {self.budget}")
-        return pinned
-
-
-def _depth_tokens(handle: TreeNode) -> int:
-    n, node = 0, handle
-    while node is not None:
-        n += len(node.key)
-        node = node.parent
-    return n
+        """The cache's pins are exactly this table's, within the budget; returns the pinned pages."""
+        s = self.cache.stats()
+        if s.pins != len(self._pins):
+            raise AssertionError(
+                f"pinned pages: the cache holds {s.pins} pins, the pin table {len(self._pins)}"
+            )
+        if s.pinned_pages > min(self.budget, s.cached_pages):
+            raise AssertionError(f"{s.pinned_pages} pinned pages over the budget {self.budget} or the cache")
+        return s.pinned_pages

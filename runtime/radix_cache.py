@@ -46,10 +46,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable, Sequence
-from typing import NamedTuple
 
 from runtime.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
 from runtime.page_allocator import PageAllocator
+from runtime.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
 
 
 class TreeNode:
@@ -74,23 +74,11 @@ class TreeNode:
         return f"TreeNode(uid={self.uid}, tokens={len(self.key)}, pages={self.pages}, ref={self.ref})"
 
 
-class MatchResult(NamedTuple):
-    """Longest cached whole-page prefix of a token sequence."""
-
-    handle: TreeNode
-    cached_len: int
-    pages: list[int]
-
-
-class InsertResult(NamedTuple):
-    """Outcome of an insert: tokens already present before it, and the node ending the key."""
-
-    prefix_len: int
-    handle: TreeNode
-
-
 class RadixCache:
-    """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring)."""
+    """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring).
+
+    Implements ``runtime.prefix_cache.PrefixCache``; handles are ``TreeNode`` objects.
+    """
 
     def __init__(
         self, page_size: int, allocator: PageAllocator, policy: EvictionPolicy | str = DEFAULT_POLICY
@@ -106,6 +94,7 @@ class RadixCache:
         self._total_pages = 0
         self._locked_pages = 0
         self._pinned_pages = 0
+        self._num_pins = 0
         self.num_nodes = 0
         self.evicted_pages_total = 0
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
@@ -125,6 +114,15 @@ class RadixCache:
     @property
     def evictable_pages(self) -> int:
         return self._total_pages - self._locked_pages
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            self._total_pages,
+            self.evictable_pages,
+            self.evicted_pages_total,
+            self._pinned_pages,
+            self._num_pins,
+        )
 
     def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
         """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed.
@@ -211,13 +209,13 @@ class RadixCache:
     def unpin(self, handle: TreeNode) -> None:
         self._add_ref(handle, -1, pin=True)
 
-    def path_pages(self, handle: TreeNode) -> list[int]:
-        """Every page from the root down to ``handle``, in token order."""
-        parts, node = [], handle
-        while node is not None and node is not self.root:
-            parts.append(node.pages)
+    def handle_len(self, handle: TreeNode) -> int:
+        """Tokens of the prefix that ``handle`` ends."""
+        n, node = 0, handle
+        while node is not None:
+            n += len(node.key)
             node = node.parent
-        return [p for pages in reversed(parts) for p in pages]
+        return n
 
     def evict(self, n_pages: int) -> int:
         """Free at least ``n_pages`` pages if possible, in policy order; returns pages freed.
@@ -285,6 +283,8 @@ class RadixCache:
             self._locked_pages += n * ((node.ref > 0) - was_locked)
             self._refresh(node)
             node = node.parent
+        if pin:
+            self._num_pins += delta
 
     def _touch(self, node: TreeNode, now: int) -> None:
         """Stamp a node on a match/insert path; reaching one nobody holds is a use for the policy."""

@@ -21,7 +21,7 @@ class CacheSnapshot(NamedTuple):
 
 def cache_snapshot(engine) -> CacheSnapshot | None:
     cm = engine.cache
-    if cm.tree is None:
+    if engine.config.prefix_cache == "off":
         return None
     cm.pins.expire()
     s = cm.stats()
@@ -30,7 +30,7 @@ def cache_snapshot(engine) -> CacheSnapshot | None:
         "evictable": s.evictable_pages, "in_use": s.request_pages, "evicted_total": s.evicted_pages,
     }  # fmt: skip
     pins = [(p.owner, p.tokens, p.ttl_left) for p in cm.pins.info()]
-    return CacheSnapshot(pages, cm.page_size, cm.tree.policy.name, pins, dict(cm.pins.lapsed))
+    return CacheSnapshot(pages, cm.page_size, engine.config.eviction_policy, pins, dict(cm.pins.lapsed))
 
 
 def describe(snap: CacheSnapshot | None, tenant: str | None) -> dict[str, Any]:

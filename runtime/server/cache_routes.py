@@ -45,7 +45,7 @@ def install_cache_routes(app: FastAPI, state: ServerState) -> None:
                 state.release(1)
         finally:
             state.tenants.release(tenant, 1)
-        ps = state.engine.cache.page_size
+        ps = state.engine.page_size
         return {
             "object": "cache.prewarm", "id": digest, "prompt_tokens": len(run.prompt_ids),
             "cached_tokens": len(run.prompt_ids) // ps * ps, "already_cached_tokens": out.cached_tokens,

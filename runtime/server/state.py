@@ -44,9 +44,7 @@ class ServerState:
         self.config = config
         self.tokenizer = self.engine.tokenizer
         self.template: TemplateInfo = resolve_template(self.tokenizer, config.chat_template)
-        self.diagnostics = CacheDiagnostics(
-            self.tokenizer, self.engine.cache.page_size, config.diagnostics_history
-        )
+        self.diagnostics = CacheDiagnostics(self.tokenizer, self.engine.page_size, config.diagnostics_history)
         self._tenant_diagnostics: dict[Any, CacheDiagnostics] = {None: self.diagnostics}
         self.last_stats: EngineStats | None = None
         self.last_cache: CacheSnapshot | None = None
@@ -94,7 +92,7 @@ class ServerState:
         """Each tenant's diagnosis compares only against its own history (never another tenant's text)."""
         if namespace not in self._tenant_diagnostics:
             self._tenant_diagnostics[namespace] = CacheDiagnostics(
-                self.tokenizer, self.engine.cache.page_size, self.config.diagnostics_history
+                self.tokenizer, self.engine.page_size, self.config.diagnostics_history
             )
         return self._tenant_diagnostics[namespace]
 
