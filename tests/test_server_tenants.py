@@ -149,7 +149,8 @@ def test_prewarm_pins_a_prefix_and_introspection_shows_only_own_pins(client):
     r = client.post("/v1/cache/prewarm", json={"model": "tiny", "messages": messages}, headers=h_a)
     assert r.status_code == 200, r.text
     pre = r.json()
-    assert pre["cached_tokens"] == pre["prompt_tokens"] // 16 * 16 > 0 and pre["already_cached_tokens"] == 0
+    assert pre["pinned"] and pre["already_cached_tokens"] == 0
+    assert pre["cached_tokens"] == pre["prompt_tokens"] // 16 * 16 > 0
     mine = client.get("/v1/cache", headers=h_a)
     assert mine.status_code == 200
     info = mine.json()

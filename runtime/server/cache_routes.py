@@ -45,9 +45,10 @@ def install_cache_routes(app: FastAPI, state: ServerState) -> None:
                 state.release(1)
         finally:
             state.tenants.release(tenant, 1)
+        pinned = await state.on_engine(lambda e: run.scope.session in e.cache.pins)
         ps = state.engine.page_size
         return {
             "object": "cache.prewarm", "id": digest, "prompt_tokens": len(run.prompt_ids),
-            "cached_tokens": len(run.prompt_ids) // ps * ps, "already_cached_tokens": out.cached_tokens,
-            "ttl_s": state.engine.config.session_ttl,
+            "cached_tokens": len(run.prompt_ids) // ps * ps if pinned else 0, "pinned": pinned,
+            "already_cached_tokens": out.cached_tokens, "ttl_s": state.engine.config.session_ttl,
         }  # fmt: skip
