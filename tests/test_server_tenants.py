@@ -60,6 +60,8 @@ def test_every_route_but_health_needs_a_key(client):
                 assert r.json()["error"]["type"] == "authentication_error"
     assert client.get("/v1/models", headers={"Authorization": "Bearer key-a"}).status_code == 200
     assert client.get("/metrics", headers={"x-api-key": "key-b"}).status_code == 200
+    r = client.post("/v1/cache/reset", headers={"Authorization": "Bearer key-a"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"  # not everyone's cache
 
 
 def test_tenant_b_gets_nothing_from_tenant_a(client):

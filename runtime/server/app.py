@@ -131,6 +131,9 @@ def create_app(
 
     @app.post("/v1/cache/reset")
     async def cache_reset() -> dict[str, Any]:
+        if state.tenants.enabled:  # one tenant must not drop every tenant's cache
+            raise APIError(403, "resetting the shared prefix cache is disabled when API keys are set",
+                           type="permission_error", code="forbidden")  # fmt: skip
         try:
             await state.on_engine(lambda e: e.reset_prefix_cache())
         except EngineError as e:
