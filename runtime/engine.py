@@ -94,9 +94,12 @@ class Engine:
             self.runner.pool.num_pages,
             cfg.page_size,
             cfg.prefix_cache,
-            tiers,
-            self.runner.pool,
-            cfg.kv_write_through,
+            cfg.eviction_policy,
+            cfg.session_ttl,
+            cfg.pinned_fraction,
+            tiers=tiers,
+            io=self.runner.pool,
+            write_through=cfg.kv_write_through,
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(

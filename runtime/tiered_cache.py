@@ -24,12 +24,13 @@ and continues the radix tree past its leaves::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import torch
 
-from runtime.kv_store.page_keys import page_keys, root_key
+from runtime.eviction import DEFAULT_POLICY
+from runtime.kv_store.page_keys import page_keys, root_key, scope_namespaces
 from runtime.kv_store.tiers import LowerTiers, TierMatch
 from runtime.page_allocator import PageAllocator
 from runtime.prefix_cache import MatchResult
@@ -54,22 +55,28 @@ class TieredRadixCache(RadixCache):
         io: PageIO,
         tiers: LowerTiers,
         write_through: bool = False,
+        policy: str = DEFAULT_POLICY,
     ) -> None:
-        super().__init__(page_size, allocator)
+        super().__init__(page_size, allocator, policy)
         self.io = io
         self.tiers = tiers
         self.write_through = write_through
         self.root_key = root_key()
 
     # -- reads --------------------------------------------------------------------------
-    def match(self, token_ids: Sequence[int]) -> MatchResult:
-        m = super().match(token_ids)
+    def _keys(self, tokens: list[int], namespace: Hashable, public_len: int) -> list[bytes]:
+        n_pages = len(tokens) // self.page_size
+        ns = scope_namespaces(n_pages, self.page_size, namespace, public_len)
+        return page_keys(tokens[: n_pages * self.page_size], self.page_size, self.root_key, namespaces=ns)
+
+    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
+        m = super().match(token_ids, namespace, public_len)
         tokens = list(token_ids)
         n_pages = len(tokens) // self.page_size
         first = len(m.pages)
         if first == n_pages:
             return m
-        keys = page_keys(tokens[: n_pages * self.page_size], self.page_size, self.root_key)
+        keys = self._keys(tokens, namespace, public_len)
         tm = self.tiers.match(keys[first:])
         if tm.total == 0:
             return m
@@ -85,23 +92,22 @@ class TieredRadixCache(RadixCache):
             pages = self.allocator.alloc(n)
             self.io.write_pages(pages, kv)
             end = (first + n) * self.page_size
-            res = super().insert(tokens[:end], list(m.pages) + pages)
+            res = super().insert(tokens[:end], list(m.pages) + pages, namespace, public_len)
             assert res.prefix_len == m.cached_len, "the tree changed between match and load"
         finally:
             self.unlock(m.handle)
-        full = super().match(tokens[:end])
+        full = super().match(tokens[:end], namespace, public_len)
         ps = self.page_size
         return MatchResult(full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps)
 
-    def prefetch(self, token_ids: Sequence[int]):
+    def prefetch(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0):
         """Start reading the lower-tier part of this prefix from disk in the background (a Future or None)."""
         tokens = list(token_ids)
         n_pages = len(tokens) // self.page_size
-        first = self.peek_len(tokens) // self.page_size
+        first = self.peek_len(tokens, namespace, public_len) // self.page_size
         if first == n_pages:
             return None
-        keys = page_keys(tokens[: n_pages * self.page_size], self.page_size, self.root_key)
-        return self.tiers.prefetch(keys[first:])
+        return self.tiers.prefetch(self._keys(tokens, namespace, public_len)[first:])
 
     def _room_for(self, n: int) -> int:
         short = n - self.allocator.num_free
@@ -110,8 +116,10 @@ class TieredRadixCache(RadixCache):
         return min(n, self.allocator.num_free)
 
     # -- writes -------------------------------------------------------------------------
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]):
-        res = super().insert(token_ids, pages)
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+    ):
+        res = super().insert(token_ids, pages, namespace, public_len)
         if self.write_through and res.prefix_len < len(token_ids):
             self._write_down(res.handle)
         return res
@@ -128,7 +136,7 @@ class TieredRadixCache(RadixCache):
         the host tier (persistence).
         """
         path, path_pages = self.path_tokens(node), self.path_pages(node)
-        keys = page_keys(path, self.page_size, self.root_key)
+        keys = page_keys(path, self.page_size, self.root_key, namespaces=self.path_namespaces(node))
         first = self.tiers.match(keys, durable).total
         if first >= len(keys):
             return 0
@@ -173,6 +181,14 @@ class TieredRadixCache(RadixCache):
             m = self.match(tokens)
             loaded += m.host_len + m.disk_len
         return loaded
+
+    def path_namespaces(self, node: TreeNode) -> list[Hashable]:
+        """The namespace of each page of the prefix that ends at ``node``."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append([node.ns] * len(node.pages))
+            node = node.parent
+        return [ns for part in reversed(parts) for ns in part]
 
     def path_pages(self, node: TreeNode) -> list[int]:
         """The pool pages of the whole prefix that ends at ``node``."""
