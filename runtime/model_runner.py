@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
@@ -15,13 +16,14 @@ from runtime.models.config import ModelConfig
 from runtime.sampler import SampleResult, sample
 from runtime.weights import load_weights
 
+log = logging.getLogger("kvreuse.model")
+
 
 class StepResult(NamedTuple):
     """Logits of the sampled rows (``[S, vocab]``) and the tokens drawn from them (None if S == 0)."""
 
     logits: torch.Tensor
     samples: SampleResult | None
-
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,6 +59,7 @@ class ModelRunner:
         load_weights(self.model, model_dir)
         self.model.prepare()
         self.model.eval()
+        log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
         self.pool = KVPool(self.cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
