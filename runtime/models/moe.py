@@ -85,10 +85,9 @@ class Experts(nn.Module):
         """``x [T, H]`` -> ``[T, H]``: each token's routing-weighted sum over its experts."""
         xs = x.index_select(0, g.token)
         if x.is_cuda:
-            from kernels.triton_moe import grouped_gemm  # Triton only where it can compile
+            from kernels.triton_moe import grouped_swiglu  # Triton only where it can compile
 
-            gu = grouped_gemm(xs, self.gate_up_proj, g.counts)
-            ys = grouped_gemm(_swiglu(gu, self.inter), self.down_proj, g.counts)
+            ys = grouped_swiglu(xs, self.gate_up_proj, self.down_proj, g.counts)
         else:
             ys = self._per_expert(xs, g.counts.tolist())
         ys = ys * g.weight.unsqueeze(1)
