@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.models.linear import Linear
 from runtime.models.moe import SparseMoE
 from runtime.models.moe_config import MoEConfig
 
@@ -61,6 +62,7 @@ CASES = [
 @pytest.mark.parametrize("kind,kw", CASES)
 @pytest.mark.parametrize("packed", [False, True])
 def test_block_matches_transformers(kind, kw, packed):
+    """``packed``: the router and shared-expert gate repacked for oneDNN, as ``CausalLM.prepare`` does."""
     torch.manual_seed(0)
     cfg, hf = _hf_block(kind, **kw)
     with torch.no_grad():
@@ -71,9 +73,8 @@ def test_block_matches_transformers(kind, kw, packed):
     assert moe.norm_topk_prob == kw.get("norm_topk_prob", kind == "qwen3_5_moe")
     ours = _ours_from(hf, moe)
     if packed:
-        ours.experts.pack_for_cpu()
-        for m in (ours.gate, ours.shared_expert_gate):
-            if m is not None:
+        for m in ours.modules():
+            if isinstance(m, Linear):
                 m.pack_for_cpu()
     for tokens in (1, 4, 57):
         x = torch.randn(1, tokens, HIDDEN)

@@ -16,7 +16,7 @@ from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
-from runtime.models.moe import Experts, feed_forward
+from runtime.models.moe import feed_forward
 from runtime.models.summary import ParamCounts, count_parameters
 
 
@@ -113,7 +113,7 @@ class CausalLM(nn.Module):
         packed copy, the embedding table keeps the dense one.  GPUs need none of this.
         """
         for m in self.modules():
-            if isinstance(m, (Linear, Experts)):
+            if isinstance(m, Linear):
                 m.pack_for_cpu()
 
     def parameter_counts(self) -> ParamCounts:
