@@ -91,3 +91,22 @@ def test_dense_configs_have_no_moe():
 def test_bad_top_k_is_a_clear_error():
     with pytest.raises(ValueError, match="num_experts_per_tok=9"):
         MoEConfig.from_dict({"num_experts": 8, "num_experts_per_tok": 9, "moe_intermediate_size": 8})
+
+
+def test_torch_without_grouped_mm_takes_the_per_expert_loop(monkeypatch):
+    """torch < 2.9 has no ``F.grouped_mm``: the Python loop over active experts gives the same result."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(1)
+    cfg, hf = _hf_block("qwen3_next", norm_topk_prob=True)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    ours = _ours_from(hf, MoEConfig.from_dict(cfg.to_dict()))
+    x = torch.randn(1, 57, HIDDEN)
+    with torch.no_grad():
+        ref = hf(x)[0]
+        monkeypatch.delattr(F, "grouped_mm", raising=False)
+        got = ours.forward(x[0])
+    assert not hasattr(F, "grouped_mm")
+    assert (got - ref).abs().max().item() < 1e-5

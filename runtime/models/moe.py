@@ -5,10 +5,12 @@ is scaled by a sigmoid gate.  Expert weights are stored fused, ``gate_up_proj [E
 ``down_proj [E, H, I]`` (transformers 5.x's in-memory layout), so a GPU grouped GEMM reads them as
 one tensor.
 
-Execution groups the ``T * top_k`` token-expert assignments by expert (a stable sort), runs one
-SwiGLU per *active* expert over its contiguous rows and scatter-adds the weighted results back to
-their tokens.  Decode therefore reads only the weights of experts some token picked, and a batch of
-streams reads each picked expert once for all the rows routed to it.
+Execution groups the ``T * top_k`` token-expert assignments by expert (a stable sort), multiplies
+each *active* expert's contiguous rows by its matrices (a grouped GEMM: ``F.grouped_mm`` on CPU, our
+Triton kernel on CUDA, a Python loop on torch releases without it) and scatter-adds the weighted
+results back to their tokens.  Decode therefore reads only the weights of experts some token picked,
+and a batch of streams reads each picked expert once for all the rows routed to it.  A single token
+(one-stream decode) skips the sort and the scatter: its ``top_k`` experts are distinct.
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ class Experts(nn.Module):
     """The routed experts of one layer, fused ``[E, 2I, H]`` and ``[E, H, I]``.
 
     On CPU the weights stay in this layout, not repacked for oneDNN like ``Linear``: for an expert's
-    small matrices the packed GEMV measured no faster (8 x ``[256, 512]``, 1 row: 1.67 vs 1.77 ms, where
-    one ``[2048, 512]`` gains 2.5x), and one layout serves the CPU loop and the GPU grouped GEMM.
+    matrices the packed GEMV measured no faster, often slower (1 row, fp32, 1 thread: ``[256, 512]``
+    2.3 vs 2.7 GiB/s, ``[1024, 1024]`` 2.9 vs 3.8, ``[1536, 2048]`` 3.2 vs 4.2; only wide-and-short
+    ``[2048, 512]`` gains, 3.3 vs 2.6), and one layout serves every grouped GEMM.
     """
 
     def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
@@ -83,6 +86,12 @@ class Experts(nn.Module):
 
             counts = expert_counts(g.expert, self.num_experts)
             ys = grouped_swiglu(xs, self.gate_up_proj, self.down_proj, counts)
+        elif hasattr(F, "grouped_mm"):
+            # torch's grouped GEMM: on CPU one loop in C++ over the active experts, no per-expert dispatch
+            offs = torch.cumsum(expert_counts(g.expert, self.num_experts), 0).to(torch.int32)
+            gu = F.grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs)
+            h = F.silu(gu[:, : self.inter]) * gu[:, self.inter :]
+            ys = F.grouped_mm(h, self.down_proj.transpose(1, 2), offs=offs)
         else:
             ids, counts = torch.unique_consecutive(g.expert, return_counts=True)
             ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist())
