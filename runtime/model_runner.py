@@ -25,6 +25,7 @@ class StepResult(NamedTuple):
     logits: torch.Tensor
     samples: SampleResult | None
 
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
