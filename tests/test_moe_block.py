@@ -110,3 +110,32 @@ def test_torch_without_grouped_mm_takes_the_per_expert_loop(monkeypatch):
         got = ours.forward(x[0])
     assert not hasattr(F, "grouped_mm")
     assert (got - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize("grouped_mm", [True, False])
+def test_only_the_routed_experts_are_read(monkeypatch, tokens, grouped_mm):
+    """Experts no token picked hold NaN: a read of their weights would poison the output.
+
+    Eight tokens are two distinct ones repeated (streams at the same point), so they share experts.
+    """
+    import torch.nn.functional as F
+
+    torch.manual_seed(2)
+    _, hf = _hf_block("qwen3_moe", norm_topk_prob=True)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    ours = _ours_from(hf, MoEConfig(8, 3, 24, True, 1, (), 0))
+    x = torch.randn(min(tokens, 2), HIDDEN).repeat(max(tokens // 2, 1), 1)
+    with torch.no_grad():
+        ref = ours.forward(x)
+        picked = torch.topk(ours.gate.run(x), 3, dim=-1).indices.unique()
+        idle = [e for e in range(8) if e not in picked.tolist()]
+        assert idle, "every expert picked: the test would prove nothing"
+        ours.experts.gate_up_proj[idle] = float("nan")
+        ours.experts.down_proj[idle] = float("nan")
+        if not grouped_mm:
+            monkeypatch.delattr(F, "grouped_mm", raising=False)
+        got = ours.forward(x)
+    assert not got.isnan().any() and torch.allclose(got, ref, atol=1e-6)
