@@ -144,3 +144,23 @@ def test_parameter_counts_match_transformers(moe_models):
         skipped = moe_layers * (kw["num_experts"] - kw["num_experts_per_tok"]) * per_expert
         assert counts.active == counts.total - skipped
         assert counts.moe_layers == moe_layers and counts.total_bytes == 4 * counts.total
+
+
+def test_qwen3_30b_a3b_shape_counts_30b_total_3b_active():
+    """The real model's config on the meta device (no memory): transformers' count, and the A3B in its name."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from runtime.models.decoder import CausalLM
+
+    c = dict(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+        moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+        head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        counts = CausalLM(ModelConfig.from_dict(c)).to(torch.bfloat16).parameter_counts()
+        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**c))
+    assert counts.total == sum(p.numel() for p in hf.parameters())
+    assert 30.4e9 < counts.total < 30.6e9 and 3.3e9 < counts.active < 3.4e9
+    assert counts.expert_shapes == ((128, 1536, 2048), (128, 2048, 768)) and counts.moe_layers == 48
+    assert counts.active_bytes == 2 * counts.active
