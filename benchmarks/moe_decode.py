@@ -111,13 +111,10 @@ class Sides:
             "dense": Engine(model_dir=str(dense_dir), **opts),
         }
         self.counts = {k: e.runner.model.parameter_counts() for k, e in self.ours.items()}
-        self.hf = {}
-        for impl in (None, "eager"):
-            m = AutoModelForCausalLM.from_pretrained(
-                moe_dir, dtype=torch.float32, experts_implementation=impl
-            )
-            name = m.config._experts_implementation_internal
-            self.hf[f"transformers-{name}"] = m.eval()
+        # one transformers model (memory: the box is shared), its experts implementation switched per run
+        self.hf_model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+        default = self.hf_model.config._experts_implementation_internal
+        self.hf = {f"transformers-{impl}": impl for impl in dict.fromkeys((default, "eager"))}
         self.seed = 0
 
     def prompts(self, n: int, streams: int) -> list[list[int]]:
@@ -134,7 +131,8 @@ class Sides:
         return max(o.decode_s for o in outs)
 
     def hf_decode(self, which: str, prompt: int, n: int, streams: int) -> float:
-        model, ids = self.hf[which], torch.tensor(self.prompts(prompt, streams))
+        model, ids = self.hf_model, torch.tensor(self.prompts(prompt, streams))
+        model.set_experts_implementation(self.hf[which])
         with torch.inference_mode():
             prefill = timed(lambda: model(ids))[0]
             total, out = timed(
@@ -191,7 +189,7 @@ def run_shape(args: argparse.Namespace, sides: Sides, streams: list[int]) -> tup
         variants |= {k: (lambda r, k=k, s=s: sides.hf_decode(k, pl, d, s)) for k in sides.hf}
         for fn in variants.values():  # first calls pay for allocation and kernel selection
             fn(-1)
-        t = interleave(variants, reps(args, 7))
+        t = interleave(variants, reps(args, 5))
         tok_s = {k: s * (d - 1) / median(t[k]) for k in names}
         best_tok_s = {k: s * (d - 1) / min(t[k]) for k in names}
         hf_best = max((k for k in names if k.startswith("transformers")), key=lambda k: tok_s[k])
