@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,6 +15,8 @@ from runtime.models import build_model
 from runtime.models.config import ModelConfig
 from runtime.sampler import SampleResult, sample
 from runtime.weights import load_weights
+
+log = logging.getLogger("kvreuse.model")
 
 
 class StepResult(NamedTuple):
@@ -57,6 +60,7 @@ class ModelRunner:
         load_weights(self.model, model_dir)
         self.model.prepare()
         self.model.eval()
+        log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
         self.pool = KVPool(self.cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
