@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from runtime.eviction import DEFAULT_POLICY, POLICIES
+
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
@@ -32,12 +34,39 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--prefix-cache", choices=["radix", "off"], default="radix", help="off = recompute every prompt"
     )
     g.add_argument(
+        "--eviction-policy",
+        choices=sorted(POLICIES),
+        default=DEFAULT_POLICY,
+        help=f"which cached prefixes give way first (default {DEFAULT_POLICY}; see benchmarks/eviction_traces.py)",
+    )
+    g.add_argument(
+        "--session-ttl",
+        type=float,
+        default=300.0,
+        help="seconds a session's last prompt + output stays pinned after its last use (default 300)",
+    )
+    g.add_argument(
+        "--pinned-fraction",
+        type=float,
+        default=0.5,
+        help="most of the KV pool that pins may hold; over it the oldest pins lapse (default 0.5)",
+    )
+    g.add_argument(
         "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
     )
     g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
     g.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="shard the model over N ranks (torch.distributed)"
+    )
+    t = p.add_argument_group("KV tiers below the pool")
+    t.add_argument(
+        "--kv-store", default=None, help="disk tier directory: evicted KV pages survive eviction and restarts"
+    )
+    t.add_argument("--kv-store-size", default="20G", help="disk tier budget (default 20G)")
+    t.add_argument("--kv-host-memory", default=None, help="host-memory tier budget, e.g. 8G (default: none)")
+    t.add_argument(
+        "--kv-write-through", action="store_true", help="write cached pages down at once, not on eviction"
     )
 
 
@@ -50,8 +79,15 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         chunk_size=args.chunk_size,
         max_running=args.max_running,
         prefix_cache=args.prefix_cache,
+        eviction_policy=args.eviction_policy,
+        session_ttl=args.session_ttl,
+        pinned_fraction=args.pinned_fraction,
         schedule_policy=args.schedule_policy,
         attention_backend=args.attention_backend,
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
+        kv_store=args.kv_store,
+        kv_store_size=args.kv_store_size,
+        kv_host_memory=args.kv_host_memory,
+        kv_write_through=args.kv_write_through,
     )

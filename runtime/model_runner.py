@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,6 +26,8 @@ from runtime.models import build_model
 from runtime.models.config import ModelConfig
 from runtime.sampler import SampleResult, sample
 from runtime.weights import load_weights
+
+log = logging.getLogger("kvreuse.model")
 
 
 class StepResult(NamedTuple):
@@ -87,6 +90,7 @@ class ModelRunner:
         self.model = self._load(Path(model_dir))
         self.model.prepare()
         self.model.eval()
+        log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
         pool_cfg = local_config(self.cfg, tp.world) if tp else self.cfg
         self.pool = KVPool(pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
