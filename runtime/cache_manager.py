@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from runtime.hybrid_states import HybridStates
 from runtime.page_allocator import OutOfPages, PageAllocator
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
@@ -27,13 +28,16 @@ class CacheStats(NamedTuple):
 class CacheManager:
     """Match, lock, allocate, insert and release pages for requests."""
 
-    def __init__(self, num_pages: int, page_size: int, mode: str = "radix") -> None:
+    def __init__(
+        self, num_pages: int, page_size: int, mode: str = "radix", states: HybridStates | None = None
+    ) -> None:
         if mode not in ("radix", "off"):
             raise ValueError(f"prefix_cache must be 'radix' or 'off', got {mode!r}")
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixCache(page_size, self.allocator) if mode == "radix" else None
         self.live: set[Request] = set()
+        self.states = states  # a hybrid model's linear-attention slots and snapshots
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:
@@ -41,18 +45,27 @@ class CacheManager:
         self.live.add(req)
         if self.tree is None:
             req.pages, req.num_tree_pages, req.num_computed = [], 0, 0
+            if self.states is not None:
+                self.states.admit(req, req.tokens, 0)
             if req.cached_tokens < 0:
                 req.cached_tokens = 0
             return
         m = self.tree.match(req.tokens[: len(req.tokens) - 1])
         self.tree.lock(m.handle)
-        req.handle, req.pages, req.num_tree_pages = m.handle, list(m.pages), len(m.pages)
-        req.num_computed = m.cached_len
+        n = m.cached_len
+        if self.states is not None:  # cut back to the last snapshot: the KV after it is recomputed
+            n = self.states.admit(req, req.tokens, m.cached_len)
+        req.handle, req.pages = m.handle, list(m.pages[: n // self.page_size])
+        req.num_tree_pages = len(req.pages)
+        req.num_computed = n
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
-            req.cached_tokens = m.cached_len
+            req.cached_tokens = n
 
     def match_len(self, tokens: list[int]) -> int:
-        return 0 if self.tree is None else self.tree.peek_len(tokens[: len(tokens) - 1])
+        if self.tree is None:
+            return 0
+        kv_len = self.tree.peek_len(tokens[: len(tokens) - 1])
+        return kv_len if self.states is None else self.states.match_len(tokens, kv_len)
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
@@ -70,7 +83,8 @@ class CacheManager:
             return True
         short = need - self.allocator.num_free
         if short > 0 and self.tree is not None:
-            self.tree.evict(short)
+            if self.tree.evict(short) and self.states is not None and self.states.snapshots is not None:
+                self.states.snapshots.prune(self.tree.peek_len)  # snapshots go with their prefix's pages
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
@@ -85,6 +99,12 @@ class CacheManager:
         """
         if self.tree is None:
             return
+        self._insert(req)
+        if self.states is not None:
+            self.states.inserted(req, req.num_tree_pages * self.page_size)
+
+    def _insert(self, req: Request) -> None:
+        assert self.tree is not None
         n_pages = req.num_computed // self.page_size
         if n_pages <= req.num_tree_pages:
             return
@@ -108,6 +128,8 @@ class CacheManager:
         if cache:
             self.cache_computed(req)
         self.allocator.free(req.own_pages)
+        if self.states is not None:
+            self.states.release(req, req.num_tree_pages * self.page_size if cache else 0)
         if self.tree is not None and req.handle is not None:
             self.tree.unlock(req.handle)
         req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
@@ -116,6 +138,8 @@ class CacheManager:
     def reset(self) -> None:
         if self.tree is not None:
             self.tree.reset()
+        if self.states is not None and self.states.snapshots is not None:
+            self.states.snapshots.reset()
 
     # -- accounting ------------------------------------------------------------------
     def stats(self) -> CacheStats:
@@ -133,4 +157,6 @@ class CacheManager:
         s = self.stats()
         if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
             raise AssertionError(f"KV page leak: {s}")
+        if self.states is not None:
+            self.states.check(self.live, self.tree.peek_len if self.tree is not None else lambda t: 0)
         return s

@@ -26,9 +26,15 @@ class EngineConfig:
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
     seed: int = 0
     record_logits: bool = False  # keep every sampled row's logits on the request (tests)
+    # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/hybrid_states.py)
+    snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
+    snapshot_every: int = 0  # also snapshot every K pages inside a prefill chunk (0: chunk ends only)
 
     def __post_init__(self) -> None:
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        self.snapshot_memory = parse_memory(self.snapshot_memory)
+        if self.snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_size < 1:

@@ -18,13 +18,27 @@ import torch
 from runtime.cache_manager import CacheManager
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.hybrid_states import HybridStates
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput, Status
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Chunk, Scheduler
+from runtime.snapshot_cache import SnapshotCache
 from runtime.tokenizer import eos_token_ids, load_tokenizer
+
+DEFAULT_SNAPSHOT_BYTES = 1 << 30
+
+
+def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> HybridStates | None:
+    """A hybrid model's state slots and snapshot cache (snapshots only with a prefix cache), shared with the runner."""
+    if runner.state_pool is None:
+        return None
+    budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
+    snaps = SnapshotCache(cfg.page_size, budget) if cfg.prefix_cache == "radix" else None
+    runner.states = HybridStates(runner.state_pool, cfg.page_size, snaps, cfg.snapshot_every)
+    return runner.states
 
 
 class EngineError(ValueError):
@@ -68,6 +82,7 @@ class Engine:
             cfg.kv_cache_memory,
             cfg.num_pages,
             cfg.attention_backend,
+            cfg.max_running,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -76,7 +91,9 @@ class Engine:
         self.max_model_len = cfg.max_model_len or min(
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
-        self.cache = CacheManager(self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache)
+        self.cache = CacheManager(
+            self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache, hybrid_states(self.runner, cfg)
+        )
         self.scheduler = Scheduler(self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}

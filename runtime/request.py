@@ -44,6 +44,7 @@ class Request:
     handle: TreeNode | None = None
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
+    snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
     prefilled_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None

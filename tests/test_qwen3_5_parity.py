@@ -1,0 +1,171 @@
+"""Our hybrid (Qwen3.5) model against transformers' Qwen3_5ForCausalLM on tiny random configs.
+
+Logits within 1e-4 (fp32) at lengths 1-300, greedy generation identical to ``generate``, chunked
+prefill (chunk sizes that split the conv window and the 64-token delta-rule chunks) identical to
+unchunked, and batched identical to alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.engine import Engine
+from runtime.forward_batch import build_forward_batch
+from runtime.models.gated_deltanet import StateBatch
+from runtime.request import Request
+from runtime.sampling import SamplingParams
+from tests.helpers import load_hf, make_tiny_model
+
+# name -> overrides: odd head counts, key/value head ratios 1-3, linear:full 3:1, 1:1 (odd layer count)
+# and 1:0 tail, partial rotary 1/4 and 1/2, conv kernels 4 and 3, tied and untied
+SHAPES = {
+    "gqa-3to1-untied": dict(
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+    ),
+    "odd-heads-1to1-tied": dict(
+        tie=True,
+        layer_types=["linear_attention", "full_attention"] * 2 + ["linear_attention"],
+        num_hidden_layers=5,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=12,
+        linear_num_key_heads=3,
+        linear_num_value_heads=3,
+        linear_key_head_dim=12,
+        linear_value_head_dim=10,
+    ),
+    "rep3-halfrope-k3": dict(
+        num_hidden_layers=3,
+        num_attention_heads=5,
+        num_key_value_heads=5,
+        head_dim=8,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        linear_num_key_heads=1,
+        linear_num_value_heads=3,
+        linear_key_head_dim=16,
+        linear_value_head_dim=6,
+        linear_conv_kernel_dim=3,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    ),
+}
+LENGTHS = [1, 2, 3, 7, 64, 65, 129, 300]
+
+
+@pytest.fixture(scope="module")
+def hybrid_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3_5")
+    out = {}
+    for name, kw in SHAPES.items():
+        kw = dict(kw)
+        tie = kw.pop("tie", False)
+        # larger init than HF's 0.02 so logits are O(1) and a 1e-4 tolerance means something
+        out[name] = make_tiny_model(root / name, "qwen3_5_text", tie, initializer_range=0.1, **kw)
+    return out
+
+
+def _engine(d, **kw) -> Engine:
+    opts = dict(dtype="float32", device="cpu", num_pages=256, page_size=4)
+    opts.update(kw)
+    return Engine(model_dir=str(d), **opts)
+
+
+def _all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
+    """Logits of every position from one unchunked prefill."""
+    r = eng.runner
+    req = Request("x", list(ids), len(ids), SamplingParams(), frozenset())
+    eng.cache.admit(req)
+    assert eng.cache.reserve(req, len(ids))
+    fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
+    fb = fb._replace(logits_rows=torch.arange(len(ids)))
+    sb = StateBatch(
+        r.linear_backend, torch.tensor([r.states.slot(req)]), torch.tensor([True]), [0, len(ids)], [[]], []
+    )
+    logits = r.model(fb, r.pool.layers, r.backend, r.state_pool.layers, sb)
+    eng.cache.release(req, cache=False)
+    return logits
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_logits_match_transformers(hybrid_models, shape):
+    d = hybrid_models[shape]
+    hf = load_hf(d)
+    eng = _engine(d, num_pages=128, page_size=16)
+    g = torch.Generator().manual_seed(1)
+    for n in LENGTHS:
+        ids = torch.randint(3, 512, (n,), generator=g).tolist()
+        ours = _all_logits(eng, ids)
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        assert ref.abs().max() > 0.5  # the tolerance is relative to O(1) logits
+        err = (ours - ref).abs().max().item()
+        assert err < 1e-4, f"{shape} len={n}: max abs err {err}"
+    eng.check_integrity()
+
+
+def _prompts(seed: int, lengths=(5, 77, 150)) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 512, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_greedy_matches_generate(hybrid_models, shape):
+    """Batched greedy decode over chunked prefill, token-identical to transformers' generate."""
+    d = hybrid_models[shape]
+    hf = load_hf(d)
+    hf.generation_config.eos_token_id = None
+    eng = _engine(d, chunk_size=64)
+    prompts = _prompts(2)
+    outs = eng.generate(prompts, SamplingParams(max_tokens=64, ignore_eos=True))
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)
+        assert out.output_token_ids == ref[0, len(ids) :].tolist()
+    eng.check_integrity()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_chunked_prefill_identical_to_unchunked(hybrid_models, shape):
+    """Chunk sizes 1, 2, 3, 5 split the conv window (K-1 = 2-3 inputs) at every offset; 63/65 split the
+    delta rule's 64-token chunks.  Same logits (1e-5) and the same greedy tokens."""
+    d = hybrid_models[shape]
+    prompt = _prompts(3, (130,))[0]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    base = _engine(d, chunk_size=4096, record_logits=True, prefix_cache="off")
+    ref = base.generate([prompt], params)[0]
+    ref_req_logits = _first_logits(base, prompt)
+    for chunk in (1, 2, 3, 5, 63, 65):
+        eng = _engine(d, chunk_size=chunk, prefix_cache="off")
+        out = eng.generate([prompt], params)[0]
+        assert out.output_token_ids == ref.output_token_ids, f"chunk_size={chunk}"
+        err = (_first_logits(eng, prompt) - ref_req_logits).abs().max().item()
+        assert err < 1e-5, f"chunk_size={chunk}: first-token logits differ by {err}"
+        eng.check_integrity()
+
+
+def _first_logits(eng: Engine, prompt: list[int]) -> torch.Tensor:
+    eng.record_logits = True
+    req = eng.make_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
+    eng.submit(req)
+    while eng.has_work():
+        eng.step()
+    return req.logits_trace[0]
+
+
+@pytest.mark.parametrize("shape", ["gqa-3to1-untied", "odd-heads-1to1-tied"])
+def test_batched_identical_to_alone(hybrid_models, shape):
+    d = hybrid_models[shape]
+    prompts = _prompts(4, (3, 40, 97, 150, 9))
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    alone = [_engine(d, prefix_cache="off").generate([p], params)[0].output_token_ids for p in prompts]
+    eng = _engine(d, chunk_size=50, prefix_cache="off")
+    together = [o.output_token_ids for o in eng.generate(prompts, params)]
+    assert together == alone
+    eng.check_integrity()
