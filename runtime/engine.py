@@ -62,6 +62,9 @@ class EngineStats(NamedTuple):
     tree_pages: int
     request_pages: int
     page_size: int
+    snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes,
+    snapshot_bytes: int = 0  # and KV-matched tokens recomputed because no snapshot ended there
+    snapshot_cut_tokens: int = 0
 
 
 class Engine:
@@ -100,7 +103,9 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
-        self._totals = dict.fromkeys(("requests", "prompt", "cached", "prefilled", "generated"), 0)
+        self._totals = dict.fromkeys(
+            ("requests", "prompt", "cached", "prefilled", "generated", "snapshot_cut"), 0
+        )
         self.record_logits = cfg.record_logits
 
     # -- requests -----------------------------------------------------------------------
@@ -180,6 +185,7 @@ class Engine:
             if c.req.admitted_time is None:
                 c.req.admitted_time = now
                 self._totals["cached"] += c.req.cached_tokens
+                self._totals["snapshot_cut"] += c.req.snapshot_cut
         logits, samples = self.runner.step(chunks)
         outputs += self._postprocess(chunks, logits, samples)
         return outputs
@@ -284,7 +290,16 @@ class Engine:
             retractions=self.scheduler.num_retractions, running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
             tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=self.cache.page_size,
+            **self._snapshot_stats(),
         )  # fmt: skip
+
+    def _snapshot_stats(self) -> dict[str, int]:
+        hs = self.cache.states
+        if hs is None:
+            return {}
+        snaps = hs.snapshots
+        count, nbytes = (len(snaps), snaps.nbytes) if snaps is not None else (0, 0)
+        return dict(snapshots=count, snapshot_bytes=nbytes, snapshot_cut_tokens=self._totals["snapshot_cut"])
 
     def check_integrity(self):
         return self.cache.check_integrity()

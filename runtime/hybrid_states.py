@@ -35,7 +35,6 @@ class HybridStates:
             Request, list[tuple[int, Snapshot]]
         ] = {}  # stored once their pages are in the tree
         self._held: dict[Request, tuple[int, Snapshot]] = {}  # latest decode boundary, stored at release
-        self.cut_tokens = 0  # KV-matched tokens recomputed for want of a snapshot (total)
 
     # -- the cache manager's side ---------------------------------------------------------
     def admit(self, req: Request, tokens: list[int], kv_len: int) -> int:
@@ -46,7 +45,6 @@ class HybridStates:
         if snap is not None:
             self.pool.restore(self._slots[req], snap)
         req.snapshot_cut = kv_len - n
-        self.cut_tokens += kv_len - n
         return n
 
     def match_len(self, tokens: list[int], kv_len: int) -> int:

@@ -25,4 +25,5 @@ def make_output(req: Request, detok: IncrementalDetokenizer, delta: str) -> Requ
         e2e_s=None if end is None else end - req.arrival,
         logprobs=list(req.logprobs),
         error=req.error,
+        snapshot_cut=req.snapshot_cut,
     )

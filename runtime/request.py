@@ -88,6 +88,7 @@ class RequestOutput(NamedTuple):
     e2e_s: float | None
     logprobs: list
     error: str | None = None
+    snapshot_cut: int = 0  # hybrids: KV-matched prompt tokens recomputed after the last state snapshot
 
     @property
     def prompt_tokens(self) -> int:
