@@ -25,7 +25,9 @@ OUTPUT = (
 def tok():
     t = AutoTokenizer.from_pretrained(str(resolve_model(None)[0]))
     # Qwen's vocabularies have these as single added tokens
-    t.add_tokens(["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
+    t.add_tokens(
+        ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+    )
     return t
 
 
