@@ -1,7 +1,9 @@
-"""Page ownership between requests and the radix tree (or no tree: the naive baseline).
+"""Page ownership between requests and the prefix cache.
 
-Every page is in exactly one place: the allocator's free list, the tree, or one request's
-own pages.  ``check_integrity`` asserts that.
+Every page is in exactly one place: the allocator's free list, the prefix cache, or one request's
+own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
+``runtime.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
+run one code path.
 """
 
 from __future__ import annotations
@@ -10,8 +12,20 @@ from typing import NamedTuple
 
 from runtime.hybrid_states import HybridStates
 from runtime.page_allocator import OutOfPages, PageAllocator
+from runtime.prefix_cache import NoPrefixCache, PrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
+
+PREFIX_CACHES = ("radix", "off")
+
+
+def make_prefix_cache(kind: str, page_size: int, allocator: PageAllocator) -> PrefixCache:
+    """``radix``: the radix tree over ``allocator``'s pages; ``off``: no cache (the naive baseline)."""
+    if kind == "radix":
+        return RadixCache(page_size, allocator)
+    if kind == "off":
+        return NoPrefixCache(page_size)
+    raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {kind!r}")
 
 
 class CacheStats(NamedTuple):
@@ -31,11 +45,9 @@ class CacheManager:
     def __init__(
         self, num_pages: int, page_size: int, mode: str = "radix", states: HybridStates | None = None
     ) -> None:
-        if mode not in ("radix", "off"):
-            raise ValueError(f"prefix_cache must be 'radix' or 'off', got {mode!r}")
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.tree = RadixCache(page_size, self.allocator) if mode == "radix" else None
+        self.prefix: PrefixCache = make_prefix_cache(mode, page_size, self.allocator)
         self.live: set[Request] = set()
         self.states = states  # a hybrid model's linear-attention slots and snapshots
 
@@ -43,15 +55,8 @@ class CacheManager:
     def admit(self, req: Request) -> None:
         """Reuse the longest cached prefix, leaving at least one token to compute (for logits)."""
         self.live.add(req)
-        if self.tree is None:
-            req.pages, req.num_tree_pages, req.num_computed = [], 0, 0
-            if self.states is not None:
-                self.states.admit(req, req.tokens, 0)
-            if req.cached_tokens < 0:
-                req.cached_tokens = 0
-            return
-        m = self.tree.match(req.tokens[: len(req.tokens) - 1])
-        self.tree.lock(m.handle)
+        m = self.prefix.match(req.tokens[: len(req.tokens) - 1])
+        self.prefix.lock(m.handle)
         n = m.cached_len
         if self.states is not None:  # cut back to the last snapshot: the KV after it is recomputed
             n = self.states.admit(req, req.tokens, m.cached_len)
@@ -62,9 +67,7 @@ class CacheManager:
             req.cached_tokens = n
 
     def match_len(self, tokens: list[int]) -> int:
-        if self.tree is None:
-            return 0
-        kv_len = self.tree.peek_len(tokens[: len(tokens) - 1])
+        kv_len = self.prefix.peek_len(tokens[: len(tokens) - 1])
         return kv_len if self.states is None else self.states.match_len(tokens, kv_len)
 
     # -- allocation -------------------------------------------------------------
@@ -73,18 +76,16 @@ class CacheManager:
         return max(0, -(-total // self.page_size) - len(req.pages))
 
     def available(self) -> int:
-        evictable = self.tree.evictable_pages if self.tree is not None else 0
-        return self.allocator.num_free + evictable
+        return self.allocator.num_free + self.prefix.evictable_pages
 
     def reserve(self, req: Request, n_new: int) -> bool:
-        """Give ``req`` pages for ``n_new`` more tokens, evicting LRU tree pages if needed."""
+        """Give ``req`` pages for ``n_new`` more tokens, evicting LRU cached pages if needed."""
         need = self.pages_needed(req, n_new)
         if need == 0:
             return True
         short = need - self.allocator.num_free
-        if short > 0 and self.tree is not None:
-            if self.tree.evict(short) and self.states is not None and self.states.snapshots is not None:
-                self.states.snapshots.prune(self.tree.peek_len)  # snapshots go with their prefix's pages
+        if short > 0 and self.prefix.evict(short) and self.states is not None:
+            self.states.prune(self.prefix.peek_len)  # snapshots go with their prefix's pages
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
@@ -93,36 +94,32 @@ class CacheManager:
 
     # -- insertion / release ------------------------------------------------------
     def cache_computed(self, req: Request) -> None:
-        """Insert the request's whole computed pages into the tree and adopt the tree's pages.
+        """Offer the request's whole computed pages to the cache and adopt the cache's pages.
 
         Pages another request inserted meanwhile for the same tokens replace ours (ours are freed).
         """
-        if self.tree is None:
-            return
         self._insert(req)
         if self.states is not None:
             self.states.inserted(req, req.num_tree_pages * self.page_size)
 
     def _insert(self, req: Request) -> None:
-        assert self.tree is not None
         n_pages = req.num_computed // self.page_size
         if n_pages <= req.num_tree_pages:
             return
         n = n_pages * self.page_size
-        res = self.tree.insert(req.tokens[:n], req.pages[:n_pages])
+        res = self.prefix.insert(req.tokens[:n], req.pages[:n_pages])
         dup_end = res.prefix_len // self.page_size
         if dup_end > req.num_tree_pages:
             self.allocator.free(req.pages[req.num_tree_pages : dup_end])
-        m = self.tree.match(req.tokens[:n])
-        assert m.cached_len == n, "a just-inserted prefix must match in full"
-        self.tree.lock(m.handle)
-        self.tree.unlock(req.handle)
+        m = self.prefix.match(req.tokens[:n])  # the pages the cache holds for the key now
+        self.prefix.lock(m.handle)
+        self.prefix.unlock(req.handle)
         req.handle = m.handle
-        req.pages[:n_pages] = m.pages
-        req.num_tree_pages = n_pages
+        req.pages[: len(m.pages)] = m.pages
+        req.num_tree_pages = len(m.pages)
 
     def release(self, req: Request, cache: bool = True) -> None:
-        """Finished, aborted or retracted: keep computed pages in the tree, free the rest."""
+        """Finished, aborted or retracted: keep computed pages in the cache, free the rest."""
         if req not in self.live:
             return
         if cache:
@@ -130,27 +127,25 @@ class CacheManager:
         self.allocator.free(req.own_pages)
         if self.states is not None:
             self.states.release(req, req.num_tree_pages * self.page_size if cache else 0)
-        if self.tree is not None and req.handle is not None:
-            self.tree.unlock(req.handle)
+        self.prefix.unlock(req.handle)
         req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
         self.live.discard(req)
 
     def reset(self) -> None:
-        if self.tree is not None:
-            self.tree.reset()
-        if self.states is not None and self.states.snapshots is not None:
-            self.states.snapshots.reset()
+        self.prefix.reset()
+        if self.states is not None:
+            self.states.reset()
 
     # -- accounting ------------------------------------------------------------------
     def stats(self) -> CacheStats:
-        tree_pages = self.tree.total_pages if self.tree is not None else 0
+        ps = self.prefix.stats()
         return CacheStats(
             total_pages=self.allocator.num_pages,
             free_pages=self.allocator.num_free,
-            tree_pages=tree_pages,
-            evictable_pages=self.tree.evictable_pages if self.tree is not None else 0,
+            tree_pages=ps.cached_pages,
+            evictable_pages=ps.evictable_pages,
             request_pages=sum(len(r.own_pages) for r in self.live),
-            evicted_pages=getattr(self.tree, "evicted_pages_total", 0) if self.tree is not None else 0,
+            evicted_pages=ps.evicted_pages,
         )
 
     def check_integrity(self) -> CacheStats:
@@ -158,5 +153,5 @@ class CacheManager:
         if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
             raise AssertionError(f"KV page leak: {s}")
         if self.states is not None:
-            self.states.check(self.live, self.tree.peek_len if self.tree is not None else lambda t: 0)
+            self.states.check(self.live, self.prefix.peek_len)
         return s

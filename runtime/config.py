@@ -25,7 +25,6 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
     seed: int = 0
-    record_logits: bool = False  # keep every sampled row's logits on the request (tests)
     # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/hybrid_states.py)
     snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
     snapshot_every: int = 0  # also snapshot every K pages inside a prefill chunk (0: chunk ends only)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from runtime.request import Request
 from runtime.snapshot_cache import SnapshotCache
-from runtime.state_pool import Snapshot, StatePool
+from runtime.state_pool import Snapshot, StateInput, StatePool
 
 
 class HybridStates:
@@ -72,15 +72,43 @@ class HybridStates:
         if slot is not None:
             self.pool.free(slot)
 
+    def prune(self, cached_len) -> None:
+        """After the prefix cache evicted: drop the snapshots whose prefix lost its KV pages."""
+        if self.snapshots is not None:
+            self.snapshots.prune(cached_len)
+
+    def reset(self) -> None:
+        if self.snapshots is not None:
+            self.snapshots.reset()
+
     def _store(self, prefix: list[int], snap: Snapshot) -> None:
         if self.snapshots is not None and prefix:
             self.snapshots.put(prefix, snap)
 
-    # -- the runner's side -----------------------------------------------------------------
     def slot(self, req: Request) -> int:
         return self._slots[req]
 
-    def cuts(self, start: int, length: int, decode: bool) -> tuple[list[int], bool]:
+    # -- a step's states ---------------------------------------------------------------------
+    def step_input(self, chunks: list[tuple[Request, int, int]]) -> StateInput:
+        """The runner's view of a step's ``(request, start, length)`` chunks: slots, and empty snapshots
+        for the states the policy keeps (filled by the forward; pending or held from now on)."""
+        pool = self.pool
+        cuts, inside, ends = [], [], []
+        for req, start, length in chunks:
+            decode = length == 1 and start >= req.num_prompt
+            cut, at_end = self._cuts(start, length, decode)
+            cuts.append(cut)
+            for off in cut:
+                inside.append(snap := pool.empty_snapshot())
+                self._captured(req, start + off, snap, decode)
+            ends.append(snap := pool.empty_snapshot() if at_end else None)
+            if snap is not None:
+                self._captured(req, start + length, snap, decode)
+        return StateInput(
+            [self._slots[r] for r, _, _ in chunks], [s == 0 for _, s, _ in chunks], cuts, inside, ends
+        )
+
+    def _cuts(self, start: int, length: int, decode: bool) -> tuple[list[int], bool]:
         """Offsets inside a chunk whose states to capture, and whether to capture its end state too."""
         if self.snapshots is None:
             return [], False
@@ -95,13 +123,11 @@ class HybridStates:
         inside = sorted(n - start for n in points if n < end)
         return inside, end in points
 
-    def captured(self, req: Request, n: int, snap: Snapshot, decode: bool) -> None:
+    def _captured(self, req: Request, n: int, snap: Snapshot, decode: bool) -> None:
         """The state after ``req.tokens[:n]``: held (decode) or pending until its pages are in the tree."""
-        if decode:
-            self._held[req] = (n, snap)
-        else:
+        if not decode:
             self._pending.setdefault(req, []).append((n, snap))
-            self._held[req] = (n, snap)
+        self._held[req] = (n, snap)
 
     # -- accounting --------------------------------------------------------------------------
     def check(self, live: set[Request], cached_len) -> None:

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from kernels import select_backend
 from kernels.linear_attention import select_linear_backend
-from runtime.forward_batch import ForwardBatch, build_forward_batch
-from runtime.hybrid_states import HybridStates
+from runtime.forward_batch import ForwardBatch, StepInput, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models import build_model
 from runtime.models.config import ModelConfig
 from runtime.models.gated_deltanet import StateBatch
 from runtime.sampler import SampleResult, sample
-from runtime.scheduler import Chunk
-from runtime.state_pool import StatePool
+from runtime.state_pool import StateInput, StatePool
 from runtime.weights import load_weights
+
+
+class StepResult(NamedTuple):
+    """Logits of the sampled rows (``[S, vocab]``) and the tokens drawn from them (None if S == 0)."""
+
+    logits: torch.Tensor
+    samples: SampleResult | None
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,8 +42,6 @@ def default_dtype(device: torch.device) -> str:
 
 class ModelRunner:
     """Our model plus its paged KV pool on one device (and a hybrid's linear-attention state pool)."""
-
-    states: HybridStates | None = None  # set by the engine for hybrids: slots and snapshot policy
 
     def __init__(
         self,
@@ -59,56 +64,34 @@ class ModelRunner:
         self.pool = KVPool(self.cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
-        self.state_pool = (
-            StatePool(self.cfg, state_slots, self.dtype, self.device) if self.cfg.is_hybrid else None
-        )
-        self.linear_backend = select_linear_backend(self.device) if self.cfg.is_hybrid else None
+        hybrid = self.cfg.is_hybrid
+        self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device) if hybrid else None
+        self.linear_backend = select_linear_backend(self.device) if hybrid else None
 
-    def step(self, chunks: list[Chunk]) -> tuple[torch.Tensor, SampleResult | None]:
-        """Forward the chunks; sample for those that end their sequence. Returns (logits, samples)."""
-        fb = build_forward_batch(
-            [(c.req.tokens[c.start : c.start + c.length], c.start, c.req.pages) for c in chunks],
-            [c.sample for c in chunks],
-            self.page_size,
-            self.device,
-        )
-        if self.state_pool is None:
+    def step(self, batch: StepInput) -> StepResult:
+        """Forward the chunks; sample the rows that end their sequence."""
+        fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
+        if batch.states is None:
             logits = self.model(fb, self.pool.layers, self.backend)
         else:
-            logits = self._hybrid_forward(fb, chunks)
-        sampled = [c.req for c in chunks if c.sample]
-        if not sampled:
-            return logits, None
-        res = sample(logits, [r.params for r in sampled], [r.generator for r in sampled])
-        return logits, res
+            logits = self._hybrid_forward(fb, batch.states)
+        samples = sample(logits, batch.params, batch.generators) if batch.params else None
+        return StepResult(logits, samples)
 
-    def _hybrid_forward(self, fb: ForwardBatch, chunks: list[Chunk]) -> torch.Tensor:
-        """Forward with each request's state slot; capture the snapshots the policy asks for."""
-        states, pool = self.states, self.state_pool
-        assert states is not None and pool is not None and self.linear_backend is not None
-        cuts, ends, captures, inside = [], [], [], []
-        for c in chunks:
-            decode = c.length == 1 and c.start >= c.req.num_prompt
-            cut, at_end = states.cuts(c.start, c.length, decode)
-            cuts.append(cut)
-            ends.append(at_end)
-            for off in cut:
-                snap = pool.empty_snapshot()
-                captures.append(snap)
-                inside.append((c.req, c.start + off, snap, decode))
+    def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
+        """Forward over the sequences' state slots, filling the snapshots the step asked for."""
+        pool = self.state_pool
+        assert pool is not None and self.linear_backend is not None, "states given to a dense model"
         sb = StateBatch(
             self.linear_backend,
-            torch.tensor([states.slot(c.req) for c in chunks], device=self.device),
-            torch.tensor([c.start == 0 for c in chunks], device=self.device),
+            torch.tensor(st.slots, device=self.device),
+            torch.tensor(st.fresh, device=self.device),
             fb.cu_seqlens_q.tolist(),
-            cuts,
-            captures,
+            st.cuts,
+            st.inside,
         )
         logits = self.model(fb, self.pool.layers, self.backend, pool.layers, sb)
-        for req, n, snap, decode in inside:
-            states.captured(req, n, snap, decode)
-        for c, at_end in zip(chunks, ends):
-            if at_end:
-                decode = c.length == 1 and c.start >= c.req.num_prompt
-                states.captured(c.req, c.start + c.length, pool.snapshot(states.slot(c.req)), decode)
+        for slot, snap in zip(st.slots, st.ends):
+            if snap is not None:  # the state after the whole chunk
+                pool.copy_to(slot, snap)
         return logits

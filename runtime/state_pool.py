@@ -8,11 +8,12 @@ an arbitrary token, so the prefix cache keeps copies (``Snapshot``) at chosen pa
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from runtime.models.config import ModelConfig
+if TYPE_CHECKING:  # runtime.forward_batch imports this module, and the models import forward_batch
+    from runtime.models.config import ModelConfig
 
 
 class Snapshot(NamedTuple):
@@ -24,6 +25,18 @@ class Snapshot(NamedTuple):
     @property
     def nbytes(self) -> int:
         return self.conv.nbytes + self.rec.nbytes
+
+
+class StateInput(NamedTuple):
+    """A step's view of the state pool, per sequence: its slot, whether it starts from zero (token 0),
+    offsets inside its chunk whose state to capture (into ``inside``, in order, all sequences), and
+    a snapshot to fill with its state after the chunk (or None)."""
+
+    slots: list[int]
+    fresh: list[bool]
+    cuts: list[list[int]]
+    inside: list[Snapshot]
+    ends: list[Snapshot | None]
 
 
 class StatePool:
@@ -62,6 +75,10 @@ class StatePool:
 
     def empty_snapshot(self) -> Snapshot:
         return Snapshot(torch.empty_like(self.conv[:, 0]), torch.empty_like(self.rec[:, 0]))
+
+    def copy_to(self, slot: int, snap: Snapshot) -> None:
+        snap.conv.copy_(self.conv[:, slot])
+        snap.rec.copy_(self.rec[:, slot])
 
     def restore(self, slot: int, snap: Snapshot) -> None:
         self.conv[:, slot].copy_(snap.conv)

@@ -16,7 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.engine import Engine
-from tests.engine_drive import assert_logits_close, assert_no_request_pages, greedy, random_ids, run_checked
+from tests.engine_drive import (
+    assert_logits_close,
+    assert_no_request_pages,
+    greedy,
+    random_ids,
+    run_checked,
+    tiny_engine,
+)
 from tests.hybrid_models import make_tiny_hybrid
 from tests.test_prefix_cache_equivalence import _draw_prompt
 
@@ -27,11 +34,7 @@ def model_dir(tmp_path_factory):
 
 
 def _engine(d, **kw) -> Engine:
-    opts = dict(
-        model_dir=str(d), dtype="float32", device="cpu", page_size=4, num_pages=512, record_logits=True
-    )
-    opts.update(kw)
-    return Engine(**opts)
+    return tiny_engine(d, **{"page_size": 4, "num_pages": 512, "record_logits": True, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +117,7 @@ def test_kv_match_past_the_last_snapshot_is_cut_back(model_dir):
     a = random_ids(gen, 40)
     _run(eng, [a], [1])
     b = a[:30] + random_ids(gen, 10)
-    assert eng.cache.tree.peek_len(b[:-1]) == 28
+    assert eng.cache.prefix.peek_len(b[:-1]) == 28
     (req,) = _run(eng, [b], [1])
     assert req.cached_tokens == 24
     assert req.snapshot_cut == 4

@@ -15,6 +15,7 @@ from runtime.forward_batch import build_forward_batch
 from runtime.models.gated_deltanet import StateBatch
 from runtime.request import Request
 from runtime.sampling import SamplingParams
+from tests.engine_drive import tiny_engine
 from tests.helpers import load_hf
 from tests.hybrid_models import SHAPES, make_tiny_hybrid
 
@@ -28,9 +29,7 @@ def hybrid_models(tmp_path_factory):
 
 
 def _engine(d, **kw) -> Engine:
-    opts = dict(dtype="float32", device="cpu", num_pages=256, page_size=4)
-    opts.update(kw)
-    return Engine(model_dir=str(d), **opts)
+    return tiny_engine(d, **{"num_pages": 256, "page_size": 4, **kw})
 
 
 def _all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
@@ -42,7 +41,12 @@ def _all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
     fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
     fb = fb._replace(logits_rows=torch.arange(len(ids)))
     sb = StateBatch(
-        r.linear_backend, torch.tensor([r.states.slot(req)]), torch.tensor([True]), [0, len(ids)], [[]], []
+        r.linear_backend,
+        torch.tensor([eng.cache.states.slot(req)]),
+        torch.tensor([True]),
+        [0, len(ids)],
+        [[]],
+        [],
     )
     logits = r.model(fb, r.pool.layers, r.backend, r.state_pool.layers, sb)
     eng.cache.release(req, cache=False)
@@ -98,7 +102,7 @@ def test_chunked_prefill_identical_to_unchunked(hybrid_models, shape):
     ref = base.generate([prompt], params)[0]
     ref_req_logits = _first_logits(base, prompt)
     for chunk in (1, 2, 3, 5, 63, 65):
-        eng = _engine(d, chunk_size=chunk, prefix_cache="off")
+        eng = _engine(d, chunk_size=chunk, prefix_cache="off", record_logits=True)
         out = eng.generate([prompt], params)[0]
         assert out.output_token_ids == ref.output_token_ids, f"chunk_size={chunk}"
         err = (_first_logits(eng, prompt) - ref_req_logits).abs().max().item()
@@ -107,7 +111,6 @@ def test_chunked_prefill_identical_to_unchunked(hybrid_models, shape):
 
 
 def _first_logits(eng: Engine, prompt: list[int]) -> torch.Tensor:
-    eng.record_logits = True
     req = eng.make_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
     eng.submit(req)
     while eng.has_work():
