@@ -36,6 +36,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+    g.add_argument(
+        "--snapshot-memory",
+        default=None,
+        help="hybrid models (Qwen3.5): budget for linear-attention state snapshots, e.g. 2G (default 1G)",
+    )
+    g.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="hybrid models: also snapshot every K pages inside a prefill chunk (default 0: chunk ends only)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,4 +61,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         schedule_policy=args.schedule_policy,
         attention_backend=args.attention_backend,
         max_model_len=args.max_model_len,
+        snapshot_memory=args.snapshot_memory,
+        snapshot_every=args.snapshot_every,
     )

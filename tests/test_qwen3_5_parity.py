@@ -16,7 +16,7 @@ from runtime.models.gated_deltanet import StateBatch
 from runtime.request import Request
 from runtime.sampling import SamplingParams
 from tests.engine_drive import tiny_engine
-from tests.helpers import load_hf
+from tests.helpers import load_hf, make_tiny_model
 from tests.hybrid_models import SHAPES, make_tiny_hybrid
 
 LENGTHS = [1, 2, 3, 7, 64, 65, 129, 300]
@@ -128,3 +128,38 @@ def test_batched_identical_to_alone(hybrid_models, shape):
     together = [o.output_token_ids for o in eng.generate(prompts, params)]
     assert together == alone
     eng.check_integrity()
+
+
+def test_qwen3_next_dense_layers_match_transformers(tmp_path):
+    """Qwen3-Next shares the blocks; its checkpoints group q/k/v/z (and b/a) per key head, regrouped at load.
+    Dense layers only (``num_experts=0``): its mixture-of-experts MLP belongs to the MoE work."""
+    d = make_tiny_model(
+        tmp_path / "next", "qwen3_next", False, initializer_range=0.1, num_experts=0, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=4,
+    )  # fmt: skip
+    hf = load_hf(d)
+    eng = _engine(d, num_pages=64, page_size=16)
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 9, 70, 200):
+        ids = torch.randint(3, 512, (n,), generator=g).tolist()
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        err = (_all_logits(eng, ids) - ref).abs().max().item()
+        assert err < 1e-4, f"len={n}: max abs err {err}"
+    hf.generation_config.eos_token_id = None
+    ids = torch.randint(3, 512, (40,), generator=g).tolist()
+    out = eng.generate([ids], SamplingParams(max_tokens=32, ignore_eos=True))[0]
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=0)
+    assert out.output_token_ids == ref[0, len(ids) :].tolist()
+
+
+def test_qwen3_next_experts_are_refused_clearly():
+    from runtime.models.config import ModelConfig
+
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        ModelConfig.from_dict({
+            "model_type": "qwen3_next", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_experts": 4, "decoder_sparse_step": 1,
+        })  # fmt: skip
