@@ -41,21 +41,22 @@ class HybridStates:
         """Give ``req`` a slot; restore the longest snapshot within the KV match. Returns the usable length."""
         if req not in self._slots:
             self._slots[req] = self.pool.alloc()
-        n, snap = (0, None) if self.snapshots is None else self.snapshots.lookup(tokens, kv_len)
+        ns = req.scope.namespace
+        n, snap = (0, None) if self.snapshots is None else self.snapshots.lookup(tokens, kv_len, ns)
         if snap is not None:
             self.pool.restore(self._slots[req], snap)
         req.snapshot_cut = kv_len - n
         return n
 
-    def match_len(self, tokens: list[int], kv_len: int) -> int:
-        return 0 if self.snapshots is None else self.snapshots.lookup(tokens, kv_len)[0]
+    def match_len(self, tokens: list[int], kv_len: int, namespace=None) -> int:
+        return 0 if self.snapshots is None else self.snapshots.lookup(tokens, kv_len, namespace)[0]
 
     def inserted(self, req: Request, tree_len: int) -> None:
         """The tree now holds ``req``'s first ``tree_len`` tokens: store the pending snapshots within them."""
         keep = []
         for n, snap in self._pending.pop(req, []):
             if n <= tree_len:
-                self._store(req.tokens[:n], snap)
+                self._store(req, n, snap)
             else:
                 keep.append((n, snap))
         if keep:
@@ -66,7 +67,7 @@ class HybridStates:
         self.inserted(req, tree_len)
         held = self._held.pop(req, None)
         if held is not None and held[0] <= tree_len:
-            self._store(req.tokens[: held[0]], held[1])
+            self._store(req, held[0], held[1])
         self._pending.pop(req, None)
         slot = self._slots.pop(req, None)
         if slot is not None:
@@ -81,9 +82,9 @@ class HybridStates:
         if self.snapshots is not None:
             self.snapshots.reset()
 
-    def _store(self, prefix: list[int], snap: Snapshot) -> None:
-        if self.snapshots is not None and prefix:
-            self.snapshots.put(prefix, snap)
+    def _store(self, req: Request, n: int, snap: Snapshot) -> None:
+        if self.snapshots is not None and n > 0:
+            self.snapshots.put(req.tokens[:n], snap, req.scope.namespace, req.scope.public_len)
 
     def slot(self, req: Request) -> int:
         return self._slots[req]

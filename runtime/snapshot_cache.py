@@ -10,7 +10,7 @@ is dropped with them).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import NamedTuple
 
 from runtime.state_pool import Snapshot
@@ -34,53 +34,68 @@ def page_keys(tokens: Sequence[int], page_size: int, upto: int) -> list[tuple[in
     return keys
 
 
+CachedLen = Callable[
+    [list[int], Hashable, int], int
+]  # the prefix cache's peek_len(tokens, namespace, public_len)
+
+
+class Entry(NamedTuple):
+    tokens: tuple[int, ...]
+    snap: Snapshot
+    namespace: Hashable  # the tenant whose KV pages the prefix is in (None: public)
+    public_len: int
+
+
 class SnapshotCache:
-    """``put`` a snapshot for a whole-page prefix; ``lookup`` the longest one under a length."""
+    """``put`` a snapshot for a whole-page prefix; ``lookup`` the longest one under a length.
+
+    Keys include the tenant's namespace, so a tenant only resumes from states of its own prefixes.
+    """
 
     def __init__(self, page_size: int, budget_bytes: int) -> None:
         self.page_size = page_size
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[tuple[int, int], tuple[tuple[int, ...], Snapshot]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, int, Hashable], Entry] = OrderedDict()
         self.nbytes = 0
         self._stored = self._evicted = self._dropped = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, tokens: Sequence[int], max_len: int) -> tuple[int, Snapshot | None]:
+    def lookup(
+        self, tokens: Sequence[int], max_len: int, namespace: Hashable = None
+    ) -> tuple[int, Snapshot | None]:
         """The longest snapshotted prefix of ``tokens`` no longer than ``max_len``: (its length, snapshot)."""
-        for key in reversed(page_keys(tokens, self.page_size, max_len)):
-            hit = self._entries.get(key)
-            if hit is not None and list(hit[0]) == list(tokens[: key[0]]):
-                self._entries.move_to_end(key)
-                return key[0], hit[1]
+        for n, h in reversed(page_keys(tokens, self.page_size, max_len)):
+            hit = self._entries.get((n, h, namespace))
+            if hit is not None and list(hit.tokens) == list(tokens[:n]):
+                self._entries.move_to_end((n, h, namespace))
+                return n, hit.snap
         return 0, None
 
-    def has(self, tokens: Sequence[int]) -> bool:
-        keys = page_keys(tokens, self.page_size, len(tokens))
-        return bool(keys) and keys[-1] in self._entries
-
-    def put(self, tokens: Sequence[int], snap: Snapshot) -> bool:
+    def put(
+        self, tokens: Sequence[int], snap: Snapshot, namespace: Hashable = None, public_len: int = 0
+    ) -> bool:
         """Keep ``snap`` as the state after ``tokens`` (whole pages); False when it cannot fit the budget."""
         n = len(tokens)
         assert n > 0 and n % self.page_size == 0, "snapshots sit at page boundaries"
         if snap.nbytes > self.budget_bytes:
             return False
-        key = page_keys(tokens, self.page_size, n)[-1]
+        key = (*page_keys(tokens, self.page_size, n)[-1], namespace)
         if key in self._entries:
             self._entries.move_to_end(key)
             return True
         while self._entries and self.nbytes + snap.nbytes > self.budget_bytes:
             self._remove(next(iter(self._entries)))
             self._evicted += 1
-        self._entries[key] = (tuple(tokens), snap)
+        self._entries[key] = Entry(tuple(tokens), snap, namespace, public_len)
         self.nbytes += snap.nbytes
         self._stored += 1
         return True
 
-    def prune(self, cached_len: Callable[[list[int]], int]) -> int:
-        """Drop snapshots whose prefix no longer has its KV pages (``cached_len(tokens) < len(tokens)``)."""
-        gone = [k for k, (toks, _) in self._entries.items() if cached_len(list(toks)) < len(toks)]
+    def prune(self, cached_len: CachedLen) -> int:
+        """Drop snapshots whose prefix no longer has its KV pages (``cached_len(...) < len(tokens)``)."""
+        gone = [k for k, e in self._entries.items() if not _has_pages(cached_len, e)]
         for k in gone:
             self._remove(k)
         self._dropped += len(gone)
@@ -90,20 +105,23 @@ class SnapshotCache:
         self._entries.clear()
         self.nbytes = 0
 
-    def _remove(self, key: tuple[int, int]) -> None:
-        _, snap = self._entries.pop(key)
-        self.nbytes -= snap.nbytes
+    def _remove(self, key: tuple[int, int, Hashable]) -> None:
+        self.nbytes -= self._entries.pop(key).snap.nbytes
 
     def stats(self) -> SnapshotStats:
         return SnapshotStats(
             len(self._entries), self.nbytes, self.budget_bytes, self._stored, self._evicted, self._dropped
         )
 
-    def check(self, cached_len: Callable[[list[int]], int]) -> None:
+    def check(self, cached_len: CachedLen) -> None:
         """Integrity: the byte count adds up, the budget holds, every prefix still has its KV pages."""
-        total = sum(s.nbytes for _, s in self._entries.values())
+        total = sum(e.snap.nbytes for e in self._entries.values())
         if total != self.nbytes or total > self.budget_bytes:
             raise AssertionError(f"snapshot accounting: {total} bytes held, {self.nbytes} counted")
-        for toks, _ in self._entries.values():
-            if cached_len(list(toks)) < len(toks):
-                raise AssertionError(f"a snapshot at {len(toks)} tokens outlived its KV pages")
+        for e in self._entries.values():
+            if not _has_pages(cached_len, e):
+                raise AssertionError(f"a snapshot at {len(e.tokens)} tokens outlived its KV pages")
+
+
+def _has_pages(cached_len: CachedLen, e: Entry) -> bool:
+    return cached_len(list(e.tokens), e.namespace, e.public_len) >= len(e.tokens)
