@@ -12,6 +12,7 @@ template glue; ``template_check`` uses them to name where a prefix breaks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -22,7 +23,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from chat_templates.segments import find_segments
 
-BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3")
+BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3", "qwen3_5")
 
 
 class Segment(NamedTuple):
@@ -65,10 +66,34 @@ def _template_source(template: str | None, tokenizer: Any) -> str:
     return load_template(template, tokenizer)
 
 
-def _normalize(messages: Sequence[dict]) -> list[dict]:
+def _normalize(messages: Sequence[dict], source: str = "") -> list[dict]:
     # Same as apply_chat_template: keys whose value is None are dropped, because templates test
     # for a key's presence (``'tool_calls' in message``) and would otherwise render "None".
-    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+    out = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    if "arguments|items" in source.replace(" ", ""):
+        out = [_mapping_arguments(m) for m in out]
+    return out
+
+
+def _mapping_arguments(message: dict) -> dict:
+    """OpenAI sends tool-call arguments as a JSON string; XML-call templates (Qwen3.5, Qwen3-Coder)
+    iterate them as a mapping (``arguments|items``), so a string holding a JSON object is decoded."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    fixed = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str):
+            try:
+                decoded = json.loads(args or "{}")
+            except ValueError:
+                decoded = None
+            if isinstance(decoded, dict):
+                call = {**call, "function": {**fn, "arguments": decoded}}
+        fixed.append(call)
+    return {**message, "tool_calls": fixed}
 
 
 def render_text(
@@ -84,7 +109,7 @@ def render_text(
     source = _template_source(template, tokenizer)
     kwargs = {**tokenizer.special_tokens_map, **template_kwargs}
     rendered, _ = render_jinja_template(
-        conversations=[_normalize(messages)],
+        conversations=[_normalize(messages, source)],
         tools=tools,
         chat_template=source,
         add_generation_prompt=add_generation_prompt,

@@ -21,6 +21,7 @@ import torch
 from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.hybrid_states import HybridStates
 from runtime.kv_store.open import open_tiers
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import cache_dir, resolve_model
@@ -28,7 +29,19 @@ from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Scheduler
+from runtime.snapshot_cache import SnapshotCache
 from runtime.tokenizer import eos_token_ids, load_tokenizer
+
+DEFAULT_SNAPSHOT_BYTES = 1 << 30
+
+
+def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> HybridStates | None:
+    """A hybrid model's state slots and snapshot store (snapshots only with a prefix cache)."""
+    if runner.state_pool is None:
+        return None
+    budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
+    snaps = SnapshotCache(cfg.page_size, budget) if cfg.prefix_cache == "radix" else None
+    return HybridStates(runner.state_pool, cfg.page_size, snaps, cfg.snapshot_every)
 
 
 class EngineError(ValueError):
@@ -58,6 +71,9 @@ class EngineStats(NamedTuple):
     host_tier_pages: int = 0
     disk_tier_pages: int = 0
     disk_tier_bytes: int = 0
+    snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes, and
+    snapshot_bytes: int = 0  # KV-matched tokens of finished requests recomputed for want of a snapshot
+    snapshot_cut_tokens: int = 0
 
 
 class Engine:
@@ -78,7 +94,8 @@ class Engine:
             cfg.kv_cache_memory,
             cfg.num_pages,
             cfg.attention_backend,
-            cfg.tensor_parallel_size,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            state_slots=cfg.max_running,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -87,6 +104,8 @@ class Engine:
         self.max_model_len = cfg.max_model_len or min(
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
+        if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
+            raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
@@ -101,6 +120,7 @@ class Engine:
             tiers=tiers,
             io=self.runner.pool,
             write_through=cfg.kv_write_through,
+            states=hybrid_states(self.runner, cfg),
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
@@ -111,7 +131,7 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
-        self._totals = dict.fromkeys(("requests", "prompt"), 0)
+        self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
 
     # -- requests -----------------------------------------------------------------------
     def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -225,6 +245,7 @@ class Engine:
         """End ``req`` now (between steps: a stop, an abort, or ``reason="error"`` with ``error``), freeing
         its pages; returns its final output."""
         self.scheduler.finish(req, reason)
+        self._totals["snapshot_cut"] += req.snapshot_cut
         detok = self._detok.pop(req.request_id)
         self._requests.pop(req.request_id, None)
         return make_output(req, detok, delta + detok.flush(), new_tokens, error)
@@ -283,6 +304,7 @@ class Engine:
             waiting=len(self.scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
             tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=self.cache.page_size,
             **self._tier_fields(),
+            **self._snapshot_stats(),
         )  # fmt: skip
 
     def _tier_fields(self) -> dict:
@@ -295,6 +317,14 @@ class Engine:
             tier_load_s=ts.load_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
             disk_tier_bytes=ts.disk_bytes,
         )  # fmt: skip
+
+    def _snapshot_stats(self) -> dict[str, int]:
+        hs = self.cache.states
+        if hs is None:
+            return {}
+        snaps = hs.snapshots
+        count, nbytes = (len(snaps), snaps.nbytes) if snaps is not None else (0, 0)
+        return dict(snapshots=count, snapshot_bytes=nbytes, snapshot_cut_tokens=self._totals["snapshot_cut"])
 
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 
 from kernels import select_backend
+from kernels.linear_attention import select_linear_backend
 from runtime.distributed.comm import recv_batch, send_batch
 from runtime.distributed.launch import (
     Group,
@@ -20,11 +21,13 @@ from runtime.distributed.launch import (
     watch_parent,
 )
 from runtime.distributed.sharding import TPGroup, local_config, shard_into
-from runtime.forward_batch import StepInput, build_forward_batch
+from runtime.forward_batch import ForwardBatch, StepInput, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models import build_model
 from runtime.models.config import ModelConfig
+from runtime.models.gated_deltanet import StateBatch
 from runtime.sampler import SampleResult, sample
+from runtime.state_pool import StateInput, StatePool
 from runtime.weights import load_weights
 
 log = logging.getLogger("kvreuse.model")
@@ -52,8 +55,9 @@ def default_dtype(device: torch.device) -> str:
 
 
 class ModelRunner:
-    """Our model plus its paged KV pool on one device; with ``tensor_parallel_size > 1``, rank 0 of a
-    tensor-parallel group whose other ranks it spawns (see ``runtime/distributed``)."""
+    """Our model plus its paged KV pool on one device (and a hybrid's linear-attention state pool); with
+    ``tensor_parallel_size > 1``, rank 0 of a tensor-parallel group whose other ranks it spawns
+    (see ``runtime/distributed``)."""
 
     def __init__(
         self,
@@ -65,6 +69,7 @@ class ModelRunner:
         num_pages: int | None = None,
         attention_backend: str = "auto",
         tensor_parallel_size: int = 1,
+        state_slots: int = 64,
         tp: TPGroup | None = None,
     ) -> None:
         self.cfg = ModelConfig.from_dir(model_dir)  # the whole model's shapes, whatever this rank keeps
@@ -95,6 +100,9 @@ class ModelRunner:
         self.pool = KVPool(pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
+        hybrid = self.cfg.is_hybrid
+        self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device) if hybrid else None
+        self.linear_backend = select_linear_backend(self.device) if hybrid else None
 
     def _load(self, model_dir: Path) -> torch.nn.Module:
         if self.tp is None:
@@ -116,9 +124,30 @@ class ModelRunner:
             if self.workers is not None:
                 self.workers.check()
             send_batch(fb, self.tp.group, self.device)
-        logits = self.model(fb, self.pool.layers, self.backend)
+        if batch.states is None:
+            logits = self.model(fb, self.pool.layers, self.backend)
+        else:
+            logits = self._hybrid_forward(fb, batch.states)
         samples = sample(logits, batch.params, batch.generators) if batch.params else None
         return StepResult(logits, samples)
+
+    def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
+        """Forward over the sequences' state slots, filling the snapshots the step asked for."""
+        pool = self.state_pool
+        assert pool is not None and self.linear_backend is not None, "states given to a dense model"
+        sb = StateBatch(
+            self.linear_backend,
+            torch.tensor(st.slots, device=self.device),
+            torch.tensor(st.fresh, device=self.device),
+            fb.cu_seqlens_q.tolist(),
+            st.cuts,
+            st.inside,
+        )
+        logits = self.model(fb, self.pool.layers, self.backend, pool.layers, sb)
+        for slot, snap in zip(st.slots, st.ends):
+            if snap is not None:  # the state after the whole chunk
+                pool.copy_to(slot, snap)
+        return logits
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (no-op on one device)."""

@@ -47,6 +47,7 @@ class Request:
     cached_tokens: int = -1  # -1 until first admitted
     cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens: loaded from the disk tier
+    snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
     prefilled_tokens: int = 0
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
@@ -101,6 +102,7 @@ class RequestOutput(NamedTuple):
     error: str | None = None
     cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
+    snapshot_cut: int = 0  # hybrids: KV-matched prompt tokens recomputed after the last state snapshot
 
     @property
     def prompt_tokens(self) -> int:

@@ -48,7 +48,9 @@ class ChatRun(EngineRun):
         st, p = self.state, self.prompt
         first = outs[0]
         diagnostics = st.diagnostics_for(self.scope.namespace)
-        diag = diagnostics.diagnose(p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens)
+        diag = diagnostics.diagnose(
+            p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens, first.snapshot_cut
+        )
         diagnostics.record(
             HistoryEntry(
                 list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools

@@ -86,8 +86,9 @@ class CacheDiagnostics:
         tools: list[dict] | None,
         prompt_ids: list[int],
         cached_tokens: int,
+        snapshot_cut: int = 0,
     ) -> dict[str, Any]:
-        """The ``kvreuse.cache`` object of a response."""
+        """The ``kvreuse.cache`` object of a response (``snapshot_cut``: see ``Request.snapshot_cut``)."""
         entry, common = self.best_match(prompt_ids)
         out: dict[str, Any] = {
             "prompt_tokens": len(prompt_ids),
@@ -104,6 +105,16 @@ class CacheDiagnostics:
         out["cause"], out["detail"] = self._cause(
             entry, messages, tools, common, cached_tokens, out["divergence"]
         )
+        if snapshot_cut and common <= cached_tokens + snapshot_cut + self.page_size:
+            out["snapshot_cut_tokens"] = snapshot_cut
+            out["cause"], out["detail"] = (
+                "snapshot_cut",
+                (
+                    f"the KV pages matched {cached_tokens + snapshot_cut} tokens but the last linear-attention "
+                    f"state snapshot ended at {cached_tokens}: {snapshot_cut} tokens were recomputed "
+                    "(raise --snapshot-memory, or --snapshot-every for snapshots inside long prompts)"
+                ),
+            )
         return out
 
     def _divergence(
