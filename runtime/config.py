@@ -1,10 +1,8 @@
-"""Engine options, one place, with the defaults and why."""
+"""Engine options, one place, with the defaults and why (the CLI flags read their defaults from here)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from runtime.kv_pool import parse_memory
 
 
 @dataclass
@@ -27,6 +25,8 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from runtime.kv_pool import parse_memory  # here, so the CLI reads these defaults without torch
+
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")

@@ -3,39 +3,66 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
+
+from runtime.config import EngineConfig
+
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
+    g, d = p.add_argument_group("engine"), DEFAULTS
     g.add_argument(
         "--model",
-        default=None,
+        default=d["model"],
         help="HF model dir, hub id, .gguf file; default: embedded SmolLM2-135M-Instruct",
     )
     g.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
-        default=None,
+        default=d["dtype"],
         help="default: bf16 on GPU, else fp32",
     )
-    g.add_argument("--device", default=None, help="cpu or cuda[:N]; default: cuda if available")
+    g.add_argument("--device", default=d["device"], help="cpu or cuda[:N]; default: cuda if available")
     g.add_argument(
         "--kv-cache-memory",
-        default=None,
+        default=d["kv_cache_memory"],
         help="KV pool size, e.g. 512M or 2G (default 1G on CPU, 85%% of free GPU memory)",
     )
-    g.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
-    g.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per step (default 512)")
-    g.add_argument("--max-running", type=int, default=64, help="most requests decoded together (default 64)")
     g.add_argument(
-        "--prefix-cache", choices=["radix", "off"], default="radix", help="off = recompute every prompt"
+        "--page-size", type=int, default=d["page_size"], help=f"tokens per KV page (default {d['page_size']})"
     )
     g.add_argument(
-        "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
+        "--chunk-size",
+        type=int,
+        default=d["chunk_size"],
+        help=f"prefill tokens per step (default {d['chunk_size']})",
     )
-    g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
-    g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+    g.add_argument(
+        "--max-running",
+        type=int,
+        default=d["max_running"],
+        help=f"most requests decoded together (default {d['max_running']})",
+    )
+    g.add_argument(
+        "--prefix-cache",
+        choices=["radix", "off"],
+        default=d["prefix_cache"],
+        help="off = recompute every prompt",
+    )
+    g.add_argument(
+        "--schedule-policy",
+        choices=["fcfs", "lpm"],
+        default=d["schedule_policy"],
+        help="lpm = longest cached prefix first",
+    )
+    g.add_argument(
+        "--attention-backend", choices=["auto", "reference", "triton"], default=d["attention_backend"]
+    )
+    g.add_argument(
+        "--max-model-len", type=int, default=d["max_model_len"], help="cap on prompt + output tokens"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
