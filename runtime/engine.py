@@ -78,6 +78,8 @@ class Engine:
         self.max_model_len = cfg.max_model_len or min(
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
+        if self.runner.device.type == "cuda" and self.runner.backend.name == "triton":
+            self.runner.enable_decode_graphs(self.max_model_len)  # decode is launch-bound on a GPU
         self.cache = CacheManager(self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache)
         self.scheduler = Scheduler(
             self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, self.max_model_len

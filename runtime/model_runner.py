@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from kernels import select_backend
+from runtime.cuda_graph import DecodeGraphRunner
 from runtime.forward_batch import StepInput, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models import build_model
@@ -60,10 +61,23 @@ class ModelRunner:
         self.pool = KVPool(self.cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
+        self.graphs: DecodeGraphRunner | None = None
+
+    def enable_decode_graphs(self, max_seq_len: int, capture: bool | None = None) -> None:
+        """Run decode steps through static buffers: replayed CUDA graphs on a GPU (``capture=None``: when
+        the device is CUDA), the same padded forward run eagerly otherwise (how CPU tests check it)."""
+        max_pages = -(-max_seq_len // self.page_size)
+        self.graphs = DecodeGraphRunner(
+            self.model, self.pool.layers, self.backend, max_pages, capture=capture
+        )
+        self.graphs.capture_graphs()
 
     def step(self, batch: StepInput) -> StepResult:
         """Forward the chunks; sample the rows that end their sequence."""
         fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
-        logits = self.model(fb, self.pool.layers, self.backend)
+        if self.graphs is not None and self.graphs.can_run(fb):
+            logits = self.graphs.run(fb)  # a static buffer's view: consumed before the next step
+        else:
+            logits = self.model(fb, self.pool.layers, self.backend)
         samples = sample(logits, batch.params, batch.generators) if batch.params else None
         return StepResult(logits, samples)
