@@ -7,6 +7,9 @@ tokens of its own; each generates ``--decode-tokens`` greedy tokens.  Over the s
 decodes, the step's wall time minus the model forward inside it (``CausalLM.forward``, timed by a wrapper:
 on CPU ops are synchronous) is what the engine adds: scheduling, batch building, sampling, commit,
 detokenisation and outputs.  Figures are medians per step, and per generated token (÷ streams).
+``--model-dir`` runs a local model instead of the embedded one: a tiny random model with the real
+vocabulary keeps the forward small and the sampling/detokenisation cost real, so a loaded machine
+still finishes the measurement.
 
 ``--against DIR`` (another checkout, e.g. an older commit) runs the same measurement on both trees in
 child processes, alternating rounds, so both see the same machine load; the JSON records both.
@@ -25,13 +28,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def measure(streams: int, prompt_tokens: int, decode_tokens: int, seed: int = 0) -> dict:
+def measure(
+    streams: int, prompt_tokens: int, decode_tokens: int, model_dir: str | None, seed: int = 0
+) -> dict:
     """One engine, ``streams`` decoding together; per-step overhead and forward seconds."""
     from benchmarks.common import median, synthetic_prompt
     from runtime.engine import Engine
     from runtime.sampling import SamplingParams
 
-    eng = Engine(dtype="float32", kv_cache_memory="512M", max_running=streams, chunk_size=4096)
+    eng = Engine(
+        model_dir=model_dir, dtype="float32", device="cpu", kv_cache_memory="512M", max_running=streams,
+        chunk_size=4096,
+    )  # fmt: skip
     shared = synthetic_prompt(prompt_tokens, seed)
     eng.generate([shared + synthetic_prompt(16, seed + 1000)], SamplingParams(max_tokens=1, ignore_eos=True))
     model = eng.runner.model  # the one internal read: the forward to subtract
@@ -74,7 +82,8 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads or 1)
-    rows = [measure(n, args.prompt_tokens, args.decode_tokens) for n in args.streams]
+    model = None if args.model_dir is None else str(args.model_dir)
+    rows = [measure(n, args.prompt_tokens, args.decode_tokens, model) for n in args.streams]
     print("RESULT " + json.dumps(rows))
 
 
@@ -82,6 +91,7 @@ def run_tree(tree: Path, args: argparse.Namespace) -> list[dict]:
     cmd = [sys.executable, str(HERE), "--child", "--streams", ",".join(map(str, args.streams))]
     cmd += ["--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
     cmd += ["--threads", str(args.threads or 1)]
+    cmd += ["--model-dir", str(args.model_dir.resolve())] if args.model_dir else []
     env = {**os.environ, "PYTHONPATH": str(tree)}
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -134,6 +144,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64])
     p.add_argument("--prompt-tokens", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=24)
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="a local model (e.g. a tiny one: the overhead is the point)",
+    )
     p.add_argument("--against", type=Path, default=None, help="another checkout to measure alongside")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
