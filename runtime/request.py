@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.sampling import SamplingParams
 
 
@@ -41,8 +42,11 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     handle: object = None  # the prefix cache's handle on the cached part, while admitted
+    scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (runtime/cache_scope.py)
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
+    cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
+    cached_disk_tokens: int = 0  # of cached_tokens: loaded from the disk tier
     prefilled_tokens: int = 0
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
@@ -95,6 +99,8 @@ class RequestOutput(NamedTuple):
     text: str = ""
     logprobs: list = []
     error: str | None = None
+    cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
+    cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
 
     @property
     def prompt_tokens(self) -> int:

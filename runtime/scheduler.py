@@ -82,6 +82,7 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        self.cache.prefetch(req)  # a lower tier starts reading its pages while others compute
 
     def finish(self, req: Request, reason: str) -> None:
         """End ``req`` (stop, length, abort, error): drop it from the queues and release its pages.
@@ -132,10 +133,12 @@ class Scheduler:
                 chunks[req] = Chunk(req, req.num_computed, n, n == req.remaining)
                 budget -= n
         if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
-            self.waiting = deque(sorted(self.waiting, key=lambda r: -self.cache.match_len(r.tokens)))
+            self.waiting = deque(sorted(self.waiting, key=lambda r: -self.cache.match_len(r.tokens, r.scope)))
         now = time.perf_counter()
         while budget > 0 and self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
+            if self.cache.loading(req, wait=not self.running):
+                break  # its pages are still being read: let the running requests step meanwhile
             self.cache.admit(req)
             n = min(req.remaining, budget)
             if not self.cache.reserve(req, n):
