@@ -12,8 +12,9 @@ template glue; ``template_check`` uses them to name where a prefix breaks.
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,12 +38,36 @@ class Segment(NamedTuple):
     token_end: int
 
 
-class RenderedPrompt(NamedTuple):
-    """The rendered prompt text, its token ids and the segments covering it in order."""
+class RenderedPrompt:
+    """The rendered prompt text, its token ids and the segments covering it in order.
 
-    text: str
-    token_ids: list[int]
-    segments: list[Segment]
+    Segments are attributed on first access: that renders the template again per message, which only
+    a cache-miss diagnosis or a template check needs, so serving a request never pays for it.
+    """
+
+    __slots__ = ("text", "token_ids", "_segments", "_attribute")
+
+    def __init__(
+        self,
+        text: str,
+        token_ids: list[int],
+        segments: list[Segment] | None = None,
+        attribute: Callable[[], list[Segment]] | None = None,
+    ) -> None:
+        if segments is None and attribute is None:
+            raise ValueError("a RenderedPrompt needs its segments or a way to attribute them")
+        self.text, self.token_ids = text, token_ids
+        self._segments, self._attribute = segments, attribute
+
+    @property
+    def segments(self) -> list[Segment]:
+        if self._segments is None:
+            assert self._attribute is not None
+            self._segments, self._attribute = self._attribute(), None
+        return self._segments
+
+    def __repr__(self) -> str:
+        return f"RenderedPrompt({len(self.text)} chars, {len(self.token_ids)} tokens)"
 
 
 def load_template(name_or_path: str | None, tokenizer: Any) -> str:
@@ -142,12 +167,17 @@ def render(
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     token_ids = list(enc["input_ids"])
     token_starts = [start for start, _ in enc["offset_mapping"]]
-    spans = find_segments(text, _normalize(messages), tools, text_of, add_generation_prompt)
-    segments = [
-        Segment(kind, idx, cs, ce, _token_at(token_starts, cs), _token_at(token_starts, ce))
-        for kind, idx, cs, ce in spans
-    ]
-    return RenderedPrompt(text, token_ids, segments)
+    # snapshots, so that a caller changing its lists later cannot change the attribution
+    msgs, tls = copy.deepcopy(_normalize(messages)), copy.deepcopy(tools)
+
+    def attribute() -> list[Segment]:
+        spans = find_segments(text, msgs, tls, text_of, add_generation_prompt)
+        return [
+            Segment(kind, idx, cs, ce, _token_at(token_starts, cs), _token_at(token_starts, ce))
+            for kind, idx, cs, ce in spans
+        ]
+
+    return RenderedPrompt(text, token_ids, attribute=attribute)
 
 
 def _token_at(token_starts: list[int], char: int) -> int:

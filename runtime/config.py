@@ -1,11 +1,10 @@
-"""Engine options, one place, with the defaults and why."""
+"""Engine options, one place, with the defaults and why (the CLI flags read their defaults from here)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from runtime.eviction import DEFAULT_POLICY, POLICIES
-from runtime.kv_pool import parse_memory
 
 
 @dataclass
@@ -41,6 +40,8 @@ class EngineConfig:
     snapshot_every: int = 0  # also snapshot every K pages inside a prefill chunk (0: chunk ends only)
 
     def __post_init__(self) -> None:
+        from runtime.kv_pool import parse_memory  # here, so the CLI reads these defaults without torch
+
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.snapshot_memory = parse_memory(self.snapshot_memory)
         self.kv_store_size = parse_memory(self.kv_store_size)

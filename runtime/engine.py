@@ -106,6 +106,13 @@ class Engine:
         )
         if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
             raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
+        if (
+            self.runner.device.type == "cuda"
+            and self.runner.backend.name == "triton"
+            and cfg.tensor_parallel_size == 1
+            and self.runner.state_pool is None
+        ):
+            self.runner.enable_decode_graphs(self.max_model_len)  # decode is launch-bound on a GPU
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",

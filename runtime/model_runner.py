@@ -10,6 +10,7 @@ import torch
 
 from kernels import select_backend
 from kernels.linear_attention import select_linear_backend
+from runtime.cuda_graph import DecodeGraphRunner
 from runtime.distributed.comm import recv_batch, send_batch
 from runtime.distributed.launch import (
     Group,
@@ -103,6 +104,16 @@ class ModelRunner:
         hybrid = self.cfg.is_hybrid
         self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device) if hybrid else None
         self.linear_backend = select_linear_backend(self.device) if hybrid else None
+        self.graphs: DecodeGraphRunner | None = None
+
+    def enable_decode_graphs(self, max_seq_len: int, capture: bool | None = None) -> None:
+        """Run decode steps through static buffers: replayed CUDA graphs on a GPU (``capture=None``: when
+        the device is CUDA), the same padded forward run eagerly otherwise (how CPU tests check it)."""
+        max_pages = -(-max_seq_len // self.page_size)
+        self.graphs = DecodeGraphRunner(
+            self.model, self.pool.layers, self.backend, max_pages, capture=capture
+        )
+        self.graphs.capture_graphs()
 
     def _load(self, model_dir: Path) -> torch.nn.Module:
         if self.tp is None:
@@ -124,10 +135,12 @@ class ModelRunner:
             if self.workers is not None:
                 self.workers.check()
             send_batch(fb, self.tp.group, self.device)
-        if batch.states is None:
-            logits = self.model(fb, self.pool.layers, self.backend)
-        else:
+        if batch.states is not None:
             logits = self._hybrid_forward(fb, batch.states)
+        elif self.graphs is not None and self.graphs.can_run(fb):
+            logits = self.graphs.run(fb)  # a static buffer's view: consumed before the next step
+        else:
+            logits = self.model(fb, self.pool.layers, self.backend)
         samples = sample(logits, batch.params, batch.generators) if batch.params else None
         return StepResult(logits, samples)
 
