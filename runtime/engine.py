@@ -22,13 +22,19 @@ from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput, Status
+from runtime.sampler import SamplingError
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Chunk, Scheduler
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
 
 class EngineError(ValueError):
-    """A request the engine cannot serve; the message says why in one line."""
+    """A request the engine cannot serve; the message says why in one line, ``code`` says what kind
+    (an OpenAI error code such as ``context_length_exceeded``, or None)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class EngineStats(NamedTuple):
@@ -92,11 +98,14 @@ class Engine:
 
         Side-effect free, so a server can reject a request before its response starts.
         """
-        ids = (
-            self.tokenizer.encode(prompt, add_special_tokens=False)
-            if isinstance(prompt, str)
-            else list(prompt)
-        )
+        try:
+            ids = (
+                self.tokenizer.encode(prompt, add_special_tokens=False)
+                if isinstance(prompt, str)
+                else list(prompt)
+            )
+        except Exception as e:  # e.g. a lone surrogate: the tokenizer's TypeError is the caller's problem
+            raise EngineError(f"the prompt cannot be tokenised: {e}".splitlines()[0][:300]) from None
         if not ids:
             raise EngineError("the prompt is empty")
         vocab = self.runner.cfg.vocab_size
@@ -106,13 +115,15 @@ class Engine:
         if total > self.max_model_len:
             raise EngineError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the model's context length ({self.max_model_len} tokens)"
+                f"the model's context length ({self.max_model_len} tokens)",
+                "context_length_exceeded",
             )
         pool_tokens = self.runner.pool.num_tokens
         if total > pool_tokens:
             raise EngineError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the KV cache "
-                f"({pool_tokens} tokens); raise --kv-cache-memory"
+                f"({pool_tokens} tokens); raise --kv-cache-memory",
+                "context_length_exceeded",
             )
         return ids
 
@@ -163,9 +174,19 @@ class Engine:
             if c.req.admitted_time is None:
                 c.req.admitted_time = now
                 self._totals["cached"] += c.req.cached_tokens
-        logits, samples = self.runner.step(chunks)
-        outputs += self._postprocess(chunks, logits, samples)
+        try:
+            logits, samples = self.runner.step(chunks)
+            outputs += self._postprocess(chunks, logits, samples)
+        except SamplingError as e:  # only those rows' requests fail; the rest redo this step next time
+            sampled = [c.req for c in chunks if c.sample]
+            outputs += [self._fail(sampled[r], e) for r in e.rows]
+        except Exception as e:  # a failed forward is not one request's: fail the batch, keep serving
+            outputs += [self._fail(c.req, e) for c in chunks if c.req.status is not Status.FINISHED]
         return outputs
+
+    def _fail(self, req: Request, e: Exception) -> RequestOutput:
+        req.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        return self._finish(req, "error")
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outs = []

@@ -8,15 +8,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
 from runtime.server import chat, completions
-from runtime.server.errors import APIError, install_error_handlers
+from runtime.server.errors import APIError, document_errors, install_error_handlers
+from runtime.server.guard import RequestGuard
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
-from runtime.server.streaming import Once
+from runtime.server.streaming import Once, guarded_events
 
 DISCONNECT_POLL_S = 0.25
 
@@ -40,12 +42,19 @@ async def _unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]
 
 
 async def _generate(
-    state: ServerState, request: Request, run: Any, n: int, stream: bool, module: Any
+    state: ServerState, request: Request, make_run: Callable[[], Any], n: int, stream: bool, module: Any
 ) -> Response:
-    state.admit(n)
+    state.admit(n)  # before the render, so at most the server's capacity of renders is ever queued
     release = Once(lambda: state.release(n))
+    try:
+        # template rendering and tokenisation are CPU work: off the event loop, so /health and
+        # every other request keep being answered while a big prompt is prepared
+        run = await asyncio.get_running_loop().run_in_executor(state.prep, make_run)
+    except BaseException:
+        release()
+        raise
     if stream:
-        return module.stream_response(run, release)
+        return guarded_events(module.stream_events(run), run.id, release)
     try:
         body = await _unless_disconnected(request, module.complete(run))
     finally:
@@ -57,35 +66,42 @@ def create_app(
     aengine: AsyncEngine, config: ServerConfig, on_shutdown: Callable[[], None] | None = None
 ) -> FastAPI:
     """An app serving ``aengine``; ``on_shutdown`` runs after the last request (e.g. stop the engine)."""
+    state = ServerState(aengine, config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
+        state.prep.shutdown(wait=False, cancel_futures=True)
         if on_shutdown is not None:
             on_shutdown()
 
     app = FastAPI(title="kvreuse", version="0.1.0", lifespan=lifespan)
-    state = ServerState(aengine, config)
     app.state.kv = state
     install_error_handlers(app)
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        response = await call_next(request)
-        if request.url.path.startswith("/v1/"):
-            state.metrics.http_requests.labels(request.url.path, str(response.status_code)).inc()
-        return response
+    app.add_middleware(
+        RequestGuard,
+        allowed_hosts=config.allowed_hosts,
+        max_request_bytes=config.max_request_bytes,
+        count=lambda path, status: state.metrics.http_requests.labels(path, str(status)).inc(),
+    )
+    if config.cors_origins:  # closed unless asked: no CORS headers, so no page can read responses
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Content-Type", "Authorization"],
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
-        run = chat.ChatRun(state, body)
-        return await _generate(state, request, run, body.n, body.stream, chat)
+        state.check_messages(len(body.messages))
+        return await _generate(state, request, lambda: chat.ChatRun(state, body), body.n, body.stream, chat)
 
     @app.post("/v1/completions")
     async def text_completions(body: CompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
-        run = completions.CompletionRun(state, body)
+        run = lambda: completions.CompletionRun(state, body)  # noqa: E731
         return await _generate(state, request, run, body.n, body.stream, completions)
 
     @app.get("/v1/models")
@@ -102,7 +118,7 @@ def create_app(
             return JSONResponse({"status": "error", "error": str(aengine.error)}, status_code=503)
         return JSONResponse({"status": "draining" if state.draining else "ok", "in_flight": state.in_flight})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         await state.refresh_stats()
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -126,4 +142,5 @@ def create_app(
 
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
+    document_errors(app)
     return app

@@ -1,6 +1,8 @@
 """Request bodies of the OpenAI API subset we serve, as pydantic models (validation errors become 400s).
 
-Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.
+Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.  Known
+fields are strict, as in the OpenAI API: ``"2"`` is not a number, ``"yes"`` is not a boolean and
+``true`` is not a token id (pydantic's lax mode would accept all three).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ MAX_N = 8
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
@@ -126,7 +128,8 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    # -1 (off) or >= 1; the schema says so too ("not 0"), so it matches what validation does
+    top_k: int | None = Field(default=None, ge=-1, json_schema_extra={"not": {"const": 0}})
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
