@@ -22,7 +22,6 @@ from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput, Status
-from runtime.sampler import SamplingError
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Chunk, Scheduler
 from runtime.tokenizer import eos_token_ids, load_tokenizer
@@ -177,9 +176,6 @@ class Engine:
         try:
             logits, samples = self.runner.step(chunks)
             outputs += self._postprocess(chunks, logits, samples)
-        except SamplingError as e:  # only those rows' requests fail; the rest redo this step next time
-            sampled = [c.req for c in chunks if c.sample]
-            outputs += [self._fail(sampled[r], e) for r in e.rows]
         except Exception as e:  # a failed forward is not one request's: fail the batch, keep serving
             outputs += [self._fail(c.req, e) for c in chunks if c.req.status is not Status.FINISHED]
         return outputs
@@ -217,6 +213,10 @@ class Engine:
             if c.length > 1 or not c.sample:
                 self.cache.cache_computed(req)  # share prompt pages with concurrent requests at once
             if not c.sample:
+                continue
+            if samples.errors and row in samples.errors:  # this request's sampling failed, only it
+                outs.append(self._fail(req, samples.errors[row]))
+                row += 1
                 continue
             if req.logits_trace is not None:
                 req.logits_trace.append(logits[row].cpu())

@@ -24,18 +24,12 @@ from runtime.sampling import SamplingParams
 
 
 class SampleResult(NamedTuple):
-    """Chosen token per row, and optional logprob info per row."""
+    """Chosen token per row, optional logprob info per row, and the rows whose sampling failed
+    (their request fails; the other rows' draws stand, so seeded requests keep their tokens)."""
 
     tokens: list[int]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
-
-
-class SamplingError(RuntimeError):
-    """Sampling failed for some rows (e.g. non-finite logits); the others are untouched."""
-
-    def __init__(self, rows: list[int], cause: BaseException) -> None:
-        super().__init__(f"sampling failed: {cause}")
-        self.rows, self.cause = rows, cause
+    errors: dict[int, Exception] | None = None
 
 
 def sample(
@@ -43,17 +37,13 @@ def sample(
 ) -> SampleResult:
     logits = logits.float()
     tokens = logits.argmax(dim=-1).tolist()
-    bad: list[int] = []
-    cause: BaseException | None = None
+    errors: dict[int, Exception] = {}
     for i, p in enumerate(params):
         if not p.greedy:
             try:
                 tokens[i] = _sample_row(logits[i], p, generators[i])
             except (RuntimeError, ValueError) as e:  # one row's failure is that request's, not the batch's
-                bad.append(i)
-                cause = cause or e
-    if cause is not None:
-        raise SamplingError(bad, cause)
+                errors[i] = e
     lps: list = [None] * len(params)
     if any(p.logprobs is not None for p in params):
         logp = torch.log_softmax(logits, dim=-1)
@@ -62,7 +52,7 @@ def sample(
                 top = torch.topk(logp[i], p.logprobs) if p.logprobs > 0 else None
                 alts = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
                 lps[i] = (float(logp[i, tokens[i]]), alts)
-    return SampleResult(tokens, lps)
+    return SampleResult(tokens, lps, errors or None)
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
