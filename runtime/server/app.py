@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,13 +15,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
 from runtime.server import chat, completions
-from runtime.server.errors import APIError, document_errors, install_error_handlers
+from runtime.server.errors import APIError, bad_request, document_errors, install_error_handlers
 from runtime.server.guard import RequestGuard
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
 from runtime.server.streaming import Once, guarded_events
 
 DISCONNECT_POLL_S = 0.25
+# bodiless POSTs still say application/json (see guard.py); the body itself is ignored
+JSON_OBJECT_BODY = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -78,19 +81,6 @@ def create_app(
     app = FastAPI(title="kvreuse", version="0.1.0", lifespan=lifespan)
     app.state.kv = state
     install_error_handlers(app)
-    app.add_middleware(
-        RequestGuard,
-        allowed_hosts=config.allowed_hosts,
-        max_request_bytes=config.max_request_bytes,
-        count=lambda path, status: state.metrics.http_requests.labels(path, str(status)).inc(),
-    )
-    if config.cors_origins:  # closed unless asked: no CORS headers, so no page can read responses
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(config.cors_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["Content-Type", "Authorization"],
-        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -123,8 +113,14 @@ def create_app(
         await state.refresh_stats()
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/cache/reset")
-    async def cache_reset() -> dict[str, Any]:
+    @app.post("/v1/cache/reset", openapi_extra={"requestBody": JSON_OBJECT_BODY})
+    async def cache_reset(request: Request) -> dict[str, Any]:
+        try:
+            options = json.loads(await request.body())
+        except ValueError:
+            options = None
+        if not isinstance(options, dict):
+            raise bad_request("the body must be a JSON object (send {})")
         try:
             await state.on_engine(lambda e: e.reset_prefix_cache())
         except EngineError as e:
@@ -142,5 +138,19 @@ def create_app(
 
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
+    app.add_middleware(
+        RequestGuard,
+        allowed_hosts=config.allowed_hosts,
+        max_request_bytes=config.max_request_bytes,
+        json_paths={r.path for r in app.routes if "POST" in getattr(r, "methods", ())},
+        count=lambda path, status: state.metrics.http_requests.labels(path, str(status)).inc(),
+    )
+    if config.cors_origins:  # closed unless asked: no CORS headers, so no page can read responses
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Content-Type", "Authorization"],
+        )
     document_errors(app)
     return app

@@ -47,12 +47,21 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _union_tag(part: object) -> bool:
+    """pydantic names the member of a union that failed in the error location (``constrained-str``,
+    ``list[int]``); the client's field path is the rest."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or not part.isidentifier())
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', 'invalid JSON')}", None

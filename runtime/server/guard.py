@@ -6,7 +6,7 @@ and a non-streamed generation would run to the end for nobody.
 
 * Host allow-list: a web page can point a DNS name it controls at 127.0.0.1 (DNS rebinding); the
   browser then sends that name as ``Host``, which a loopback server must refuse.
-* POST bodies must be ``application/json``: browsers send ``text/plain`` / form posts cross-origin
+* POST bodies to our POST routes must be ``application/json``: browsers send ``text/plain`` / form posts cross-origin
   without a preflight, so requiring JSON means no web page can change state (cache reset) or
   spend compute; CORS stays closed unless ``--cors-allow-origin`` opens it.
 * ``--max-request-bytes``: a body larger than this is refused before it is read whole.
@@ -40,6 +40,7 @@ class RequestGuard:
         app: ASGIApp,
         allowed_hosts: Iterable[str],
         max_request_bytes: int,
+        json_paths: Iterable[str],
         count: Callable[[str, int], None],
     ) -> None:
         self.app = app
@@ -47,6 +48,7 @@ class RequestGuard:
         self.any_host = "*" in hosts
         self.allowed_hosts = hosts
         self.max_request_bytes = max_request_bytes
+        self.json_paths = frozenset(json_paths)  # POST routes; other paths answer 404/405 as usual
         self.count = count
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -93,7 +95,7 @@ class RequestGuard:
         host = _host_name(headers.get("host", ""))
         if not self.any_host and host not in self.allowed_hosts:
             return 400, "Host header not allowed (see --allowed-hosts)", "invalid_host"
-        if scope["method"] == "POST":
+        if scope["method"] == "POST" and scope["path"] in self.json_paths:
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype != "application/json":
                 return (
