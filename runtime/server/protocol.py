@@ -23,7 +23,8 @@ def _integral(v: Any) -> Any:
 _INTEGRAL = BeforeValidator(_integral)  # after a Field's bounds, so the schema keeps them as minimum/maximum
 Int = Annotated[int, _INTEGRAL]
 _Text = Annotated[str, Field(min_length=1)]
-_Ids = Annotated[list[Int], Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0), _INTEGRAL]  # the upper bound (vocab size) is the engine's check
+_Ids = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class _Body(BaseModel):
@@ -176,6 +177,17 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
+    # _consistent's top_logprobs rule, in the schema too
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"top_logprobs": {"type": "integer", "minimum": 1}},
+                "required": ["top_logprobs"],
+            },
+            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
@@ -223,6 +235,9 @@ class CompletionRequest(_Sampling):
             raise ValueError("batched prompts are not supported: send one prompt per request")
         if v == "" or v == [] or v == [""] or v == [[]]:
             raise ValueError("the prompt is empty")
+        ids = v[0] if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) else v
+        if isinstance(ids, list) and any(type(t) in (int, float) and t < 0 for t in ids):
+            raise ValueError("prompt token ids must be >= 0")
         return v
 
     @field_validator("prompt")
