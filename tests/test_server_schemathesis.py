@@ -1,6 +1,6 @@
 """Issue 12 acceptance: schemathesis (every check) against a real server's /openapi.json, bounded:
 no response >= 500, no request left without a response, and the server still serves at the end.
-The recorded bigger run is ``python -m benchmarks.fuzz_server`` (benchmarks/results/fuzz_server.json)."""
+The recorded bigger run is ``python -m tests.fuzz_server`` (benchmarks/results/fuzz_server.json)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def test_schemathesis_finds_no_server_error_and_no_hang(tmp_path):
-    from benchmarks.fuzz_server import run
+    from tests.fuzz_server import run
 
     result = run(max_examples=5, log_dir=tmp_path)
     assert result["requests"] > 100, result

@@ -136,9 +136,10 @@ _ERRORS = {
 }
 
 
-def document_errors(app: FastAPI) -> None:
+def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> None:
     """The OpenAPI schema lists the statuses the server really returns: FastAPI's default 422
-    (validation) becomes our 400, and every route documents the error body."""
+    (validation) becomes our 400, every route documents the error body, and ``bodies`` (request
+    models the routes parse themselves) get their schemas."""
     default_openapi = app.openapi
 
     def openapi() -> dict:
@@ -150,6 +151,10 @@ def document_errors(app: FastAPI) -> None:
         comps = schema.setdefault("components", {}).setdefault("schemas", {})
         comps.update(defs.pop("$defs", {}))
         comps["ErrorResponse"] = defs
+        for model in bodies:
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(body.pop("$defs", {}))
+            comps[model.__name__] = body
         for name in ("HTTPValidationError", "ValidationError"):
             comps.pop(name, None)
         for path, ops in schema.get("paths", {}).items():

@@ -1,6 +1,6 @@
 """Schema fuzzing of a real ``kvreuse serve`` with schemathesis (every check), counting responses.
 
-``python -m benchmarks.fuzz_server [--max-examples N] [--out benchmarks/results/fuzz.json]`` starts a
+``python -m tests.fuzz_server [--max-examples N] [--out benchmarks/results/fuzz.json]`` starts a
 server with a 64-token context (so every accepted generation is short), runs ``schemathesis run
 --checks all`` against its ``/openapi.json``, and counts each response status from schemathesis'
 NDJSON events: the acceptance is 0 responses >= 500, 0 requests without a response (hangs or
