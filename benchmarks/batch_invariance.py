@@ -73,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=24)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    rows = [measure(d, args.prompts, args.tokens) for d in ("float32", "bfloat16")]
+    rows = []
+    for d in ("float32", "bfloat16"):
+        rows.append(measure(d, args.prompts, args.tokens))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     f32, b16 = rows
     result = {
         "threads": torch.get_num_threads(),
