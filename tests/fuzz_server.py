@@ -12,6 +12,7 @@ say, such as a prompt longer than the context) are listed, not hidden.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -43,11 +44,18 @@ def schemathesis_bin() -> str:
     return str(here) if here.exists() else shutil.which("schemathesis") or "schemathesis"
 
 
+def _body_head(body: object) -> str:
+    if isinstance(body, dict) and "$base64" in body:
+        return base64.b64decode(body["$base64"]).decode("utf-8", "replace")[:300]
+    return str(body)[:300]
+
+
 def count_events(ndjson: Path) -> dict:
     """Status counts over every request schemathesis sent, and the failing checks by name."""
     statuses: Counter = Counter()
     failed_checks: Counter = Counter()
     no_response = 0
+    unanswered: list[str] = []
     for line in ndjson.read_text().splitlines():
         event = json.loads(line)
         rec = event.get("ScenarioFinished", {}).get("recorder")
@@ -57,6 +65,8 @@ def count_events(ndjson: Path) -> dict:
             resp = inter.get("response")
             if resp is None:
                 no_response += 1
+                req = inter.get("request", {})
+                unanswered.append(f"{req.get('method')} {req.get('uri')} {_body_head(req.get('body'))}")
             else:
                 statuses[resp["status_code"]] += 1
         for checks in rec.get("checks", {}).values():
@@ -68,11 +78,12 @@ def count_events(ndjson: Path) -> dict:
         "statuses": dict(sorted(statuses.items())),
         "responses_5xx": sum(n for s, n in statuses.items() if s >= 500),
         "no_response": no_response,
+        "unanswered": unanswered[:10],
         "failed_checks": dict(failed_checks),
     }
 
 
-def fuzz(url: str, max_examples: int, workdir: Path, request_timeout: float = 60.0) -> dict:
+def fuzz(url: str, max_examples: int, workdir: Path, request_timeout: float = 300.0) -> dict:
     ndjson = workdir / "events.ndjson"
     cmd = [
         schemathesis_bin(), "--no-color", "run", f"{url}/openapi.json", "--checks", "all",

@@ -72,6 +72,11 @@ def test_health_answers_while_a_huge_prompt_renders(server):
         r = httpx.post(f"{server.base_url}/chat/completions", json={"messages": msgs}, timeout=120)
         result.update(status=r.status_code, code=r.json()["error"]["code"], took=time.perf_counter() - t0)
 
+    base = []  # what /health costs on this machine right now, nothing else running
+    for _ in range(3):
+        t0 = time.perf_counter()
+        httpx.get(f"{server.url}/health", timeout=30).raise_for_status()
+        base.append(time.perf_counter() - t0)
     th = threading.Thread(target=big)
     th.start()
     time.sleep(0.4)  # the body is in, the render runs
@@ -83,7 +88,9 @@ def test_health_answers_while_a_huge_prompt_renders(server):
         time.sleep(0.05)
     th.join()
     assert result["status"] == 400 and result["code"] == "context_length_exceeded", result
-    assert lat and max(lat) < 1.0, (lat, result)
+    # under 1 s beyond what a health check costs anyway (a loaded CI machine adds its own latency);
+    # a render on the event loop would hold every probe for the whole render
+    assert lat and max(lat) < 1.0 + max(base), (lat, base, result)
 
 
 def test_stream_cut_by_shutdown_timeout_ends_with_error_and_done(tmp_path):
@@ -121,7 +128,7 @@ real = engine.Engine.step
 
 def step(self):  # fault injection: the loop itself breaks once something was generated
     outs = real(self)
-    if self._totals["generated"] >= 2:
+    if self.stats().generated_tokens >= 2:
         raise RuntimeError("simulated engine crash")
     return outs
 
