@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 
+from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.engine import Engine
 from runtime.request import RequestOutput
 from runtime.sampling import SamplingParams
@@ -50,10 +51,15 @@ class AsyncEngine:
         return len(self._streams)
 
     async def stream(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        scope: CacheScope = PUBLIC,
     ) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs until finished; a caller that goes away aborts the request."""
         req = self.engine.make_request(prompt, params, request_id)
+        req.scope = scope
         q: asyncio.Queue = asyncio.Queue()
         with self._lock:
             # checked under the lock _fail_all takes, so no stream can register after it ran and wait forever

@@ -17,7 +17,14 @@ from pydantic import BaseModel, ValidationError
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
 from runtime.server import chat, completions
-from runtime.server.errors import APIError, bad_request, document_errors, install_error_handlers
+from runtime.server.cache_routes import install_cache_routes
+from runtime.server.errors import (
+    APIError,
+    bad_request,
+    document_errors,
+    error_response,
+    install_error_handlers,
+)
 from runtime.server.guard import RequestGuard
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
@@ -80,8 +87,19 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 async def _generate(
     state: ServerState, request: Request, make_run: Callable[[], Any], n: int, stream: bool, module: Any
 ) -> Response:
-    state.admit(n)  # before the render, so at most the server's capacity of renders is ever queued
-    release = Once(lambda: state.release(n))
+    tenant = request.state.tenant
+    state.tenants.admit(tenant, n)
+    try:
+        state.admit(n)  # before the render, so at most the server's capacity of renders is ever queued
+    except APIError:
+        state.tenants.release(tenant, n)
+        raise
+
+    def _release() -> None:
+        state.release(n)
+        state.tenants.release(tenant, n)
+
+    release = Once(_release)
     try:
         # template rendering and tokenisation are CPU work: off the event loop, so /health and
         # every other request keep being answered while a big prompt is prepared
@@ -89,6 +107,8 @@ async def _generate(
     except BaseException:
         release()
         raise
+    session = getattr(run.req, "user", None) or request.headers.get("x-session-id")
+    run.scope = state.tenants.scope(tenant, session, state.tenants.public_len(getattr(run, "prompt", None)))
     if stream:
         return guarded_events(module.stream_events(run), run.id, release)
     try:
@@ -159,11 +179,14 @@ def create_app(
             options = None
         if not isinstance(options, dict):
             raise bad_request("the body must be a JSON object (send {})")
+        if state.tenants.enabled:  # one tenant must not drop every tenant's cache
+            raise APIError(403, "resetting the shared prefix cache is disabled when API keys are set",
+                           type="permission_error", code="forbidden")  # fmt: skip
         try:
             await state.on_engine(lambda e: e.reset_prefix_cache())
         except EngineError as e:
             raise APIError(409, str(e), code="engine_busy") from None
-        state.diagnostics.history.clear()
+        state.clear_diagnostics()
         return {"status": "ok"}
 
     @app.get("/debug/kv")
@@ -176,11 +199,14 @@ def create_app(
 
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
+    install_cache_routes(app, state)
     app.add_middleware(
         RequestGuard,
         allowed_hosts=config.allowed_hosts,
         max_request_bytes=config.max_request_bytes,
         json_paths={r.path for r in app.routes if "POST" in getattr(r, "methods", ())},
+        authenticate=state.tenants.authenticate,
+        on_error=error_response,
         count=lambda path, status: state.metrics.http_requests.labels(path, str(status)).inc(),
     )
     if config.cors_origins:  # closed unless asked: no CORS headers, so no page can read responses

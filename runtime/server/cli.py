@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import uvicorn
 
@@ -54,6 +55,26 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8 << 20,
         help="largest request body accepted, refused with 413 before it is read (default 8 MiB)",
+    )
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="a key clients must send (repeatable); each is a tenant",
+    )
+    p.add_argument(
+        "--api-key-file", default=None, help="one 'key [tenant-name]' per line; tenants never share cache"
+    )
+    p.add_argument(
+        "--tenant-max-requests",
+        type=int,
+        default=32,
+        help="running + waiting requests per tenant before 429s",
+    )
+    p.add_argument(
+        "--public-system-prompt",
+        default=None,
+        help="file with a system prompt whose cache all tenants share (opt-in; nothing else is shared)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
@@ -105,7 +126,13 @@ def main(argv: list[str]) -> int:
     from runtime.server.app import create_app
     from runtime.server.guard import LOOPBACK_HOSTS
     from runtime.server.state import ServerConfig
+    from runtime.server.tenants import load_keys
 
+    api_keys = load_keys(args.api_key, args.api_key_file)
+    if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "binding %s without --api-key: anyone who can reach it can use it and time its cache", args.host
+        )
     engine = Engine(args.model, **engine_kwargs(args))
     died: list[BaseException] = []
     server: _DrainingServer | None = None
@@ -131,6 +158,11 @@ def main(argv: list[str]) -> int:
         allowed_hosts=hosts,
         cors_origins=tuple(args.cors_allow_origin),
         max_request_bytes=args.max_request_bytes,
+        api_keys=api_keys,
+        tenant_max_requests=args.tenant_max_requests,
+        public_system_prompt=None
+        if args.public_system_prompt is None
+        else Path(args.public_system_prompt).read_text(),
     )
     app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
     state = app.state.kv

@@ -10,6 +10,7 @@ and a non-streamed generation would run to the end for nobody.
   without a preflight, so requiring JSON means no web page can change state (cache reset) or
   spend compute; CORS stays closed unless ``--cors-allow-origin`` opens it.
 * ``--max-request-bytes``: a body larger than this is refused before it is read whole.
+* API keys (``--api-key``): the caller's tenant goes into ``request.state.tenant``, or a 401.
 * Per-path, per-status request counts for ``/metrics``.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -41,6 +43,8 @@ class RequestGuard:
         allowed_hosts: Iterable[str],
         max_request_bytes: int,
         json_paths: Iterable[str],
+        authenticate: Callable[[str, Headers], str | None],
+        on_error: Callable[[Exception], ASGIApp],
         count: Callable[[str, int], None],
     ) -> None:
         self.app = app
@@ -49,6 +53,7 @@ class RequestGuard:
         self.allowed_hosts = hosts
         self.max_request_bytes = max_request_bytes
         self.json_paths = frozenset(json_paths)  # POST routes; other paths answer 404/405 as usual
+        self.authenticate, self.on_error = authenticate, on_error  # tenant from the API key (tenants.py)
         self.count = count
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,8 +70,15 @@ class RequestGuard:
             await send(message)
 
         try:
-            refusal = self._refusal(scope, headers)
-            if refusal is not None:
+            if (refusal := self._host_refusal(headers)) is not None:
+                await _error(counted_send, *refusal)
+                return
+            try:  # request.state.tenant, read by the routes; a 401 before any other complaint
+                scope.setdefault("state", {})["tenant"] = self.authenticate(path, Headers(scope=scope))
+            except Exception as e:  # APIError 401
+                await self.on_error(e)(scope, receive, counted_send)
+                return
+            if (refusal := self._body_refusal(scope, headers)) is not None:
                 await _error(counted_send, *refusal)
                 return
             limit, seen = self.max_request_bytes, [0]
@@ -91,10 +103,13 @@ class RequestGuard:
             "too_large",
         )
 
-    def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, str] | None:
+    def _host_refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
         host = _host_name(headers.get("host", ""))
         if not self.any_host and host not in self.allowed_hosts:
             return 400, "Host header not allowed (see --allowed-hosts)", "invalid_host"
+        return None
+
+    def _body_refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, str] | None:
         if scope["method"] == "POST" and scope["path"] in self.json_paths:
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype != "application/json":
