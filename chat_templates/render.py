@@ -211,6 +211,22 @@ def locate_char(rendered: RenderedPrompt, char_index: int) -> Segment:
     return rendered.segments[-1]
 
 
+def describe(seg: Segment | None, messages: Sequence[dict]) -> str:
+    """A segment in words, e.g. ``message 0 (system)``, ``think block (message 3)``, ``tools``.
+
+    One wording for ``template-check`` and the server's cache diagnostics: a system message is a
+    message like any other (named by its index and role), tool definitions are ``tools``.
+    """
+    if seg is None:
+        return "end of prompt"
+    idx = seg.message_index
+    if seg.kind in ("message", "system") and idx is not None and 0 <= idx < len(messages):
+        return f"message {idx} ({messages[idx].get('role')})"
+    if seg.kind == "think":
+        return f"think block (message {idx})" if idx is not None else "think block"
+    return {"template": "template glue", "generation_prompt": "generation prompt"}.get(seg.kind, seg.kind)
+
+
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the common prefix of ``a`` and ``b`` (token ids, int arrays, or any items).
 

@@ -21,14 +21,16 @@ import torch
 from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.distributed.launch import TPError
 from runtime.hybrid_states import HybridStates
 from runtime.kv_store.open import open_tiers
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import cache_dir, resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput
+from runtime.sampler import SampleResult
 from runtime.sampling import SamplingParams
-from runtime.scheduler import Scheduler
+from runtime.scheduler import Batch, Scheduler
 from runtime.snapshot_cache import SnapshotCache
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
@@ -45,7 +47,12 @@ def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> HybridStates | None
 
 
 class EngineError(ValueError):
-    """A request the engine cannot serve; the message says why in one line."""
+    """A request the engine cannot serve; the message says why in one line, ``code`` says what kind
+    (an OpenAI error code such as ``context_length_exceeded``, or None)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class EngineStats(NamedTuple):
@@ -146,11 +153,14 @@ class Engine:
 
         Side-effect free, so a server can reject a request before its response starts.
         """
-        ids = (
-            self.tokenizer.encode(prompt, add_special_tokens=False)
-            if isinstance(prompt, str)
-            else list(prompt)
-        )
+        try:
+            ids = (
+                self.tokenizer.encode(prompt, add_special_tokens=False)
+                if isinstance(prompt, str)
+                else list(prompt)
+            )
+        except Exception as e:  # e.g. a lone surrogate: the tokenizer's TypeError is the caller's problem
+            raise EngineError(f"the prompt cannot be tokenised: {e}".splitlines()[0][:300]) from None
         if not ids:
             raise EngineError("the prompt is empty")
         vocab = self.vocab_size
@@ -160,13 +170,15 @@ class Engine:
         if total > self.max_model_len:
             raise EngineError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the model's context length ({self.max_model_len} tokens)"
+                f"the model's context length ({self.max_model_len} tokens)",
+                "context_length_exceeded",
             )
         pool_tokens = self.kv_capacity_tokens
         if total > pool_tokens:
             raise EngineError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the KV cache "
-                f"({pool_tokens} tokens); raise --kv-cache-memory"
+                f"({pool_tokens} tokens); raise --kv-cache-memory",
+                "context_length_exceeded",
             )
         return ids
 
@@ -215,10 +227,20 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
-        result = self.runner.step(batch.step)
-        for s in self.scheduler.commit(batch, result.samples):
-            outputs.append(self._emit(s.req, s.token, s.finish_reason))
+        try:
+            result = self.runner.step(batch.step)
+            batch, samples, failed = _without_failed_rows(batch, result.samples)
+            outputs += [self._fail(req, e) for req, e in failed]  # only those requests: the rest commit
+            for s in self.scheduler.commit(batch, samples):
+                outputs.append(self._emit(s.req, s.token, s.finish_reason))
+        except TPError:  # a tensor-parallel rank is gone: no later step can run, the engine dies
+            raise
+        except Exception as e:  # a failed forward is not one request's: fail the batch, keep serving
+            outputs += [self._fail(c.req, e) for c in batch.chunks if c.req.request_id in self._requests]
         return outputs
+
+    def _fail(self, req: Request, e: Exception) -> RequestOutput:
+        return self.finish_request(req, "error", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outs = []
@@ -361,3 +383,18 @@ class Engine:
         if self.scheduler.running:
             raise EngineError("cannot reset the prefix cache while requests are running")
         self.cache.reset()
+
+
+def _without_failed_rows(
+    batch: Batch, samples: SampleResult | None
+) -> tuple[Batch, SampleResult | None, list[tuple[Request, Exception]]]:
+    """The batch and samples without the requests whose sampling failed, and those requests."""
+    if samples is None or not samples.errors:
+        return batch, samples, []
+    sampled = [c for c in batch.chunks if c.sample]
+    failed = [(sampled[r].req, e) for r, e in samples.errors.items()]
+    keep = [r for r in range(len(sampled)) if r not in samples.errors]
+    bad = {id(req) for req, _ in failed}
+    chunks = [c for c in batch.chunks if id(c.req) not in bad]
+    kept = SampleResult([samples.tokens[r] for r in keep], [samples.logprobs[r] for r in keep])
+    return batch._replace(chunks=chunks), kept, failed

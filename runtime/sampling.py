@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Below this a temperature is greedy: fp32 logits (|x| < ~1e3) over 1e-5 stay far from overflow,
+# and the distribution is already one-hot to fp32 precision.  vLLM uses the same cut-off.
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
-    """What to generate and when to stop; ``temperature == 0`` means greedy."""
+    """What to generate and when to stop; ``temperature < MIN_TEMPERATURE`` (e.g. 0) means greedy."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -25,7 +29,7 @@ class SamplingParams:
         self.stop = [s for s in (self.stop or []) if s]
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also rejects NaN
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -34,4 +38,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1

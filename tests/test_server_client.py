@@ -161,7 +161,8 @@ def test_diagnostic_names_changed_system_message(server):
     diag = r["kvreuse"]["cache"]
     assert diag["cause"] == "system_changed"
     assert diag["divergence"]["message_index"] == 0 and diag["divergence"]["segment"] == "system"
-    assert "10:0" in diag["divergence"]["before_text"] + diag["divergence"]["cached_text"]
+    assert "10:05:00" in diag["divergence"]["before_text"] + diag["divergence"]["new_text"]
+    assert "10:00:00" not in json.dumps(diag)  # nothing of the earlier request is shown
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == diag["cached_tokens"] < 40
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'kvreuse_cache_diagnosis_total{cause="system_changed"}' in metrics

@@ -15,16 +15,7 @@ from runtime.server.prompting import ChatPrompt, build_chat_prompt
 from runtime.server.protocol import ChatCompletionRequest
 from runtime.server.run import EngineRun
 from runtime.server.state import ServerState
-from runtime.server.streaming import (
-    DONE,
-    GuardedStream,
-    Once,
-    delta_messages,
-    final_outputs,
-    guarded_events,
-    join_parsed,
-    sse,
-)
+from runtime.server.streaming import DONE, delta_messages, final_outputs, join_parsed, sse
 
 log = logging.getLogger("kvreuse.server")
 
@@ -144,7 +135,3 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
             {**run.head("chat.completion.chunk"), "choices": [], "usage": usage(len(run.prompt_ids), ordered)}
         )
     yield DONE
-
-
-def stream_response(run: ChatRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release)

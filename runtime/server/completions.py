@@ -9,10 +9,11 @@ from typing import Any
 
 from runtime.request import RequestOutput
 from runtime.server.params import completion_logprobs, usage
+from runtime.server.prompting import encode_text
 from runtime.server.protocol import CompletionRequest
 from runtime.server.run import EngineRun
 from runtime.server.state import ServerState
-from runtime.server.streaming import DONE, GuardedStream, Once, final_outputs, guarded_events, sse
+from runtime.server.streaming import DONE, final_outputs, sse
 
 log = logging.getLogger("kvreuse.server")
 
@@ -23,11 +24,7 @@ class CompletionRun(EngineRun):
     def __init__(self, state: ServerState, req: CompletionRequest) -> None:
         prompt = req.prompt
         # tokenised once here; the engine streams get the ids
-        ids = (
-            list(prompt)
-            if isinstance(prompt, list)
-            else state.tokenizer.encode(prompt, add_special_tokens=False)
-        )
+        ids = list(prompt) if isinstance(prompt, list) else encode_text(state.tokenizer, prompt, "prompt")
         super().__init__(state, req, "cmpl", ids)
         self.prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(self.prompt_ids)
 
@@ -87,7 +84,3 @@ async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
     if run.req.stream_options and run.req.stream_options.include_usage:
         yield sse({**run.chunk([]), "usage": usage(len(run.prompt_ids), [finals[k] for k in range(n)])})
     yield DONE
-
-
-def stream_response(run: CompletionRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release)

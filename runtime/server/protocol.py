@@ -1,20 +1,34 @@
 """Request bodies of the OpenAI API subset we serve, as pydantic models (validation errors become 400s).
 
-Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.
+Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.  Known
+fields are strict, as in the OpenAI API: ``"2"`` is not a number, ``"yes"`` is not a boolean and
+``true`` is not a token id (pydantic's lax mode would accept all three).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP = 16
 MAX_N = 8
 
 
+def _integral(v: Any) -> Any:
+    # JSON Schema's "integer" includes 2.0; strict mode would refuse it. Booleans and strings stay refused.
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+_INTEGRAL = BeforeValidator(_integral)  # after a Field's bounds, so the schema keeps them as minimum/maximum
+Int = Annotated[int, _INTEGRAL]
+_Text = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0), _INTEGRAL]  # the upper bound (vocab size) is the engine's check
+_Ids = Annotated[list[TokenId], Field(min_length=1)]
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
@@ -83,7 +97,16 @@ class ContentPart(_Body):
     text: str
 
 
+# The per-role rules of _role_fields below, in the schema too (JSON Schema if/then).
+_ROLE_RULES = [
+    {"if": {"properties": {"role": {"const": r}}}, "then": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}}}
+    for r in ("system", "developer", "user", "tool")
+] + [{"if": {"properties": {"role": {"const": "tool"}}}, "then": {"required": ["tool_call_id"]}}]  # fmt: skip
+
+
 class ChatMessage(_Body):
+    model_config = ConfigDict(json_schema_extra={"allOf": _ROLE_RULES})
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -127,12 +150,15 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    # -1 (off) or >= 1; the schema says so too ("not 0"), so it matches what validation does
+    top_k: Annotated[int, Field(ge=-1), _INTEGRAL] | None = Field(
+        default=None, json_schema_extra={"not": {"const": 0}}
+    )
+    seed: Int | None = None  # any integer: reduced mod 2**63 for the generator
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = Field(default=None, max_length=64)
+    stop_token_ids: list[Int] | None = Field(default=None, max_length=64)
     ignore_eos: bool = False
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: Int = Field(default=1, ge=1, le=MAX_N)
 
     @field_validator("stop")
     @classmethod
@@ -152,14 +178,25 @@ class _Sampling(_Body):
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``."""
 
+    # _consistent's top_logprobs rule, in the schema too
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "properties": {"top_logprobs": {"type": "integer", "minimum": 1}},
+                "required": ["top_logprobs"],
+            },
+            "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+        }
+    )
+
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Annotated[int, Field(ge=1), _INTEGRAL] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), _INTEGRAL] | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -172,7 +209,7 @@ class ChatCompletionRequest(_Sampling):
                 )
         if self.tool_choice == "required" and not self.tools:
             raise ValueError("tool_choice 'required' needs tools")
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
 
@@ -180,18 +217,31 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    # one prompt: text, token ids, or a batch of exactly one of those
+    prompt: (
+        _Text
+        | _Ids
+        | Annotated[list[_Text], Field(min_length=1, max_length=1)]
+        | Annotated[list[_Ids], Field(min_length=1, max_length=1)]
+    )
+    max_tokens: Int = Field(default=16, ge=1)
+    logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     echo: bool = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _plain_errors(cls, v: Any) -> Any:
+        # the two mistakes worth a sentence of their own, before the union's type errors
+        if isinstance(v, list) and len(v) > 1 and isinstance(v[0], (str, list)):
+            raise ValueError("batched prompts are not supported: send one prompt per request")
+        if v == "" or v == [] or v == [""] or v == [[]]:
+            raise ValueError("the prompt is empty")
+        ids = v[0] if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) else v
+        if isinstance(ids, list) and any(type(t) in (int, float) and t < 0 for t in ids):
+            raise ValueError("prompt token ids must be >= 0")
+        return v
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v: Any) -> str | list[int]:
-        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
-            if len(v) != 1:
-                raise ValueError("batched prompts are not supported: send one prompt per request")
-            v = v[0]
-        if isinstance(v, (str, list)) and len(v) == 0:
-            raise ValueError("the prompt is empty")
-        return v
+        return v[0] if isinstance(v, list) and isinstance(v[0], (str, list)) else v

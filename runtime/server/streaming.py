@@ -13,6 +13,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from chat_templates.tool_calls import ParsedDelta
+from runtime.async_engine import EngineDead, RequestFailed
 from runtime.request import RequestOutput
 
 DONE = "data: [DONE]\n\n"
@@ -102,8 +103,12 @@ def guarded_events(events: AsyncIterator[str], request_id: str, release: Callabl
                 async for event in it:
                     yield event
         except Exception as e:
-            log.exception("stream %s failed", request_id)
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+            if isinstance(e, EngineDead | RequestFailed):
+                log.error("stream %s ended: %s", request_id, e)
+            else:
+                log.exception("stream %s failed", request_id)
+            code = {EngineDead: "engine_dead", RequestFailed: "request_failed"}.get(type(e))
+            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": code}})
             yield DONE
         finally:
             release()
