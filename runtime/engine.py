@@ -17,6 +17,7 @@ import torch
 
 from runtime.cache_manager import CacheManager
 from runtime.config import EngineConfig
+from runtime.constrained import GrammarCompiler, GrammarError
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import resolve_model
@@ -85,6 +86,7 @@ class Engine:
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         self._totals = dict.fromkeys(("requests", "prompt", "cached", "prefilled", "generated"), 0)
         self.record_logits = cfg.record_logits
+        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
 
     # -- requests -----------------------------------------------------------------------
     def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -102,6 +104,13 @@ class Engine:
         vocab = self.runner.cfg.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and not all(0 <= t < vocab for t in params.logit_bias):
+            raise EngineError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.grammar is not None:
+            try:
+                self.grammars.compiled(params.grammar)  # compiled once; later requests hit the cache
+            except GrammarError as e:
+                raise EngineError(str(e)) from None
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise EngineError(
@@ -132,6 +141,8 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}"
         req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
         req.logits_trace = [] if self.record_logits else None
+        if params.grammar is not None:
+            req.matcher = self.grammars.matcher(params.grammar)
         return req
 
     def submit(self, req: Request) -> None:
@@ -206,6 +217,8 @@ class Engine:
             if req.first_token_time is None:
                 req.first_token_time = now
             req.tokens.append(tok)
+            if req.matcher is not None:
+                req.matcher.advance(tok)
             self._totals["generated"] += 1
             delta = self._detok[req.request_id].add(tok)
             reason = self._stop_reason(req, tok)

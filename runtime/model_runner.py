@@ -65,5 +65,7 @@ class ModelRunner:
         sampled = [c.req for c in chunks if c.sample]
         if not sampled:
             return logits, None
-        res = sample(logits, [r.params for r in sampled], [r.generator for r in sampled])
+        res = sample(
+            logits, [r.params for r in sampled], [r.generator for r in sampled], [r.matcher for r in sampled]
+        )
         return logits, res

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.constrained.matcher import Matcher
 from runtime.radix_cache import TreeNode
 from runtime.sampling import SamplingParams
 
@@ -55,6 +56,7 @@ class Request:
     retractions: int = 0
     logprobs: list = field(default_factory=list)
     logits_trace: list[torch.Tensor] | None = None  # filled when the engine records logits (tests)
+    matcher: Matcher | None = None  # grammar state (params.grammar); advanced by the engine on each token
 
     @property
     def output_ids(self) -> list[int]:

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.constrained.masking import apply_constraints
+from runtime.constrained.matcher import Matcher
 from runtime.sampling import SamplingParams
 
 
@@ -22,8 +24,12 @@ class SampleResult(NamedTuple):
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    matchers: list[Matcher | None] | None = None,
 ) -> SampleResult:
+    logits = apply_constraints(logits, params, matchers)  # the same tensor when no row has bias or grammar
     tokens = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
         if not p.greedy:

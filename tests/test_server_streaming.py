@@ -18,6 +18,7 @@ from runtime.server.chat import ChatRun, stream_events
 from runtime.server.protocol import ChatCompletionRequest
 from runtime.server.streaming import merge_streams
 from runtime.server.templates import TemplateInfo
+from runtime.server.usage import StreamUsage
 
 OUTPUT = (
     "Let me check.\n<tool_call>\n"
@@ -45,6 +46,9 @@ class FakeRun(ChatRun):
             token_ids=[1, 2, 3], forced_prefix="", tool_format="hermes", think_open=False
         )
         self.prompt_ids = self.prompt.token_ids
+        self.prompts = [self.prompt_ids]
+        self.fingerprint = "fp_test"
+        self.stream_usage = StreamUsage(self.req.stream_options)
         self.pieces = pieces
 
     async def _replay(self):
@@ -100,7 +104,7 @@ def test_streamed_tool_calls_assemble_like_non_streamed(cuts):
     assert finish == "tool_calls"
     assert not any("<tool_call>" in (ch["delta"].get("content") or "") for c in chunks for ch in c["choices"])
     final = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
-    assert final["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    assert not any("usage" in c for c in chunks)  # not asked for: no chunk carries usage
     assert final["kvreuse"] == {"cache": {"cause": "fake"}}
 
 
@@ -113,6 +117,9 @@ def test_include_usage_adds_a_usage_only_chunk():
     chunks = asyncio.run(_collect(FakeRun(["Hello", " there"], body)))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len("Hello there")
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    assert chunks[-1]["kvreuse"] == {"cache": {"cause": "fake"}}
+    assert all(c["usage"] is None and "kvreuse" not in c for c in chunks[:-1])  # exactly one usage
     assert _assemble(chunks)[0] == "Hello there" and _assemble(chunks)[2] == "stop"
 
 

@@ -86,7 +86,7 @@ def create_app(
     async def text_completions(body: CompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
         run = completions.CompletionRun(state, body)
-        return await _generate(state, request, run, body.n, body.stream, completions)
+        return await _generate(state, request, run, run.num_choices, body.stream, completions)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

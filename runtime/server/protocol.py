@@ -1,6 +1,7 @@
 """Request bodies of the OpenAI API subset we serve, as pydantic models (validation errors become 400s).
 
-Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.
+Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working; the few
+known fields whose silent ignoring would change the answer are refused (``runtime/server/unsupported.py``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from runtime.server.unsupported import check_logit_bias, refuse_unsupported
+
 MAX_STOP = 16
 MAX_N = 8
+MAX_PROMPTS = 32  # batched /v1/completions prompts per request
 
 
 class _Body(BaseModel):
@@ -120,6 +124,32 @@ class NamedToolChoice(_Body):
     function: NamedFunction
 
 
+class JsonSchemaFormat(_Body):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _check_schema(v, "response_format.json_schema.schema", 0)
+        return v
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format type 'json_schema' needs json_schema")
+        return self
+
+
 class _Sampling(_Body):
     model: str | None = None
     stream: bool = False
@@ -127,11 +157,30 @@ class _Sampling(_Body):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(default=None, max_length=64)
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=MAX_N)
+    logit_bias: dict[str, Any] | None = None
+    user: str | None = None  # accepted for OpenAI clients; not used
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: Any) -> Any:
+        return refuse_unsupported(data)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_logit_bias(v)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, v: int | None) -> int | None:
+        if v is not None and not -(2**63) <= v < 2**63:
+            raise ValueError("seed must be a 64-bit signed integer")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -160,6 +209,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
@@ -177,7 +227,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
+    """``POST /v1/completions``: a prompt as text or token ids, or a list of them (each its own choices)."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int = Field(default=16, ge=1)
@@ -186,11 +236,15 @@ class CompletionRequest(_Sampling):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v: Any) -> str | list[int]:
-        if isinstance(v, list) and v and isinstance(v[0], (str, list)):
-            if len(v) != 1:
-                raise ValueError("batched prompts are not supported: send one prompt per request")
-            v = v[0]
-        if isinstance(v, (str, list)) and len(v) == 0:
+    def _prompts(cls, v: Any) -> Any:
+        batch = v if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
+        if len(batch) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
+        if any(len(p) == 0 for p in batch):
             raise ValueError("the prompt is empty")
         return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts in order: one for a single prompt, several for a batch."""
+        p = self.prompt
+        return list(p) if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
