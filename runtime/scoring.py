@@ -37,7 +37,9 @@ def prompt_logprobs(engine: Engine, ids: list[int], top: int) -> list[Entry]:
             chosen = rows.gather(1, torch.tensor(nxt, device=rows.device).unsqueeze(1)).squeeze(1).tolist()
             alts = torch.topk(rows, top) if top > 0 else None
             for j, tid in enumerate(nxt):
-                pairs = list(zip(alts.indices[j].tolist(), alts.values[j].tolist())) if alts is not None else []
+                pairs = (
+                    list(zip(alts.indices[j].tolist(), alts.values[j].tolist())) if alts is not None else []
+                )
                 entries.append((tid, (chosen[j], pairs)))
     finally:
         cache.allocator.free(scratch.pages)

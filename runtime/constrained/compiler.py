@@ -29,7 +29,9 @@ class GrammarCompiler:
         self._tokenizer: Any = None
         self._cache: OrderedDict[Grammar, Any] = OrderedDict()
         self._lock = threading.Lock()
-        self.compile_s: dict[str, float] = {}  # label of the last compile of each kind -> seconds (benchmarks)
+        self.compile_s: dict[
+            str, float
+        ] = {}  # label of the last compile of each kind -> seconds (benchmarks)
         self.compiles = 0
 
     def _llg_tokenizer(self) -> Any:

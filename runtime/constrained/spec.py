@@ -47,7 +47,9 @@ def json_object() -> Grammar:
     return g._replace(label="json_object")
 
 
-def tool_call(tools: list[tuple[str, dict[str, Any] | None]], call_format: str, forced: str | None) -> Grammar:
+def tool_call(
+    tools: list[tuple[str, dict[str, Any] | None]], call_format: str, forced: str | None
+) -> Grammar:
     """The rest of one tool call after the forced prefix: the name (one of ``tools``, unless the prefix
     already named ``forced``), the arguments valid against that tool's ``parameters``, the closing markup.
     """

@@ -9,8 +9,8 @@ from typing import Any
 
 from chat_templates.parsers import OutputParser, parse_full
 from runtime.request import RequestOutput
-from runtime.server.diagnostics import HistoryEntry
 from runtime.server.constraints import chat_grammar
+from runtime.server.diagnostics import HistoryEntry
 from runtime.server.params import chat_logprobs
 from runtime.server.prompting import ChatPrompt, build_chat_prompt
 from runtime.server.protocol import ChatCompletionRequest

@@ -29,7 +29,8 @@ class CompletionRun(EngineRun):
         ]
         super().__init__(state, req, "cmpl", ids)
         self.prompt_texts = [
-            p if isinstance(p, str) else state.tokenizer.decode(t) for p, t in zip(req.prompts(), self.prompts)
+            p if isinstance(p, str) else state.tokenizer.decode(t)
+            for p, t in zip(req.prompts(), self.prompts)
         ]
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,7 +14,11 @@ from runtime.server.protocol import ChatCompletionRequest, NamedToolChoice
 
 def chat_grammar(req: ChatCompletionRequest, tool_format: str | None) -> Grammar | None:
     choice = req.tool_choice
-    if tool_format is not None and req.tools and (choice == "required" or isinstance(choice, NamedToolChoice)):
+    if (
+        tool_format is not None
+        and req.tools
+        and (choice == "required" or isinstance(choice, NamedToolChoice))
+    ):
         tools = [(t.function.name, t.function.parameters) for t in req.tools]
         forced = choice.function.name if isinstance(choice, NamedToolChoice) else None
         return tool_call(tools, tool_format, forced)

@@ -25,7 +25,10 @@ REFUSED: dict[str, tuple[Callable[[Any, dict], bool], str]] = {
     "audio": (lambda v, d: v is None, "audio output is not supported"),
     "prediction": (lambda v, d: v is None, "predicted outputs are not supported"),
     "functions": (lambda v, d: v is None, "the legacy 'functions' field is not supported: use tools"),
-    "function_call": (lambda v, d: v is None, "the legacy 'function_call' field is not supported: use tool_choice"),
+    "function_call": (
+        lambda v, d: v is None,
+        "the legacy 'function_call' field is not supported: use tool_choice",
+    ),
     "web_search_options": (lambda v, d: v is None, "web search is not supported"),
 }
 

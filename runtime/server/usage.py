@@ -42,7 +42,9 @@ class StreamUsage:
             obj["usage"] = None
         return obj
 
-    def final(self, head: dict[str, Any], totals: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any] | None:
+    def final(
+        self, head: dict[str, Any], totals: dict[str, Any], extra: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """The usage-only last chunk (with ``extra``, e.g. the kvreuse extension), or None when not asked for."""
         if not self.include:
             return None
