@@ -27,7 +27,29 @@ class Grammar(NamedTuple):
     label: str
 
 
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever an object lists its properties and says
+    nothing about others (xgrammar's "strict mode", what OpenAI's strict outputs do).
+
+    Every output still validates against the original schema; without this a small model keeps
+    inventing keys until ``max_tokens`` cuts the JSON off.
+    """
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        k: closed(v) if k not in ("enum", "const", "default", "examples", "required") else v
+        for k, v in schema.items()
+    }
+    if "properties" in schema:
+        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    return out
+
+
 def _json_rule(schema: dict[str, Any]) -> str:
+    schema = closed(schema)
     styled = {**schema, "x-guidance": {**JSON_STYLE, **schema.get("x-guidance", {})}}
     return "%json " + json.dumps(styled, sort_keys=True, ensure_ascii=False)
 
