@@ -142,7 +142,7 @@ class Engine:
         req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
         req.logits_trace = [] if self.record_logits else None
         if params.grammar is not None:
-            req.matcher = self.grammars.matcher(params.grammar)
+            req.matcher = self.grammars.matcher(params.grammar, params.max_tokens)
         return req
 
     def submit(self, req: Request) -> None:

@@ -7,6 +7,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import torch
+
 from runtime.constrained.matcher import Matcher
 from runtime.constrained.spec import Grammar
 
@@ -27,6 +29,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
         self._hf_tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
         self._tokenizer: Any = None
+        self._closers: list[torch.Tensor] | None = None
         self._cache: OrderedDict[Grammar, Any] = OrderedDict()
         self._lock = threading.Lock()
         self.compile_s: dict[
@@ -64,11 +67,32 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
             return m
 
-    def matcher(self, grammar: Grammar) -> Matcher:
-        """A fresh matcher at the grammar's start, for one request."""
+    def matcher(self, grammar: Grammar, budget: int | None = None) -> Matcher:
+        """A fresh matcher at the grammar's start, for one request of at most ``budget`` tokens."""
         compiled = self.compiled(grammar)
         with self._lock:
-            return Matcher(compiled.deep_copy(), self.eos_ids)
+            if self._closers is None:
+                texts = [self._hf_tokenizer.decode([i]).strip() for i in range(self.vocab_size)]
+                self._closers = [
+                    _bitmask([i for i, t in enumerate(texts) if i in self.eos_ids or ok(t)], self.vocab_size)
+                    for ok in (_ends_string, _closes_container)
+                ]
+            return Matcher(compiled.deep_copy(), self.eos_ids, budget, self._closers)
+
+
+def _bitmask(ids: list[int], vocab_size: int) -> torch.Tensor:
+    words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int64)
+    for i in ids:
+        words[i // 32] |= 1 << (i % 32)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+
+
+def _ends_string(text: str) -> bool:
+    return text.startswith('"') and all(c in "}]" for c in text[1:])
+
+
+def _closes_container(text: str) -> bool:
+    return bool(text) and all(c in "}]" for c in text)
 
 
 def _first_line(msg: str) -> str:
