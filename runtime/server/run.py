@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from runtime.cache_scope import PUBLIC
 from runtime.constrained import Grammar
 from runtime.request import RequestOutput
 from runtime.server.fingerprint import system_fingerprint
@@ -55,6 +56,7 @@ class EngineRun:
     @property
     def num_choices(self) -> int:
         return len(self.params)
+        self.scope = PUBLIC  # the app sets the tenant's scope (runtime/server/tenants.py)
 
     def head(self, obj: str) -> dict[str, Any]:
         """The fields every response object and chunk of this request starts with."""
@@ -72,7 +74,7 @@ class EngineRun:
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         return merge_streams(
             [
-                self.state.aengine.stream(self.prompt_of(i), p, f"{self.id}-{i}")
+                self.state.aengine.stream(self.prompt_of(i), p, f"{self.id}-{i}", self.scope)
                 for i, p in enumerate(self.params)
             ]
         )
