@@ -149,9 +149,15 @@ class OutputParser:
         return True
 
     def _step_tool(self, final: bool) -> bool:
+        # A closing tag inside a JSON string is text: the call ends at the first one after which
+        # the body parses; until one does, wait for more (or, at the end, it is malformed).
         pos = self._buf.find(CALL_CLOSE)
+        while pos >= 0 and parse_hermes_body(self._buf[:pos]) is None:
+            pos = self._buf.find(CALL_CLOSE, pos + 1)
         if pos < 0 and not final:
             return False
+        if pos < 0 and CALL_CLOSE in self._buf:
+            pos = self._buf.find(CALL_CLOSE)  # malformed either way: keep the text as written
         body = self._buf if pos < 0 else self._buf[:pos]
         self._buf = "" if pos < 0 else self._buf[pos + len(CALL_CLOSE) :]
         call = parse_qwen_xml_body(body) if self._format == "qwen_xml" else parse_hermes_body(body)

@@ -20,6 +20,7 @@ import torch
 
 from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
+from runtime.constrained import GrammarCompiler, GrammarError
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.distributed.launch import TPError
 from runtime.hybrid_states import HybridStates
@@ -146,6 +147,7 @@ class Engine:
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
+        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
 
     # -- requests -----------------------------------------------------------------------
     def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -166,6 +168,13 @@ class Engine:
         vocab = self.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and not all(0 <= t < vocab for t in params.logit_bias):
+            raise EngineError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.grammar is not None:
+            try:
+                self.grammars.compiled(params.grammar)  # compiled once; later requests hit the cache
+            except GrammarError as e:
+                raise EngineError(str(e)) from None
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise EngineError(
@@ -196,7 +205,10 @@ class Engine:
             )
             gen = torch.Generator().manual_seed(seed)
         rid = request_id or f"req-{next(self._ids)}"
-        return Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
+        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
+        if params.grammar is not None:
+            req.matcher = self.grammars.matcher(params.grammar, params.max_tokens)
+        return req
 
     def submit(self, req: Request) -> None:
         """Thread-safe: queue a request for the next step."""

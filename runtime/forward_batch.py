@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.constrained.matcher import Matcher
 from runtime.sampling import SamplingParams
 from runtime.state_pool import StateInput
 
@@ -42,6 +43,7 @@ class StepInput(NamedTuple):
     params: list[SamplingParams]
     generators: list[torch.Generator | None]
     states: StateInput | None = None
+    matchers: list[Matcher | None] | None = None  # grammar state per sampled row (runtime/constrained)
 
 
 class ForwardBatch(NamedTuple):

@@ -141,7 +141,7 @@ class ModelRunner:
             logits = self.graphs.run(fb)  # a static buffer's view: consumed before the next step
         else:
             logits = self.model(fb, self.pool.layers, self.backend)
-        samples = sample(logits, batch.params, batch.generators) if batch.params else None
+        samples = sample(logits, batch.params, batch.generators, batch.matchers) if batch.params else None
         return StepResult(logits, samples)
 
     def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:

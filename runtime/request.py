@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from runtime.cache_scope import PUBLIC, CacheScope
+from runtime.constrained.matcher import Matcher
 from runtime.sampling import SamplingParams
 
 
@@ -56,6 +57,7 @@ class Request:
     finish_time: float | None = None
     retractions: int = 0
     logprobs: list = field(default_factory=list)
+    matcher: Matcher | None = None  # grammar state (params.grammar); advanced by the scheduler on commit
 
     def __post_init__(self) -> None:
         # one copy of the prompt shared by every output snapshot (never mutated)

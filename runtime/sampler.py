@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.constrained.masking import apply_constraints
+from runtime.constrained.matcher import Matcher
 from runtime.sampling import SamplingParams
 
 
@@ -33,9 +35,13 @@ class SampleResult(NamedTuple):
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    matchers: list[Matcher | None] | None = None,
 ) -> SampleResult:
-    logits = logits.float()
+    # fp32 (never inf/NaN for any accepted parameter); the same tensor when no row has bias or grammar
+    logits = apply_constraints(logits.float(), params, matchers)
     tokens = logits.argmax(dim=-1).tolist()
     errors: dict[int, Exception] = {}
     for i, p in enumerate(params):

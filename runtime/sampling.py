@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.constrained.spec import Grammar
 
 # Below this a temperature is greedy: fp32 logits (|x| < ~1e3) over 1e-5 stay far from overflow,
 # and the distribution is already one-hot to fp32 precision.  vLLM uses the same cut-off.
@@ -22,6 +26,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return per token (0 = chosen token only)
+    logit_bias: dict[int, float] | None = None  # added to the logits before sampling (token id -> bias)
+    grammar: Grammar | None = None  # constrained decoding: every output token must keep the grammar valid
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

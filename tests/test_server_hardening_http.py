@@ -89,8 +89,9 @@ def test_health_answers_while_a_huge_prompt_renders(server):
     th.join()
     assert result["status"] == 400 and result["code"] == "context_length_exceeded", result
     # under 1 s beyond what a health check costs anyway (a loaded CI machine adds its own latency);
-    # a render on the event loop would hold every probe for the whole render
-    assert lat and max(lat) < 1.0 + max(base), (lat, base, result)
+    # a render on the event loop would hold every probe for the whole render.  On a fast machine the
+    # whole request can be over before the first probe: then no probe can have waited 1 s either.
+    assert (lat and max(lat) < 1.0 + max(base)) or (not lat and result["took"] < 1.0), (lat, base, result)
 
 
 def test_stream_cut_by_shutdown_timeout_ends_with_error_and_done(tmp_path):

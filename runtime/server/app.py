@@ -149,8 +149,9 @@ def create_app(
     async def text_completions(request: Request) -> Response:
         body = await _parse(state, request, CompletionRequest)
         state.check_model(body.model)
+        choices = body.n * len(body.prompts())  # each prompt of a batch has its own n choices
         run = lambda: completions.CompletionRun(state, body)  # noqa: E731
-        return await _generate(state, request, run, body.n, body.stream, completions)
+        return await _generate(state, request, run, choices, body.stream, completions)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

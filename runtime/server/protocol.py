@@ -3,6 +3,8 @@
 Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients keep working.  Known
 fields are strict, as in the OpenAI API: ``"2"`` is not a number, ``"yes"`` is not a boolean and
 ``true`` is not a token id (pydantic's lax mode would accept all three).
+The few
+known fields whose silent ignoring would change the answer are refused (``runtime/server/unsupported.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from runtime.server.unsupported import check_logit_bias, refuse_unsupported
+
 MAX_STOP = 16
 MAX_N = 8
+MAX_PROMPTS = 32  # batched /v1/completions prompts per request
 
 
 def _integral(v: Any) -> Any:
@@ -143,6 +148,32 @@ class NamedToolChoice(_Body):
     function: NamedFunction
 
 
+class JsonSchemaFormat(_Body):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _check_schema(v, "response_format.json_schema.schema", 0)
+        return v
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format type 'json_schema' needs json_schema")
+        return self
+
+
 class _Sampling(_Body):
     model: str | None = None
     user: str | None = Field(default=None, max_length=256)  # names the session (kept cached, pinned)
@@ -154,11 +185,29 @@ class _Sampling(_Body):
     top_k: Annotated[int, Field(ge=-1), _INTEGRAL] | None = Field(
         default=None, json_schema_extra={"not": {"const": 0}}
     )
-    seed: Int | None = None  # any integer: reduced mod 2**63 for the generator
+    seed: Int | None = None  # a 64-bit signed integer (checked below with a one-line message)
     stop: str | list[str] | None = None
     stop_token_ids: list[Int] | None = Field(default=None, max_length=64)
     ignore_eos: bool = False
     n: Int = Field(default=1, ge=1, le=MAX_N)
+    logit_bias: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: Any) -> Any:
+        return refuse_unsupported(data)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return check_logit_bias(v)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, v: int | None) -> int | None:
+        if v is not None and not -(2**63) <= v < 2**63:
+            raise ValueError("seed must be a 64-bit signed integer")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -198,6 +247,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
@@ -215,14 +265,14 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    """``POST /v1/completions``: one prompt, as text or token ids."""
+    """``POST /v1/completions``: a prompt as text or token ids, or a list of them (each its own choices)."""
 
-    # one prompt: text, token ids, or a batch of exactly one of those
+    # one prompt (text or token ids) or a batch of them, each with its own n choices
     prompt: (
         _Text
         | _Ids
-        | Annotated[list[_Text], Field(min_length=1, max_length=1)]
-        | Annotated[list[_Ids], Field(min_length=1, max_length=1)]
+        | Annotated[list[_Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[_Ids], Field(min_length=1, max_length=MAX_PROMPTS)]
     )
     max_tokens: Int = Field(default=16, ge=1)
     logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
@@ -231,17 +281,18 @@ class CompletionRequest(_Sampling):
     @field_validator("prompt", mode="before")
     @classmethod
     def _plain_errors(cls, v: Any) -> Any:
-        # the two mistakes worth a sentence of their own, before the union's type errors
-        if isinstance(v, list) and len(v) > 1 and isinstance(v[0], (str, list)):
-            raise ValueError("batched prompts are not supported: send one prompt per request")
-        if v == "" or v == [] or v == [""] or v == [[]]:
+        # the mistakes worth a sentence of their own, before the union's type errors
+        batch = v if isinstance(v, list) and v and isinstance(v[0], (str, list)) else [v]
+        if isinstance(v, list) and len(batch) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request")
+        if v == "" or v == [] or any(p == "" or p == [] for p in batch):
             raise ValueError("the prompt is empty")
-        ids = v[0] if isinstance(v, list) and len(v) == 1 and isinstance(v[0], list) else v
-        if isinstance(ids, list) and any(type(t) in (int, float) and t < 0 for t in ids):
-            raise ValueError("prompt token ids must be >= 0")
+        for ids in batch:
+            if isinstance(ids, list) and any(type(t) in (int, float) and t < 0 for t in ids):
+                raise ValueError("prompt token ids must be >= 0")
         return v
 
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: Any) -> str | list[int]:
-        return v[0] if isinstance(v, list) and isinstance(v[0], (str, list)) else v
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts in order: one for a single prompt, several for a batch."""
+        p = self.prompt
+        return list(p) if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
