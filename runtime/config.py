@@ -28,6 +28,7 @@ class EngineConfig:
     schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
+    quantize: str | None = None  # none | int8 | int4 | gguf (a GGUF's own blocks); None: see default_quantize
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -12,6 +12,7 @@ from runtime.forward_batch import StepInput, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models import build_model
 from runtime.models.config import ModelConfig
+from runtime.models.quantize import apply_quantization
 from runtime.sampler import SampleResult, sample
 from runtime.weights import load_weights
 
@@ -37,6 +38,11 @@ def default_dtype(device: torch.device) -> str:
     return "bfloat16" if ("amx_bf16" in flags or "avx512_bf16" in flags) else "float32"
 
 
+def default_quantize(model_dir: Path, device: torch.device) -> str:
+    """Dense unless a GGUF model runs on CPU: then its own blocks (``runtime/models/quantize.py``)."""
+    return "none"
+
+
 class ModelRunner:
     """Our model plus its paged KV pool on one device."""
 
@@ -49,12 +55,15 @@ class ModelRunner:
         kv_cache_memory: int | None,
         num_pages: int | None = None,
         attention_backend: str = "auto",
+        quantize: str = "none",
     ) -> None:
         self.device = torch.device(device)
         self.dtype = DTYPES[dtype]
         self.cfg = ModelConfig.from_dir(model_dir)
         self.model = build_model(self.cfg, self.device, self.dtype)
         load_weights(self.model, model_dir)
+        apply_quantization(self.model, quantize, model_dir)
+        self.quantize = quantize
         self.model.prepare()
         self.model.eval()
         self.pool = KVPool(self.cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
