@@ -20,9 +20,13 @@ import time
 import torch
 
 from benchmarks.common import base_parser, bench_main, format_table, median, model_dir, progress
-from benchmarks.ttft_multiturn import common_prefix, conversation_prompts
+from benchmarks.ttft_multiturn import conversation_prompts
 
 TARGET = 0.8
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"weights": "dense (dequantised GGUF)", "dtypes": args.dtypes, "per_dtype": {}}
     for dt in args.dtypes:
         dtype = getattr(torch, dt)
-        eng = Engine(dtype=dt, quantize="none", kv_cache_memory="1G")
+        eng = Engine(dtype=dt, quantize="none", kv_cache_memory="400M")
         hf = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=dtype).eval()
         cache_arg = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
         prompts = conversation_prompts(eng.tokenizer, args.turns, args.seed, args.system_tokens,

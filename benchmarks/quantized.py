@@ -58,20 +58,19 @@ def chat_ids(tok, text: str) -> list[int]:
 
 
 def perplexity(engine, ids: list[int]) -> float:
-    """exp(mean NLL) of ``ids[1:]`` given their prefixes: one forward with logits for every row."""
-    from runtime.forward_batch import build_forward_batch
-    from runtime.sampling import SamplingParams
+    """exp(mean NLL) of ``ids[1:]`` given their prefixes: one forward with logits for every row.
 
-    req = engine.make_request(ids, SamplingParams(max_tokens=1, ignore_eos=True))
-    engine.cache.admit(req)
-    assert engine.cache.reserve(req, len(ids)), "pool too small for the perplexity text"
-    try:
-        runner = engine.runner
-        fb = build_forward_batch([(ids, 0, req.pages)], [True], runner.page_size, runner.device)
-        fb = fb._replace(logits_rows=torch.arange(len(ids) - 1))
-        logits = runner.model(fb, runner.pool.layers, runner.backend).float()
-    finally:
-        engine.cache.release(req, cache=False)
+    Runs on the engine's runner with the engine idle and its prefix cache reset, so the first pages of
+    the pool are free scratch space for this forward.
+    """
+    from runtime.forward_batch import build_forward_batch
+
+    engine.reset_prefix_cache()
+    runner = engine.runner
+    pages = list(range((len(ids) + runner.page_size - 1) // runner.page_size))
+    fb = build_forward_batch([(ids, 0, pages)], [True], runner.page_size, runner.device)
+    fb = fb._replace(logits_rows=torch.arange(len(ids) - 1))
+    logits = runner.model(fb, runner.pool.layers, runner.backend).float()
     nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]))
     return math.exp(nll.item())
 
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
 
     args.gguf = embedded_gguf_path()
     variants = {"gguf": ("bfloat16", "gguf"), "bf16": ("bfloat16", "none"), "fp32": ("float32", "none")}
-    engines = {k: Engine(dtype=dt, quantize=q, kv_cache_memory="512M") for k, (dt, q) in variants.items()}
+    engines = {k: Engine(dtype=dt, quantize=q, kv_cache_memory="160M") for k, (dt, q) in variants.items()}
     tok = engines["gguf"].tokenizer
     chats = [chat_ids(tok, p) for p in PROMPTS[: 2 if args.quick else 5]]
     text = tok.encode(TEXT, add_special_tokens=False)

@@ -28,7 +28,9 @@ class EngineConfig:
     schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
-    quantize: str | None = None  # none | int8 | int4 | gguf (a GGUF's own blocks); None: see default_quantize
+    # none | int8 | int4 | gguf (a GGUF's own blocks). Dense by default: quantized decodes faster but
+    # prefills slower (benchmarks/results/quantized.json)
+    quantize: str = "none"
     seed: int = 0
 
     def __post_init__(self) -> None:

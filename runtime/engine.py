@@ -20,7 +20,7 @@ import torch
 from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.model_runner import ModelRunner, default_dtype, default_quantize
+from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput
@@ -70,7 +70,7 @@ class Engine:
             cfg.kv_cache_memory,
             cfg.num_pages,
             cfg.attention_backend,
-            cfg.quantize or default_quantize(self.model_dir, torch.device(device)),
+            cfg.quantize,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)

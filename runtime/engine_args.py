@@ -58,9 +58,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quantize",
         choices=["none", "int8", "int4", "gguf"],
-        default=None,
-        help="weight-only quantized linears on CPU; gguf = a GGUF model's own blocks "
-        "(default: gguf for a GGUF model on CPU, else none)",
+        default="none",
+        help="weight-only quantized linears on CPU; gguf = a GGUF model's own blocks (default none)",
     )
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
 

@@ -38,11 +38,6 @@ def default_dtype(device: torch.device) -> str:
     return "bfloat16" if ("amx_bf16" in flags or "avx512_bf16" in flags) else "float32"
 
 
-def default_quantize(model_dir: Path, device: torch.device) -> str:
-    """Dense unless a GGUF model runs on CPU: then its own blocks (``runtime/models/quantize.py``)."""
-    return "none"
-
-
 class ModelRunner:
     """Our model plus its paged KV pool on one device."""
 

@@ -106,17 +106,14 @@ def test_unpermute_matches_transformers_gguf_loader() -> None:
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_engine_tracks_the_dense_one(tmp_path, mode: str) -> None:
     """A tiny HF model under --quantize: every decoder linear swapped, next-token logits close to dense."""
-    from runtime.engine import Engine
     from runtime.models.quant_linear import QuantLinear
     from runtime.sampling import SamplingParams
-    from tests.engine_drive import generate_checked
+    from tests.engine_drive import generate_checked, tiny_engine
     from tests.helpers import make_tiny_model
 
     path = make_tiny_model(tmp_path / "m", arch="qwen2")  # qkv bias exercises the quantized bias path
-    opts = dict(
-        model_dir=str(path), dtype="float32", device="cpu", num_pages=32, page_size=4, record_logits=True
-    )
-    dense, quant = Engine(quantize="none", **opts), Engine(quantize=mode, **opts)
+    opts = dict(dtype="float32", device="cpu", num_pages=32, page_size=4, record_logits=True)
+    dense, quant = tiny_engine(path, quantize="none", **opts), tiny_engine(path, quantize=mode, **opts)
     swapped = [m for m in quant.runner.model.modules() if isinstance(m, QuantLinear)]
     assert len(swapped) == 2 * 4  # two layers x (qkv, o, gate_up, down)
     prompt = list(range(3, 40))
