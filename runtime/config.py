@@ -27,6 +27,9 @@ class EngineConfig:
     schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
+    # none | int8 | int4 | gguf (a GGUF's own blocks). Dense by default: quantized decodes faster but
+    # prefills slower (benchmarks/results/quantized.json)
+    quantize: str = "none"
     seed: int = 0
     tensor_parallel_size: int = 1  # ranks on torch.distributed (gloo on CPU, NCCL on GPUs); rank 0 schedules
     kv_store: str | None = None  # directory of the disk tier (KV pages that outlive eviction and restarts)
@@ -64,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"session_ttl must be > 0 seconds, got {self.session_ttl}")
         if not 0 <= self.pinned_fraction <= 1:
             raise ValueError(f"pinned_fraction must be in [0, 1], got {self.pinned_fraction}")
+        if self.tensor_parallel_size > 1 and self.quantize != "none":
+            raise ValueError("--quantize does not work with --tensor-parallel-size > 1 yet")
         if self.tensor_parallel_size > 1 and (self.kv_store or self.kv_host_memory):
             raise ValueError("--kv-store / --kv-host-memory do not work with --tensor-parallel-size > 1 yet")
         if self.max_running < 1:

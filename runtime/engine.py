@@ -104,6 +104,7 @@ class Engine:
             cfg.attention_backend,
             tensor_parallel_size=cfg.tensor_parallel_size,
             state_slots=cfg.max_running,
+            quantize=cfg.quantize,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)

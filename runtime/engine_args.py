@@ -55,6 +55,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
     )
     g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
+    g.add_argument(
+        "--quantize",
+        choices=["none", "int8", "int4", "gguf"],
+        default="none",
+        help="weight-only quantized linears on CPU; gguf = a GGUF model's own blocks (default none)",
+    )
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
     g.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="shard the model over N ranks (torch.distributed)"
@@ -95,6 +101,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         pinned_fraction=args.pinned_fraction,
         schedule_policy=args.schedule_policy,
         attention_backend=args.attention_backend,
+        quantize=args.quantize,
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
         kv_store=args.kv_store,

@@ -27,6 +27,7 @@ from runtime.kv_pool import KVPool
 from runtime.models import build_model
 from runtime.models.config import ModelConfig
 from runtime.models.gated_deltanet import StateBatch
+from runtime.models.quantize import apply_quantization
 from runtime.sampler import SampleResult, sample
 from runtime.state_pool import StateInput, StatePool
 from runtime.weights import load_weights
@@ -71,6 +72,7 @@ class ModelRunner:
         attention_backend: str = "auto",
         tensor_parallel_size: int = 1,
         state_slots: int = 64,
+        quantize: str = "none",
         tp: TPGroup | None = None,
     ) -> None:
         self.cfg = ModelConfig.from_dir(model_dir)  # the whole model's shapes, whatever this rank keeps
@@ -94,6 +96,8 @@ class ModelRunner:
         self.device = torch.device(rank_device(device, tp.rank) if tp else device)
         self.dtype = DTYPES[dtype]
         self.model = self._load(Path(model_dir))
+        apply_quantization(self.model, quantize, model_dir)
+        self.quantize = quantize
         self.model.prepare()
         self.model.eval()
         log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())

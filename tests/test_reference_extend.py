@@ -1,0 +1,78 @@
+"""The CPU extend path (prefix without a mask + chunk causally, merged by log-sum-exp, or padded
+queries for a short prefix) against plain masked attention in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+
+
+def masked_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Textbook softmax(q k^T) v with the bottom-right causal mask; q [Lq, Hq, D], k/v [Lk, Hkv, D]."""
+    lq, hq, _ = q.shape
+    lk, hkv, _ = k.shape
+    group = hq // hkv
+    k = k.double().repeat_interleave(group, dim=1)
+    v = v.double().repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    visible = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
+    s = s.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+
+
+def paged(seq_lens: list[int], page_size: int, hkv: int, d: int, dtype: torch.dtype, gen: torch.Generator):
+    """A pool whose pages are handed out in random order; returns caches, page table, seq_lens."""
+    n_pages = [(n + page_size - 1) // page_size for n in seq_lens]
+    total = sum(n_pages) + 1
+    k_cache = torch.randn(total, page_size, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(total, page_size, hkv, d, generator=gen).to(dtype)
+    order = torch.randperm(total, generator=gen).tolist()
+    table = torch.zeros(len(seq_lens), max(n_pages), dtype=torch.int32)
+    for i, n in enumerate(n_pages):
+        table[i, :n] = torch.tensor(order[:n], dtype=torch.int32)
+        order = order[n:]
+    return k_cache, v_cache, table, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def run_case(prefixes: list[int], q_lens: list[int], dtype: torch.dtype, hq: int = 6, hkv: int = 2):
+    gen = torch.Generator().manual_seed(sum(prefixes) + 7 * sum(q_lens))
+    d, page_size, scale = 64, 16, 0.125
+    seq_lens = [p + n for p, n in zip(prefixes, q_lens, strict=True)]
+    k_cache, v_cache, table, lens = paged(seq_lens, page_size, hkv, d, dtype, gen)
+    q = torch.randn(sum(q_lens), hq, d, generator=gen).to(dtype)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    got = reference.extend_attention(q, k_cache, v_cache, table, cu, lens, scale)
+    parts = []
+    for i, n in enumerate(seq_lens):
+        slots = reference.kv_slots(table[i], n, page_size)
+        k = k_cache.view(-1, hkv, d)[slots]
+        v = v_cache.view(-1, hkv, d)[slots]
+        parts.append(masked_attention_f64(q[cu[i] : cu[i + 1]], k, v, scale))
+    return got, torch.cat(parts)
+
+
+# (prefix, new): the padded path (short prefix), the merged path, a prefix longer than the chunk
+CASES = [([3], [40]), ([40], [33]), ([200], [50]), ([1], [2]), ([70, 0, 5], [20, 31, 1])]
+
+
+@pytest.mark.parametrize(("prefixes", "q_lens"), CASES)
+def test_extend_matches_masked_attention_fp32(prefixes: list[int], q_lens: list[int]) -> None:
+    got, expected = run_case(prefixes, q_lens, torch.float32)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("prefixes", "q_lens"), CASES[:3])
+def test_extend_bf16_close_to_fp64(prefixes: list[int], q_lens: list[int]) -> None:
+    got, expected = run_case(prefixes, q_lens, torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("pad_limit", [0, 10**9])
+def test_both_strategies_agree(monkeypatch: pytest.MonkeyPatch, pad_limit: int) -> None:
+    """Force each of the two exact methods on the same inputs: both match the oracle."""
+    monkeypatch.setattr(reference, "_PAD_LIMIT", pad_limit)
+    got, expected = run_case([24, 90], [17, 64], torch.float32, hq=4, hkv=4)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
