@@ -199,7 +199,7 @@ class Engine:
                 continue
             if req.logits_trace is not None:
                 req.logits_trace.append(logits[row].cpu())
-            tok = samples.tokens[row]
+            tok = req.params.forced_at(len(req.output_ids), samples.tokens[row])
             if req.params.logprobs is not None:
                 req.logprobs.append((tok, samples.logprobs[row]))
             row += 1
