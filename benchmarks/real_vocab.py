@@ -119,19 +119,11 @@ def tokenizer_dir(family: str) -> Path:
     hf_logging.set_verbosity_error()
     print(f"kvreuse: converting {gguf.name} to tokenizer.json (once) ...", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    backend = tok.backend_tokenizer
-    from tokenizers import AddedToken
-
-    for idx, text in fam.added:
-        have = backend.token_to_id(text)
-        if have == idx:
-            continue
-        if have is None and backend.get_vocab_size(with_added_tokens=True) == idx:
-            backend.add_special_tokens([AddedToken(text, special=True, normalized=False)])
-            continue
-        raise ModelSourceError(f"{gguf.name}: {text} should have id {idx}, has {have}")
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token=fam.eos, bos_token=fam.bos, pad_token=fam.eos
+        tokenizer_object=with_added_tokens(tok.backend_tokenizer, fam.added, gguf.name),
+        eos_token=fam.eos,
+        bos_token=fam.bos,
+        pad_token=fam.eos,
     )
     tmp = Path(tempfile.mkdtemp(dir=vocab_root()))
     fast.save_pretrained(tmp)
@@ -140,6 +132,28 @@ def tokenizer_dir(family: str) -> Path:
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def with_added_tokens(backend: Any, added: tuple[tuple[int, str], ...], source: str) -> Any:
+    """The tokenizer with each ``(id, text)`` as a special token at that id.
+
+    The vendored GGUFs pad the vocabulary with ``[PAD<id>]`` placeholders (or reserved names) where the
+    later model versions put their added tokens; those ids are renamed in place so every id is real.
+    """
+    from tokenizers import Tokenizer
+
+    d = json.loads(backend.to_str())
+    vocab, by_id = d["model"]["vocab"], {a["id"]: a for a in d["added_tokens"]}
+    for idx, text in added:
+        old = by_id.get(idx)
+        if old is None or (text in vocab and vocab[text] != idx):
+            raise ModelSourceError(f"{source}: no placeholder at id {idx} for {text}")
+        if old["content"] != text:
+            vocab.pop(old["content"], None)
+            vocab[text] = idx
+            old["content"] = text
+        old.update(special=True, normalized=False)
+    return Tokenizer.from_str(json.dumps(d))
 
 
 def load_tokenizer(family: str) -> Any:

@@ -38,10 +38,18 @@ class InProcessTarget:
     def reset(self) -> None:
         self.engine.reset_prefix_cache()
 
-    def send(self, request: Request, token_ids: list[int], cache: bool) -> Measured:
+    def send(
+        self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
+    ) -> Measured:
+        """Run one request; ``forced``: the reply to emit as generated tokens (cached replies)."""
         if not cache:
             self.engine.reset_prefix_cache()  # cache off: nothing survives from earlier requests
-        out = self.engine.generate([token_ids], self.params)[0]
+        params = self.params
+        if forced:
+            from runtime.sampling import SamplingParams
+
+            params = SamplingParams(max_tokens=len(forced), forced_tokens=forced, ignore_eos=True)
+        out = self.engine.generate([token_ids], params)[0]
         return Measured(
             len(out.prompt_token_ids),
             out.cached_tokens,
@@ -87,7 +95,10 @@ class ServerTarget:
         if not ok:
             self.reset_note = "server has no POST /v1/cache/reset: runs may start with a warm cache"
 
-    def send(self, request: Request, token_ids: list[int], cache: bool) -> Measured:
+    def send(
+        self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
+    ) -> Measured:
+        """Stream one chat completion; an OpenAI API cannot force a reply, so ``forced`` is ignored."""
         if not cache:
             self.reset()
         t0 = time.perf_counter()

@@ -1,0 +1,75 @@
+"""Tokenizer + chat template combinations the patterns run under, and the reply each request generates.
+
+A *stack* is what turns a pattern's messages into token ids: a tokenizer (a real model family's, or the
+engine's own) and a chat template with its keyword arguments.  ``qwen3-stock`` is Qwen3's template as
+published (reasoning of turns before the latest user query stripped), ``qwen3-append`` the same template
+with our ``keep_reasoning`` (append-only), ``llama3.1`` Meta's Llama 3.1 template (tools in the first user
+message), ``smollm2`` the embedded model's tokenizer in the Qwen3 format (the TTFT runs).
+
+Cached replies: request k's reply is the scripted assistant message of turn k, and the tokens the model
+"generates" are those the template renders for that message as the conversation's last turn (what a
+model trained on the template emits), up to and including the end-of-turn token.  They are forced
+through the engine, so their KV is cached like a real generation's; where the next request renders
+the message differently (a template that rewrites history), the difference is a cache miss.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from benchmarks.patterns.request import Request
+
+
+class Stack(NamedTuple):
+    """Tokenizer family (None: the target's own), template, template kwargs that win over the pattern's."""
+
+    name: str
+    family: str | None
+    template: str
+    kwargs: dict[str, Any]
+    end_of_turn: str
+    note: str
+
+
+STACKS = {
+    "qwen3-stock": Stack("qwen3-stock", "qwen3", "qwen3", {"keep_reasoning": False}, "<|im_end|>",
+                         "Qwen3 vocabulary, Qwen3's template as published (old reasoning stripped)"),
+    "qwen3-append": Stack("qwen3-append", "qwen3", "qwen3", {}, "<|im_end|>",
+                          "Qwen3 vocabulary, our append-only Qwen3 template (keep_reasoning)"),
+    "llama3.1": Stack("llama3.1", "llama3", "llama3", {}, "<|eot_id|>",
+                      "Llama 3 vocabulary, Llama 3.1's template (tools in the first user message)"),
+    "smollm2": Stack("smollm2", None, "qwen3", {}, "<|im_end|>",
+                     "embedded SmolLM2 tokenizer in the Qwen3 format (TTFT runs)"),
+}  # fmt: skip
+
+
+def template_source(stack: Stack, tokenizer: Any, transform: Any = None) -> str:
+    """The stack's Jinja source, optionally rewritten by a pattern (e.g. tools before the system text)."""
+    from chat_templates import load_template
+
+    src = load_template(stack.template, tokenizer)
+    return transform(src) if transform is not None else src
+
+
+def render_request(tokenizer: Any, source: str, stack: Stack, req: Request, generation: bool = True) -> Any:
+    from chat_templates import render
+
+    kwargs = {**req.template_kwargs, **stack.kwargs}
+    return render(tokenizer, req.messages, req.tools, template=source, add_generation_prompt=generation, **kwargs)
+
+
+def reply_tokens(tokenizer: Any, source: str, stack: Stack, req: Request, prompt: Any, reply: dict) -> list[int]:
+    """The ids the model emits for ``reply`` after ``prompt``: the template's rendering of it as the last turn."""
+    from chat_templates import render_text
+
+    kwargs = {**req.template_kwargs, **stack.kwargs}
+    done = render_text(tokenizer, [*req.messages, reply], req.tools, template=source, add_generation_prompt=False, **kwargs)
+    ids, p = tokenizer(done, add_special_tokens=False)["input_ids"], prompt.token_ids
+    if ids[: len(p)] == p:
+        tail = ids[len(p) :]
+    else:  # a token merged across the boundary, or the template rewrote history once the reply exists
+        n = len(os.path.commonprefix([done, prompt.text]))
+        tail = tokenizer(done[n:], add_special_tokens=False)["input_ids"]
+    end = tokenizer.convert_tokens_to_ids(stack.end_of_turn)
+    return tail[: tail.index(end) + 1] if end in tail else tail
