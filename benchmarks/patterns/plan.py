@@ -36,7 +36,6 @@ RESEARCH = ["append_only", "compress_budget", "compress_unfrozen", "compress_eve
             "compact_threshold"]  # fmt: skip
 FANOUT = ["append_only", "subagent_own_system"]
 AGENT = ["append_only", "timestamp_end", "tools_reordered", "sliding_window", "compact_threshold"]
-AGENT_FULL = [*AGENT, "timestamp_start", "status_replace", "status_append", "subagent_own_system"]
 TIMED = ["append_only", "naive", "timestamp_start", "timestamp_end", "tools_reordered", "sliding_window",
          "status_append"]  # fmt: skip
 
@@ -54,7 +53,7 @@ def token_jobs(full: bool, quick: bool) -> list[Job]:
                           "status_append")]  # fmt: skip
     groups = [("coding", CODING), ("research", RESEARCH), ("fanout", FANOUT)]
     if full:
-        groups.append(("agent", AGENT_FULL))
+        groups.append(("agent", AGENT))
     jobs = [Job(w, "default", s, p, "cached") for w, ps in groups for s in REAL_STACKS for p in ps if _applies(s, w, p)]
     jobs += [Job("coding", "default", "qwen3-append", p, "replayed") for p in ("append_only", "status_replace",
                                                                               "status_append")]  # fmt: skip
