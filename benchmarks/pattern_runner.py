@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.patterns import PATTERNS, Pattern, ideal_prefill, select
-from benchmarks.patterns.plan import Job, timed_jobs, token_jobs
+from benchmarks.patterns import Pattern, ideal_prefill, select
 from benchmarks.patterns.checks import change_start
 from benchmarks.patterns.ideal import best_prefix, computed_streams
+from benchmarks.patterns.plan import Job, timed_jobs, token_jobs
 from benchmarks.patterns.stacks import STACKS, Stack, render_request, reply_tokens, template_source
-from benchmarks.targets import InProcessTarget, Measured, ServerTarget
-from benchmarks.workloads import ALL_WORKLOADS, Trajectory, load
+from benchmarks.targets import Measured
+from benchmarks.workloads import ALL_WORKLOADS, Trajectory
 
 DEFAULT_STACK = STACKS["smollm2"]
 
@@ -77,7 +77,9 @@ def run_pattern(
     cached); ``"replayed"`` generates ``max_tokens`` throwaway tokens and the next turn prefills the reply.
     ``tick(row)`` is called after each request with its measured row.
     """
-    rendered, forced = rendered if rendered is not None else render_all(tokenizer, pattern, traj, stack, replies)
+    rendered, forced = (
+        rendered if rendered is not None else render_all(tokenizer, pattern, traj, stack, replies)
+    )
     reqs = pattern.requests(traj)
     target.reset()
     rows, outputs = [], []
@@ -133,6 +135,7 @@ def add_savings(runs: list[dict]) -> None:
     Where naive did not run, its prefill is derived: with the cache off every prompt token of the
     append-only requests is prefilled (``savings_basis`` says which; TTFT savings need the measured run).
     """
+
     def key(r: dict) -> tuple:
         return r["workload"], r.get("stack"), r.get("replies"), r.get("round", 0)
 
@@ -147,38 +150,38 @@ def add_savings(runs: list[dict]) -> None:
         t["ttft_savings_vs_naive"] = 1 - t["ttft_s"] / n["ttft_s"] if n is not None and n["ttft_s"] else None
 
 
-def engine_for(family: str | None, args: argparse.Namespace) -> Any:
-    """The in-process engine of a stack: the tiny real-vocabulary model, or ``--model`` (embedded)."""
-    from runtime.engine import Engine
-
-    if family is None:
-        return Engine(args.model, page_size=args.page_size)
-    from benchmarks.real_vocab import tiny_model_dir
-
-    # one long chunk: a 1-layer model's step cost is mostly per-step overhead
-    return Engine(model_dir=str(tiny_model_dir(family)), dtype="float32", page_size=args.page_size, chunk_size=8192)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="kvreuse bench patterns", description="Context-pattern KV-reuse benchmark"
     )
     ap.add_argument("--quick", action="store_true", help="a smoke run (a few patterns, one TTFT round)")
-    ap.add_argument("--full", action="store_true", help="add the agent-scale session (token-exact) to the default")
+    ap.add_argument(
+        "--full", action="store_true", help="add the agent-scale session (token-exact) to the default"
+    )
     ap.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="folder for report.md, PNG plots, results.json"
     )
     ap.add_argument(
-        "--server", help="base URL of an OpenAI-compatible server: time its TTFT instead of the in-process engine"
+        "--server",
+        help="base URL of an OpenAI-compatible server: time its TTFT instead of the in-process engine",
     )
     ap.add_argument("--model", help="model for the timed runs (default: the embedded SmolLM2)")
     ap.add_argument("--served-model", help="model name to request from --server (default: its first model)")
     ap.add_argument("--patterns", help="comma-separated pattern names: only these (in every section)")
-    ap.add_argument("--workloads", help=f"comma-separated workloads from {','.join(ALL_WORKLOADS)}: only these")
-    ap.add_argument("--replies", choices=("cached", "replayed"), default=None,
-                    help="token-exact jobs: cached (forced decoding, default) or replayed (the first edition's mode)")
+    ap.add_argument(
+        "--workloads", help=f"comma-separated workloads from {','.join(ALL_WORKLOADS)}: only these"
+    )
+    ap.add_argument(
+        "--replies",
+        choices=("cached", "replayed"),
+        default=None,
+        help="token-exact jobs: cached (forced decoding, default) or replayed (the first edition's mode)",
+    )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved TTFT rounds (default 3, --quick 1)")
     ap.add_argument("--no-ttft", action="store_true", help="token-exact sections only (no timing)")
+    ap.add_argument(
+        "--curve", help="context lengths of the TTFT curve, comma-separated (default 512,1024,2048,4096)"
+    )
     ap.add_argument("--no-tokens", action="store_true", help="timed sections only")
     ap.add_argument(
         "--max-tokens", type=int, default=1, help="tokens generated per timed request (replies replayed)"
@@ -207,75 +210,9 @@ def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
     return list(dict.fromkeys(tokens)), timed
 
 
-def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict]:
-    """The token-exact jobs, grouped by tokenizer family so each tiny model loads once."""
-    runs: list[dict] = []
-    by_family: dict[str | None, list[Job]] = {}
-    for j in jobs:
-        by_family.setdefault(STACKS[j.stack].family, []).append(j)
-    for family, fjobs in by_family.items():
-        engine = engine_for(family, args)
-        target = InProcessTarget(engine, max_tokens=2)
-        for j in fjobs:
-            t0 = time.perf_counter()
-            traj, stack = load(j.workload, j.variant), STACKS[j.stack]
-            runs.append(run_pattern(target, engine.tokenizer, PATTERNS[j.pattern], traj, lambda row: None,
-                                    args.page_size, None, stack, j.replies))  # fmt: skip
-            t = runs[-1]["totals"]
-            log(f"{j.workload}:{j.stack}:{j.pattern}:{j.replies} prefilled {t['prefilled_tokens']:,} of "
-                f"{t['prompt_tokens']:,} ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
-        del engine, target
-    return runs
-
-
-def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list[dict], list[dict], dict]:
-    """Interleaved rounds of the timed jobs, then the TTFT-vs-context curve (in-process only)."""
-    import transformers
-
-    from benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
-    from runtime.model_source import resolve_model
-
-    rounds_n = args.rounds or (1 if args.quick else 3)
-    if args.server:
-        target = ServerTarget(args.server, args.served_model, max_tokens=args.max_tokens)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model(args.model)[0])
-        meta = {"target": "server", "url": args.server, "model": target.model}
-        engine = None
-    else:
-        engine = engine_for(None, args)
-        target, tokenizer = InProcessTarget(engine, max_tokens=args.max_tokens), engine.tokenizer
-        meta = {"target": "in-process", "model": engine.model_name, "dtype": str(engine.dtype),
-                "device": str(engine.device)}  # fmt: skip
-    prepared = {j: render_all(tokenizer, PATTERNS[j.pattern], load(j.workload, j.variant), STACKS[j.stack],
-                              j.replies) for j in jobs}  # fmt: skip
-    if engine is not None:  # warm-up: the first forward pays for allocation and kernel selection
-        engine.generate([list(range(100, 400))], engine_params(1))
-    rounds = []
-    for r in range(rounds_n):
-        runs = []
-        for j in rotated(jobs, r):
-            traj = load(j.workload, j.variant)
-            runs.append(run_pattern(target, tokenizer, PATTERNS[j.pattern], traj, lambda row: None,
-                                    args.page_size, prepared[j], STACKS[j.stack], j.replies))  # fmt: skip
-            log(f"round {r} {j.pattern}: TTFT {sum(x['ttft_s'] for x in runs[-1]['requests']):.1f}s")
-        rounds.append(runs)
-    order = [j.pattern for j in jobs]
-    merged = sorted(summarize_rounds(rounds), key=lambda run: order.index(run["pattern"]))
-    for run in merged:
-        run["rounds"] = rounds_n
-    lengths = [512, 1024, 2048] if args.quick else [512, 1024, 2048, 4096]
-    curve = context_curve(engine, lengths, rounds_n, log) if engine is not None else []
-    return merged, curve, meta
-
-
-def engine_params(n: int) -> Any:
-    from runtime.sampling import SamplingParams
-
-    return SamplingParams(max_tokens=n)
-
-
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import machine_info, progress
+    from benchmarks.patterns.sections import run_timed, run_tokens
     from benchmarks.report import write_report
 
     args = parse_args(argv)

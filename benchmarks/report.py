@@ -111,7 +111,11 @@ def _cost(runs: list[dict]) -> list[str]:
               "(linear layers + causal attention over the cached prefix).", "",
               "| pattern | " + " | ".join(f"{r.provider} $" for r in PRICE_RULES) + " | prefill PFLOPs |",
               "|---|" + "---|" * (len(PRICE_RULES) + 1)]  # fmt: skip
-    sel = [r for r in runs if r["workload"] == "coding" and r.get("stack") == MAIN and r.get("replies") == "cached"]
+    sel = [
+        r
+        for r in runs
+        if r["workload"] == "coding" and r.get("stack") == MAIN and r.get("replies") == "cached"
+    ]
     for r in sel:
         money = " | ".join(f"{session_dollars(r['requests'], rule, r['cache']):.4f}" for rule in PRICE_RULES)
         lines.append(f"| {r['pattern']} | {money} | {prefill_flops(r['requests']) / 1e15:.2f} |")
@@ -154,8 +158,11 @@ def _timed(timed: list[dict], curve: list[dict]) -> list[str]:
     order = sorted(timed, key=lambda r: r["totals"]["prefilled_tokens"])
     inv = [(a["pattern"], b["pattern"]) for a, b in zip(order, order[1:])
            if b["totals"]["ttft_max"] < a["totals"]["ttft_min"]]  # fmt: skip
-    lines += ["", "Inversions (more prefill but a faster TTFT, outside the spread): "
-              + (", ".join(f"`{b}` faster than `{a}`" for a, b in inv) if inv else "none.")]
+    lines += [
+        "",
+        "Inversions (more prefill but a faster TTFT, outside the spread): "
+        + (", ".join(f"`{b}` faster than `{a}`" for a, b in inv) if inv else "none."),
+    ]
     if curve:
         lines += ["", "| context | cold median (s) | cold min-max | warm median (s) | warm min-max | cold / warm |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
@@ -199,7 +206,12 @@ def write_report(results: dict, out: Path) -> Path:
                          f"{_n(r['totals']['prefilled_tokens'])} |")  # fmt: skip
     for w in dict.fromkeys(r["workload"] for r in runs):
         sel = [r for r in runs if r["workload"] == w and r.get("replies") == "cached"]
-        lines += ["", f"## Workload `{w}` ({len(sel[0]['requests'])} requests): every stack", "", *_stack_table(runs, w)]
+        lines += [
+            "",
+            f"## Workload `{w}` ({len(sel[0]['requests'])} requests): every stack",
+            "",
+            *_stack_table(runs, w),
+        ]
         main = [r for r in sel if r["stack"] == MAIN]
         if main:
             lines += ["", f"`{MAIN}` in detail:", "", *table(main), ""]

@@ -44,12 +44,16 @@ def prefill_vs_ideal(runs: list[dict], out: Path) -> str | None:
                 v = r["totals"]["prefilled_tokens"] / r["totals"]["ideal_tokens"]
                 ax.barh(y + (i - (len(stacks) - 1) / 2) * width, v, height=width, color=colors[s],
                         label=s if y == 0 or p == pats[0] else None)  # fmt: skip
-                ax.text(v * 1.03, y + (i - (len(stacks) - 1) / 2) * width, f"{v:.1f}x", va="center", fontsize=6)
+                ax.text(
+                    v * 1.03, y + (i - (len(stacks) - 1) / 2) * width, f"{v:.1f}x", va="center", fontsize=6
+                )
         ax.set_yticks(range(len(pats)), pats, fontsize=8)
         ax.invert_yaxis()
         ax.set_xscale("log")
         ax.axvline(1.0, color="k", linewidth=1)
-        ax.set_title(f"{w}: prefilled tokens / ideal (1x = only never-computed tokens; log scale)", fontsize=9)
+        ax.set_title(
+            f"{w}: prefilled tokens / ideal (1x = only never-computed tokens; log scale)", fontsize=9
+        )
         ax.grid(axis="x", alpha=0.3, which="both")
         handles, labels = ax.get_legend_handles_labels()
         uniq = dict(zip(labels, handles, strict=False))
@@ -62,14 +66,22 @@ def prefill_vs_ideal(runs: list[dict], out: Path) -> str | None:
 
 def cumulative(runs: list[dict], out: Path, workload: str, fname: str) -> str | None:
     """Small multiples for one workload (main stack): cumulative prefilled per turn vs the ideal and naive."""
-    sel = [r for r in runs if r["workload"] == workload and r.get("stack") == MAIN and r.get("replies") == "cached"]
+    sel = [
+        r
+        for r in runs
+        if r["workload"] == workload and r.get("stack") == MAIN and r.get("replies") == "cached"
+    ]
     sel = [r for r in sel if r["cache"]]
     if not sel:
         return None
     plt = _plt()
     rows, cols = _grid(len(sel))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.5 * rows), squeeze=False, sharex=True, sharey=True)
-    naive = [sum(r["prompt_tokens"] for r in sel[0]["requests"][: i + 1]) for i in range(len(sel[0]["requests"]))]
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.3 * cols, 2.5 * rows), squeeze=False, sharex=True, sharey=True
+    )
+    naive = [
+        sum(r["prompt_tokens"] for r in sel[0]["requests"][: i + 1]) for i in range(len(sel[0]["requests"]))
+    ]
     for ax, r in zip(axes.flat, sel, strict=False):
         pre = [row["prefilled_tokens"] for row in r["requests"]]
         ideal = [row["ideal_tokens"] for row in r["requests"]]
@@ -132,7 +144,10 @@ def ttft(timed: list[dict], out: Path) -> str | None:
         ax.tick_params(labelsize=7)
     for ax in axes.flat[len(timed) :]:
         ax.axis("off")
-    fig.suptitle(f"TTFT per request (s): median and min-max of {timed[0].get('rounds', 1)} interleaved rounds", fontsize=10)
+    fig.suptitle(
+        f"TTFT per request (s): median and min-max of {timed[0].get('rounds', 1)} interleaved rounds",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(out / "ttft.png", dpi=85)
     plt.close(fig)

@@ -13,7 +13,9 @@ def test_forced_tokens_are_emitted_counted_as_generated_and_cached(tiny_models):
     eng = tiny_engine(tiny_models[("llama", False)])
     gen = torch.Generator().manual_seed(3)
     prompt, reply = random_ids(gen, 40), random_ids(gen, 21)
-    out = eng.generate([prompt], SamplingParams(max_tokens=len(reply), forced_tokens=reply, ignore_eos=True))[0]
+    out = eng.generate([prompt], SamplingParams(max_tokens=len(reply), forced_tokens=reply, ignore_eos=True))[
+        0
+    ]
     assert out.output_token_ids == reply
     assert out.prefilled_tokens == len(prompt)  # the reply is decoded, not prefilled
     assert eng.stats().generated_tokens == len(reply)

@@ -120,7 +120,9 @@ def _sliding_window(run: dict, page: int) -> tuple[bool, str]:
     )
     # lower bounds: a slide still reuses the static prefix before the first kept message, a steady
     # request the whole previous prompt
-    ok = ok and all(r["cached_tokens"] >= min(r["change_start"], r["divergence"]) // page * page for r in slides)
+    ok = ok and all(
+        r["cached_tokens"] >= min(r["change_start"], r["divergence"]) // page * page for r in slides
+    )
     ok = ok and all(r["cached_tokens"] >= r["prev_tokens"] // page * page for r in steady)
     recomputed = sum(r["prompt_tokens"] - r["cached_tokens"] for r in slides)
     return ok, (
@@ -134,7 +136,9 @@ def _prefix_reused(run: dict, page: int) -> tuple[bool, str]:
     """Every pattern: each request reuses at least the whole pages it shares with its thread's previous
     request (lower bound) and never more than an earlier request computed (upper bound)."""
     rows = _later(run)
-    low = [r for r in rows if r["cached_tokens"] < min(r["divergence"], r["prompt_tokens"] - 1) // page * page]
+    low = [
+        r for r in rows if r["cached_tokens"] < min(r["divergence"], r["prompt_tokens"] - 1) // page * page
+    ]
     high = [r for r in run["requests"] if r["prefilled_tokens"] < r["ideal_tokens"]]
     return not low and not high, (
         f"{len(rows) - len(low)} of {len(rows)} requests reused every whole page shared with the previous one"

@@ -52,7 +52,9 @@ def session_dollars(rows: list[dict], rule: PriceRule, cache: bool = True) -> fl
     for r in rows:
         cached = (r["cached_tokens"] or 0) if cache else 0
         fresh = r["prompt_tokens"] - cached
-        total += (fresh * (rule.cache_write if cache else 1.0) + cached * rule.cache_read) * rule.input_per_mtok
+        total += (
+            fresh * (rule.cache_write if cache else 1.0) + cached * rule.cache_read
+        ) * rule.input_per_mtok
         total += r.get("generated_tokens", 0) * rule.output_per_mtok
     return total / 1e6
 

@@ -176,7 +176,7 @@ def tools_first(source: str) -> str:
         raise ValueError("tools_first: not the bundled Qwen3 template")
     src = source.replace(head, "", 1)
     tail = (
-        '</tool_call>" }}\n    {%- if messages[0].role == \'system\' %}{{- \'\\n\\n\' + messages[0].content }}'
+        "</tool_call>\" }}\n    {%- if messages[0].role == 'system' %}{{- '\\n\\n' + messages[0].content }}"
         "{%- endif %}\n    {{- '<|im_end|>\\n' }}"
     )
     return src.replace(tools_end, tail, 1)

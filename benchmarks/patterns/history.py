@@ -172,5 +172,6 @@ def compact_threshold(traj: Trajectory, k: int) -> Request:
                 summary = {"role": "user", "content": summary_text(hist[:new_cut])}
                 cut = new_cut
     hist = traj.history(k)
-    return Request([system_message(traj), *([summary] if summary else []), *hist[cut:]], traj.tools, dict(BASE_KWARGS))
-
+    return Request(
+        [system_message(traj), *([summary] if summary else []), *hist[cut:]], traj.tools, dict(BASE_KWARGS)
+    )

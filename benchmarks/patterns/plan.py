@@ -54,7 +54,13 @@ def token_jobs(full: bool, quick: bool) -> list[Job]:
     groups = [("coding", CODING), ("research", RESEARCH), ("fanout", FANOUT)]
     if full:
         groups.append(("agent", AGENT))
-    jobs = [Job(w, "default", s, p, "cached") for w, ps in groups for s in REAL_STACKS for p in ps if _applies(s, w, p)]
+    jobs = [
+        Job(w, "default", s, p, "cached")
+        for w, ps in groups
+        for s in REAL_STACKS
+        for p in ps
+        if _applies(s, w, p)
+    ]
     jobs += [Job("coding", "default", "qwen3-append", p, "replayed") for p in ("append_only", "status_replace",
                                                                               "status_append")]  # fmt: skip
     return jobs

@@ -56,15 +56,21 @@ def render_request(tokenizer: Any, source: str, stack: Stack, req: Request, gene
     from chat_templates import render
 
     kwargs = {**req.template_kwargs, **stack.kwargs}
-    return render(tokenizer, req.messages, req.tools, template=source, add_generation_prompt=generation, **kwargs)
+    return render(
+        tokenizer, req.messages, req.tools, template=source, add_generation_prompt=generation, **kwargs
+    )
 
 
-def reply_tokens(tokenizer: Any, source: str, stack: Stack, req: Request, prompt: Any, reply: dict) -> list[int]:
+def reply_tokens(
+    tokenizer: Any, source: str, stack: Stack, req: Request, prompt: Any, reply: dict
+) -> list[int]:
     """The ids the model emits for ``reply`` after ``prompt``: the template's rendering of it as the last turn."""
     from chat_templates import render_text
 
     kwargs = {**req.template_kwargs, **stack.kwargs}
-    done = render_text(tokenizer, [*req.messages, reply], req.tools, template=source, add_generation_prompt=False, **kwargs)
+    done = render_text(
+        tokenizer, [*req.messages, reply], req.tools, template=source, add_generation_prompt=False, **kwargs
+    )
     ids, p = tokenizer(done, add_special_tokens=False)["input_ids"], prompt.token_ids
     if ids[: len(p)] == p:
         tail = ids[len(p) :]

@@ -32,7 +32,9 @@ def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
         base = dict(runs[0])
         totals = [sum(r["ttft_s"] for r in run["requests"]) for run in runs]
         base["ttft_rounds"] = totals
-        base["totals"] = dict(base["totals"], ttft_s=statistics.median(totals), ttft_min=min(totals), ttft_max=max(totals))
+        base["totals"] = dict(
+            base["totals"], ttft_s=statistics.median(totals), ttft_min=min(totals), ttft_max=max(totals)
+        )
         rows = []
         for i, row in enumerate(runs[0]["requests"]):
             vals = [run["requests"][i]["ttft_s"] for run in runs]

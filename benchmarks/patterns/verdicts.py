@@ -58,7 +58,14 @@ def _ratio_claim(claim: str, source: str, workload: str, pattern: str, ref: str,
             return None
         ok = a / b >= confirm_at
         num = f"{_n(a)} vs {_n(b)} prefilled ({_x(a, b)} `{ref}`)"
-        return Verdict(claim, source, f"{workload}:{pattern}", num, "confirmed" if ok else "refuted", why_yes if ok else why_no)
+        return Verdict(
+            claim,
+            source,
+            f"{workload}:{pattern}",
+            num,
+            "confirmed" if ok else "refuted",
+            why_yes if ok else why_no,
+        )
 
     return check
 
@@ -96,13 +103,19 @@ def _pair(claim: str, source: str, workload: str, good: str, bad: str, why: str,
             return None
         verdict = "confirmed" if g < b else "refuted"
         num = f"`{good}` {_n(g)} vs `{bad}` {_n(b)} prefilled ({_n(b - g)} more)"
-        return Verdict(claim, source, f"{workload}:{good} vs {bad}", num, verdict, why if g < b else "no saving here")
+        return Verdict(
+            claim, source, f"{workload}:{good} vs {bad}", num, verdict, why if g < b else "no saving here"
+        )
 
     return check
 
 
 def _dynamic_tools(R: Runs) -> Verdict | None:
-    g, b, ap = R.pre("coding", "tools_dynamic_after"), R.pre("coding", "tools_dynamic_sorted_in"), R.pre("coding", "append_only")
+    g, b, ap = (
+        R.pre("coding", "tools_dynamic_after"),
+        R.pre("coding", "tools_dynamic_sorted_in"),
+        R.pre("coding", "append_only"),
+    )
     if None in (g, b, ap):
         return None
     return Verdict(
@@ -116,7 +129,10 @@ def _dynamic_tools(R: Runs) -> Verdict | None:
 
 def _status(R: Runs) -> Verdict | None:
     rep, app = R.pre("coding", "status_replace"), R.pre("coding", "status_append")
-    rep0, app0 = R.pre("coding", "status_replace", replies="replayed"), R.pre("coding", "status_append", replies="replayed")
+    rep0, app0 = (
+        R.pre("coding", "status_replace", replies="replayed"),
+        R.pre("coding", "status_append", replies="replayed"),
+    )
     if rep is None or app is None:
         return None
     old = f"; first edition's replayed replies: {_n(rep0)} vs {_n(app0)}" if rep0 is not None else ""
@@ -164,7 +180,9 @@ def _compaction(R: Runs) -> Verdict | None:
     c, ap = R.get("research", "compact_threshold"), R.get("research", "append_only")
     if c is None or ap is None:
         return None
-    breaks = sum(1 for r in c["requests"] if r["divergence"] is not None and r["divergence"] < r["prev_tokens"])
+    breaks = sum(
+        1 for r in c["requests"] if r["divergence"] is not None and r["divergence"] < r["prev_tokens"]
+    )
     a, b = c["totals"], ap["totals"]
     ok = breaks <= 2 and a["prompt_tokens"] < b["prompt_tokens"]
     return Verdict(
@@ -281,7 +299,9 @@ def verdicts(runs: list[dict]) -> list[Verdict]:
 
 def table(vs: list[Verdict]) -> list[str]:
     lines = ["| claim | source | pattern | number | verdict | why |", "|---|---|---|---|---|---|"]
-    lines += [f"| {v.claim} | {v.source} | `{v.pattern}` | {v.number} | **{v.verdict}** | {v.why} |" for v in vs]
+    lines += [
+        f"| {v.claim} | {v.source} | `{v.pattern}` | {v.number} | **{v.verdict}** | {v.why} |" for v in vs
+    ]
     return lines
 
 

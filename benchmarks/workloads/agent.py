@@ -100,7 +100,8 @@ def _system(rng: random.Random) -> str:
         body = "\n".join(f"- {title}: {r}" for r in rules)
         parts.append(f"# {title}\n{body}\n")
     catalogue = "\n".join(
-        f"- {name}: {what}. Use when the task is about {what.lower()}; do not use it for anything else." for name, what in _SKILLS
+        f"- {name}: {what}. Use when the task is about {what.lower()}; do not use it for anything else."
+        for name, what in _SKILLS
     )
     parts.append(f"# Skills catalogue (load one with the `skill` tool)\n{catalogue}\n")
     parts.append(
@@ -132,7 +133,9 @@ _USER_TASKS = [
 def _work_round(s: _Script, rng: random.Random, thread: int, big: bool) -> None:
     """grep -> read a whole file -> edit -> run tests (and sometimes read the log of a failure)."""
     regex = f"def {rng.choice(codegen.VERBS)}_{rng.choice(codegen.NOUNS)}"
-    (cid,) = s.reply(thread, "", [("grep", {"regex": regex, "glob": "*.py"})], _think(rng, "Find where it is."))
+    (cid,) = s.reply(
+        thread, "", [("grep", {"regex": regex, "glob": "*.py"})], _think(rng, "Find where it is.")
+    )
     s.tool(thread, cid, "grep", codegen.grep_output(rng, regex, rng.randint(6, 14)))
     path = codegen.module_path(rng)
     (cid,) = s.reply(thread, f"Reading `{path}`.", [("read_file", {"path": path})])
