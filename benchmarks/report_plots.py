@@ -21,9 +21,16 @@ def _grid(n: int, cols: int = 4) -> tuple[int, int]:
     return max(1, -(-n // cols)), min(cols, max(1, n))
 
 
+def reference_ideal(runs: list[dict]) -> dict[tuple, int]:
+    """Per (workload, stack): the append-only session's ideal, i.e. each token of the conversation computed once."""
+    return {(r["workload"], r.get("stack")): r["totals"]["ideal_tokens"] for r in runs
+            if r["pattern"] == "append_only" and r.get("replies") == "cached"}  # fmt: skip
+
+
 def prefill_vs_ideal(runs: list[dict], out: Path) -> str | None:
-    """One panel per workload: prefilled / ideal per pattern, one bar per stack (1.0 = the ideal)."""
-    sel = [r for r in runs if r["cache"] and r.get("replies") == "cached" and r["totals"]["ideal_tokens"]]
+    """One panel per workload: prefilled / the append-only ideal per pattern, one bar per stack."""
+    ref = reference_ideal(runs)
+    sel = [r for r in runs if r.get("replies") == "cached" and ref.get((r["workload"], r.get("stack")))]
     if not sel:
         return None
     plt = _plt()
@@ -41,7 +48,7 @@ def prefill_vs_ideal(runs: list[dict], out: Path) -> str | None:
                 r = next((r for r in sel if (r["workload"], r["stack"], r["pattern"]) == (w, s, p)), None)
                 if r is None:
                     continue
-                v = r["totals"]["prefilled_tokens"] / r["totals"]["ideal_tokens"]
+                v = r["totals"]["prefilled_tokens"] / ref[(w, s)]
                 ax.barh(y + (i - (len(stacks) - 1) / 2) * width, v, height=width, color=colors[s],
                         label=s if y == 0 or p == pats[0] else None)  # fmt: skip
                 ax.text(
@@ -49,15 +56,16 @@ def prefill_vs_ideal(runs: list[dict], out: Path) -> str | None:
                 )
         ax.set_yticks(range(len(pats)), pats, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xscale("log")
+        ax.set_xlim(0, max(ax.get_xlim()[1], 1.2) * 1.08)
         ax.axvline(1.0, color="k", linewidth=1)
         ax.set_title(
-            f"{w}: prefilled tokens / ideal (1x = only never-computed tokens; log scale)", fontsize=9
+            f"{w}: prefilled / ideal of the append-only session (1x = every token computed once)", fontsize=9
         )
         ax.grid(axis="x", alpha=0.3, which="both")
-        handles, labels = ax.get_legend_handles_labels()
-        uniq = dict(zip(labels, handles, strict=False))
-        ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="lower right")
+        if w == workloads[0]:  # one legend: the later panels are short and it would cover their bars
+            handles, labels = ax.get_legend_handles_labels()
+            uniq = dict(zip(labels, handles, strict=False))
+            ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(out / "prefill_vs_ideal.png", dpi=90)
     plt.close(fig)
@@ -79,15 +87,14 @@ def cumulative(runs: list[dict], out: Path, workload: str, fname: str) -> str | 
     fig, axes = plt.subplots(
         rows, cols, figsize=(3.3 * cols, 2.5 * rows), squeeze=False, sharex=True, sharey=True
     )
-    naive = [
-        sum(r["prompt_tokens"] for r in sel[0]["requests"][: i + 1]) for i in range(len(sel[0]["requests"]))
-    ]
+    ref = next((r for r in sel if r["pattern"] == "append_only"), sel[0])["requests"]
+    naive = [sum(r["prompt_tokens"] for r in ref[: i + 1]) for i in range(len(ref))]
+    ideal = [sum(r["ideal_tokens"] for r in ref[: i + 1]) for i in range(len(ref))]
     for ax, r in zip(axes.flat, sel, strict=False):
         pre = [row["prefilled_tokens"] for row in r["requests"]]
-        ideal = [row["ideal_tokens"] for row in r["requests"]]
         xs = range(len(pre))
+        ax.plot(range(len(ideal)), ideal, color="k", alpha=0.35, linewidth=3, label="ideal (append-only)")
         ax.plot(xs, [sum(pre[: i + 1]) for i in xs], color="tab:red", label="prefilled")
-        ax.plot(xs, [sum(ideal[: i + 1]) for i in xs], color="k", alpha=0.4, linewidth=2, label="ideal")
         ax.plot(range(len(naive)), naive, color="grey", linestyle=":", label="no cache (append-only prompts)")
         ax.set_title(r["pattern"], fontsize=8)
         ax.tick_params(labelsize=7)
@@ -97,7 +104,7 @@ def cumulative(runs: list[dict], out: Path, workload: str, fname: str) -> str | 
     axes.flat[0].legend(fontsize=6)
     fig.suptitle(f"{workload} ({MAIN}): cumulative prefilled tokens per request", fontsize=10)
     fig.supxlabel("request", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(out / fname, dpi=80)
     plt.close(fig)
     return fname

@@ -105,3 +105,32 @@ def test_agent_scale_workload_shape(tokenizer):
     assert max(len(tokenizer(r)["input_ids"]) for r in results) > 2000
     assert sum(m["role"] == "user" for t in main for m in t.new) >= 3
     assert all(len(t.assistant.get("tool_calls") or []) <= 1 for t in traj.turns)  # Llama 3.1 takes one
+
+
+def test_timed_rounds_are_summarised_and_reported(tokenizer, tmp_path):
+    """Interleaved rounds -> medians and spreads per request; the curve and the TTFT section render."""
+    from benchmarks.pattern_runner import add_savings
+    from benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
+    from benchmarks.report import write_report
+    from tests.test_patterns import FakeEngine, run_all, tiny_trajectory
+
+    assert rotated([1, 2, 3], 1) == [2, 3, 1] and rotated([1, 2, 3], 3) == [1, 2, 3]
+    rounds = [list(run_all(FakeEngine(tokenizer), ["append_only", "naive"], tiny_trajectory(), "replayed").values())
+              for _ in range(3)]  # fmt: skip
+    for r, runs in enumerate(rounds):
+        for run in runs:
+            for row in run["requests"]:
+                row["ttft_s"] = 0.1 * (r + 1) * (2 if run["pattern"] == "naive" else 1)
+    merged = summarize_rounds(rounds)
+    add_savings(merged)
+    ap = next(m for m in merged if m["pattern"] == "append_only")
+    assert ap["requests"][0]["ttft_s"] == pytest.approx(0.2) and ap["requests"][0][
+        "ttft_max"
+    ] == pytest.approx(0.3)
+    assert ap["totals"]["ttft_min"] == pytest.approx(0.1 * len(ap["requests"]))
+    curve = context_curve(FakeEngine(tokenizer), [64, 128], 2, lambda msg: None)
+    assert [c["context"] for c in curve] == [64, 128] and all(c["cold_median"] > 0 for c in curve)
+    meta = {"target": "in-process", "model": "fake", "page_size": 16, "max_tokens": 1, "wall_s": 1.0}
+    report = write_report({"meta": meta, "runs": [], "timed": merged, "curve": curve}, tmp_path).read_text()
+    assert "## TTFT" in report and "min-max" in report and "Inversions" in report
+    assert (tmp_path / "ttft.png").exists() and (tmp_path / "ttft_curve.png").exists()
