@@ -61,6 +61,39 @@ class InProcessTarget:
         )
 
 
+class AccountingTarget:
+    """The engine's paged radix-cache reuse rule without a model, for sessions too long to replay on a CPU.
+
+    A request reuses the whole pages of the longest prefix it shares with any earlier computed stream
+    (prompt + reply but its last token), and always computes at least one token; sequential requests
+    and no eviction, as in the benchmark.  The report checks it against the engine on every request of
+    the engine runs (they agree token for token).
+    """
+
+    name = "accounting"
+
+    def __init__(self, tokenizer: Any, page_size: int = 16) -> None:
+        self.tokenizer, self.page = tokenizer, page_size
+        self.streams: list[list[int]] = []
+        self.reset_note = ""
+
+    def reset(self) -> None:
+        self.streams = []
+
+    def send(
+        self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
+    ) -> Measured:
+        from benchmarks.patterns.ideal import best_prefix
+
+        if not cache:
+            self.streams = []
+        shared = best_prefix(token_ids, self.streams) // self.page * self.page
+        prefilled = max(1, len(token_ids) - shared)
+        out = list(forced) if forced else [0]
+        self.streams.append(list(token_ids) + out[:-1])
+        return Measured(len(token_ids), len(token_ids) - prefilled, prefilled, out, 0.0, None, None)
+
+
 class ServerTarget:
     """Streams chat completions from an OpenAI-compatible server and times the first token.
 

@@ -64,9 +64,9 @@ def _timestamp_start(run: dict, page: int) -> tuple[bool, str]:
     rows = _later(run)
     starts = {r["change_start"] for r in rows}
     most = max(r["cached_tokens"] for r in rows)
-    # upper bound: nothing past the timestamp is reused; lower bound: the pages before it are
+    # upper bound: nothing past the timestamp is reused; lower bound: the pages before its first differing digit are
     ok = max(starts) < 2 * page and most < 2 * page
-    ok = ok and all(r["cached_tokens"] >= r["change_start"] // page * page for r in rows)
+    ok = ok and all(r["cached_tokens"] >= r["divergence"] // page * page for r in rows)
     return ok, (
         f"the timestamp begins at token {min(starts)} (after the template's `<|im_start|>system` header and "
         f"the label); requests reuse {min(r['cached_tokens'] for r in rows)}-{most} tokens (the whole pages before "

@@ -157,8 +157,9 @@ COMPACT_KEEP_MESSAGES = 6
 
 
 def compact_threshold(traj: Trajectory, k: int) -> Request:
-    """Claude Code-style compaction: whenever the history since the last summary passes the threshold,
-    everything but the recent tail is replaced by one summary (which is kept, then extended)."""
+    """Claude Code-style compaction: when the live context passes the threshold, everything but the recent
+    tail is replaced by one summary; the next compaction waits until the context has grown by another half
+    threshold (so it happens in batches, not every turn once a long tail keeps it above the limit)."""
     thread = traj.thread_turns(k)
     last = max(j for j, t in enumerate(traj.turns) if t.thread == traj.turns[k].thread)
     limit = COMPACT_FRACTION * _history_chars(traj.history(last))
@@ -171,6 +172,8 @@ def compact_threshold(traj: Trajectory, k: int) -> Request:
             if new_cut > cut:
                 summary = {"role": "user", "content": summary_text(hist[:new_cut])}
                 cut = new_cut
+                live = [summary, *hist[cut:]]
+            limit = max(limit, _history_chars(live) + limit / 2)
     hist = traj.history(k)
     return Request(
         [system_message(traj), *([summary] if summary else []), *hist[cut:]], traj.tools, dict(BASE_KWARGS)
