@@ -171,6 +171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--workloads", help=f"comma-separated workloads from {','.join(ALL_WORKLOADS)}: only these"
     )
+    ap.add_argument("--stacks", help="comma-separated stacks for the token-exact jobs (default: all three)")
     ap.add_argument(
         "--replies",
         choices=("cached", "replayed"),
@@ -202,6 +203,11 @@ def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
     if args.patterns:
         wanted = {p.name for p in select(args.patterns)}
         tokens, timed = [j for j in tokens if j.pattern in wanted], [j for j in timed if j.pattern in wanted]
+    if args.stacks:
+        names = {x.strip() for x in args.stacks.split(",") if x.strip()}
+        if names - set(STACKS):
+            raise ValueError(f"unknown stack(s) {', '.join(sorted(names - set(STACKS)))}")
+        tokens = [j for j in tokens if j.stack in names]
     if args.workloads:
         names = {w.strip() for w in args.workloads.split(",") if w.strip()}
         if names - set(ALL_WORKLOADS):

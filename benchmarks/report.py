@@ -92,6 +92,8 @@ def _header(meta: dict) -> list[str]:
         "so its KV is cached as a real generation's would be; *replayed*: the first edition's mode (2 throwaway "
         "tokens, the reply prefilled next turn).",
     ]
+    lines += [line for n in meta.get("notes", []) for line in ("", f"> {n}")]
+    lines.append("")
     for name, note in meta.get("stacks", {}).items():
         lines.append(f"- `{name}`: {note}")
     if meta.get("target") != "none":
