@@ -58,10 +58,10 @@ class Driver:
         )
 
     def step(self) -> tuple[float, dict[str, int]]:
-        """One engine step; returns its end time and, per request that got tokens, its output length."""
+        """One engine step; returns its end time and, per request that got tokens, how many it got."""
         outs = self.engine.step()
         now = time.perf_counter()
-        return now, {o.request_id: len(o.output_token_ids) for o in outs}
+        return now, {o.request_id: len(o.new_token_ids) for o in outs}
 
     def decode_rate(self, n_streams: int, n_prompt: int, n_tokens: int) -> float:
         ids = {self.add(n_prompt, n_tokens + 1) for _ in range(n_streams)}

@@ -105,13 +105,16 @@ def engine_decode(eng: Engine, batch: int, sizes: dict, vocab: int) -> dict:
 def first_logits_check(eng: Engine, model, n: int, vocab: int) -> dict:
     """Last-position logits of one prompt from both implementations (same weights): how close they are."""
     ids = prompt(n, 0, vocab)
-    eng.record_logits = True
     req = eng.make_request(ids, SamplingParams(max_tokens=1, ignore_eos=True))
-    eng.record_logits = False
-    eng.submit(req)
-    while eng.has_work():
-        eng.step()
-    ours = req.logits_trace[0].float()
+    step, results = eng.runner.step, []  # the one request's last step samples its only row
+    eng.runner.step = lambda batch: results.append(step(batch)) or results[-1]
+    try:
+        eng.submit(req)
+        while eng.has_work():
+            eng.step()
+    finally:
+        eng.runner.step = step
+    ours = results[-1].logits[0].float().cpu()
     with torch.inference_mode():
         dev = next(model.parameters()).device
         ref = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1].float().cpu()

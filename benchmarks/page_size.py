@@ -28,7 +28,8 @@ from benchmarks.common import (
     progress,
     reps,
 )
-from benchmarks.ttft_multiturn import common_prefix, conversation_prompts
+from benchmarks.ttft_multiturn import conversation_prompts
+from chat_templates.render import first_divergence
 
 
 def ideal_prefill(prompts: list[list[int]], outputs: list[list[int]]) -> list[int]:
@@ -36,7 +37,7 @@ def ideal_prefill(prompts: list[list[int]], outputs: list[list[int]]) -> list[in
     seen: list[list[int]] = []
     ideal = []
     for prompt, out in zip(prompts, outputs):
-        hit = max((common_prefix(s, prompt) for s in seen), default=0)
+        hit = max((first_divergence(s, prompt) for s in seen), default=0)
         ideal.append(max(1, len(prompt) - hit))
         seen.append(prompt + out)
     return ideal

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from chat_templates.segments import find_segments
@@ -156,8 +157,15 @@ def locate_char(rendered: RenderedPrompt, char_index: int) -> Segment:
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of ``a`` and ``b``."""
+    """Length of the common prefix of ``a`` and ``b`` (token ids, int arrays, or any items).
+
+    The one longest-common-prefix in the project; vectorised for integers because the ideal-prefill
+    accounting calls it for every pair of requests.
+    """
     n = min(len(a), len(b))
+    if n and isinstance(a[0], (int, np.integer)) and isinstance(b[0], (int, np.integer)):
+        diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+        return int(diff[0]) if len(diff) else n
     for i in range(n):
         if a[i] != b[i]:
             return i

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from chat_templates.conversations import Conversation, default_conversations, without_reasoning
@@ -149,8 +150,15 @@ def format_table(reports: list[StepReport]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``kvreuse template-check``: exit 1 when any step breaks the prefix, 0 otherwise."""
+def main(
+    argv: list[str] | None = None, resolve_model: Callable[[str | None], tuple[Any, str]] | None = None
+) -> int:
+    """``kvreuse template-check``: exit 1 when any step breaks the prefix, 0 otherwise.
+
+    ``resolve_model`` maps ``--model`` (None: the default) to ``(tokenizer dir or hub id, name)``; the
+    kvreuse CLI passes the runtime's (which knows the embedded model).  Without it ``--model`` is
+    handed to transformers as is, so chat_templates never depends on the runtime.
+    """
     parser = argparse.ArgumentParser(prog="kvreuse template-check", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="model dir, .gguf, hub id (default: embedded model)")
     parser.add_argument("--chat-template", default=None, help="bundled name (chatml, qwen3, llama3) or path")
@@ -160,10 +168,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from runtime.model_source import resolve_model
-
     try:
-        model_dir, name = resolve_model(args.model)
+        if resolve_model is None and args.model is None:
+            raise ValueError(
+                "--model is required here (`kvreuse template-check` defaults to the embedded model)"
+            )
+        model_dir, name = resolve_model(args.model) if resolve_model is not None else (args.model, args.model)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         kwargs: dict[str, Any] = {}
         if args.enable_thinking is not None:

@@ -1,0 +1,29 @@
+"""kvreuse runtime: the public API is ``Engine``, ``AsyncEngine`` and ``SamplingParams``.
+
+Imported lazily, so ``import runtime.cli`` (and ``kvreuse --help``) does not load torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.async_engine import AsyncEngine
+    from runtime.engine import Engine
+    from runtime.sampling import SamplingParams
+
+__all__ = ["AsyncEngine", "Engine", "SamplingParams"]
+
+_HOMES = {
+    "Engine": "runtime.engine",
+    "AsyncEngine": "runtime.async_engine",
+    "SamplingParams": "runtime.sampling",
+}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        import importlib
+
+        return getattr(importlib.import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

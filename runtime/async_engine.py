@@ -1,7 +1,7 @@
 """The engine loop in a background thread, with per-request async token streams.
 
 The thread owns all engine state; other threads talk to it only through the engine's
-inbox (submit / abort), and it hands outputs back through ``loop.call_soon_threadsafe``.
+inbox (submit / abort / call_between_steps), and it hands outputs back through ``loop.call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from runtime.sampling import SamplingParams
 class AsyncEngine:
     """Wraps an ``Engine``; ``stream()`` yields ``RequestOutput`` snapshots as tokens arrive."""
 
-    def __init__(self, engine: Engine, max_waiting: int = 256) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.max_waiting = max_waiting
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -86,7 +85,7 @@ class AsyncEngine:
                 box.append(e)
             done.set()
 
-        self.engine._inbox.put(("call", call))
+        self.engine.call_between_steps(call)
         self._wake.set()
         if not done.wait(timeout) or not self._thread.is_alive() and not box:
             raise TimeoutError("the engine thread did not answer")

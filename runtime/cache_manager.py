@@ -1,7 +1,9 @@
-"""Page ownership between requests and the radix tree (or no tree: the naive baseline).
+"""Page ownership between requests and the prefix cache.
 
-Every page is in exactly one place: the allocator's free list, the tree, or one request's
-own pages.  ``check_integrity`` asserts that.
+Every page is in exactly one place: the allocator's free list, the prefix cache, or one request's
+own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
+``runtime.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
+run one code path.
 """
 
 from __future__ import annotations
@@ -9,8 +11,20 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from runtime.page_allocator import OutOfPages, PageAllocator
+from runtime.prefix_cache import NoPrefixCache, PrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
+
+PREFIX_CACHES = ("radix", "off")
+
+
+def make_prefix_cache(kind: str, page_size: int, allocator: PageAllocator) -> PrefixCache:
+    """``radix``: the radix tree over ``allocator``'s pages; ``off``: no cache (the naive baseline)."""
+    if kind == "radix":
+        return RadixCache(page_size, allocator)
+    if kind == "off":
+        return NoPrefixCache(page_size)
+    raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {kind!r}")
 
 
 class CacheStats(NamedTuple):
@@ -28,31 +42,24 @@ class CacheManager:
     """Match, lock, allocate, insert and release pages for requests."""
 
     def __init__(self, num_pages: int, page_size: int, mode: str = "radix") -> None:
-        if mode not in ("radix", "off"):
-            raise ValueError(f"prefix_cache must be 'radix' or 'off', got {mode!r}")
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.tree = RadixCache(page_size, self.allocator) if mode == "radix" else None
+        self.prefix: PrefixCache = make_prefix_cache(mode, page_size, self.allocator)
         self.live: set[Request] = set()
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:
         """Reuse the longest cached prefix, leaving at least one token to compute (for logits)."""
         self.live.add(req)
-        if self.tree is None:
-            req.pages, req.num_tree_pages, req.num_computed = [], 0, 0
-            if req.cached_tokens < 0:
-                req.cached_tokens = 0
-            return
-        m = self.tree.match(req.tokens[: len(req.tokens) - 1])
-        self.tree.lock(m.handle)
+        m = self.prefix.match(req.tokens[: len(req.tokens) - 1])
+        self.prefix.lock(m.handle)
         req.handle, req.pages, req.num_tree_pages = m.handle, list(m.pages), len(m.pages)
         req.num_computed = m.cached_len
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
             req.cached_tokens = m.cached_len
 
     def match_len(self, tokens: list[int]) -> int:
-        return 0 if self.tree is None else self.tree.peek_len(tokens[: len(tokens) - 1])
+        return self.prefix.peek_len(tokens[: len(tokens) - 1])
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
@@ -60,17 +67,16 @@ class CacheManager:
         return max(0, -(-total // self.page_size) - len(req.pages))
 
     def available(self) -> int:
-        evictable = self.tree.evictable_pages if self.tree is not None else 0
-        return self.allocator.num_free + evictable
+        return self.allocator.num_free + self.prefix.evictable_pages
 
     def reserve(self, req: Request, n_new: int) -> bool:
-        """Give ``req`` pages for ``n_new`` more tokens, evicting LRU tree pages if needed."""
+        """Give ``req`` pages for ``n_new`` more tokens, evicting LRU cached pages if needed."""
         need = self.pages_needed(req, n_new)
         if need == 0:
             return True
         short = need - self.allocator.num_free
-        if short > 0 and self.tree is not None:
-            self.tree.evict(short)
+        if short > 0:
+            self.prefix.evict(short)
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
@@ -79,54 +85,49 @@ class CacheManager:
 
     # -- insertion / release ------------------------------------------------------
     def cache_computed(self, req: Request) -> None:
-        """Insert the request's whole computed pages into the tree and adopt the tree's pages.
+        """Offer the request's whole computed pages to the cache and adopt the cache's pages.
 
         Pages another request inserted meanwhile for the same tokens replace ours (ours are freed).
         """
-        if self.tree is None:
-            return
         n_pages = req.num_computed // self.page_size
         if n_pages <= req.num_tree_pages:
             return
         n = n_pages * self.page_size
-        res = self.tree.insert(req.tokens[:n], req.pages[:n_pages])
+        res = self.prefix.insert(req.tokens[:n], req.pages[:n_pages])
         dup_end = res.prefix_len // self.page_size
         if dup_end > req.num_tree_pages:
             self.allocator.free(req.pages[req.num_tree_pages : dup_end])
-        m = self.tree.match(req.tokens[:n])
-        assert m.cached_len == n, "a just-inserted prefix must match in full"
-        self.tree.lock(m.handle)
-        self.tree.unlock(req.handle)
+        m = self.prefix.match(req.tokens[:n])  # the pages the cache holds for the key now
+        self.prefix.lock(m.handle)
+        self.prefix.unlock(req.handle)
         req.handle = m.handle
-        req.pages[:n_pages] = m.pages
-        req.num_tree_pages = n_pages
+        req.pages[: len(m.pages)] = m.pages
+        req.num_tree_pages = len(m.pages)
 
     def release(self, req: Request, cache: bool = True) -> None:
-        """Finished, aborted or retracted: keep computed pages in the tree, free the rest."""
+        """Finished, aborted or retracted: keep computed pages in the cache, free the rest."""
         if req not in self.live:
             return
         if cache:
             self.cache_computed(req)
         self.allocator.free(req.own_pages)
-        if self.tree is not None and req.handle is not None:
-            self.tree.unlock(req.handle)
+        self.prefix.unlock(req.handle)
         req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
         self.live.discard(req)
 
     def reset(self) -> None:
-        if self.tree is not None:
-            self.tree.reset()
+        self.prefix.reset()
 
     # -- accounting ------------------------------------------------------------------
     def stats(self) -> CacheStats:
-        tree_pages = self.tree.total_pages if self.tree is not None else 0
+        ps = self.prefix.stats()
         return CacheStats(
             total_pages=self.allocator.num_pages,
             free_pages=self.allocator.num_free,
-            tree_pages=tree_pages,
-            evictable_pages=self.tree.evictable_pages if self.tree is not None else 0,
+            tree_pages=ps.cached_pages,
+            evictable_pages=ps.evictable_pages,
             request_pages=sum(len(r.own_pages) for r in self.live),
-            evicted_pages=getattr(self.tree, "evicted_pages_total", 0) if self.tree is not None else 0,
+            evicted_pages=ps.evicted_pages,
         )
 
     def check_integrity(self) -> CacheStats:

@@ -124,8 +124,9 @@ def _delegate(command: str, rest: list[str]) -> int:
         return serve_main(rest)
     if command == "template-check":
         from chat_templates.template_check import main as check_main
+        from runtime.model_source import resolve_model
 
-        return check_main(rest)
+        return check_main(rest, resolve_model)
     from benchmarks.cli import main as bench_main
 
     return bench_main(rest)

@@ -25,7 +25,6 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
     seed: int = 0
-    record_logits: bool = False  # keep every sampled row's logits on the request (tests)
 
     def __post_init__(self) -> None:
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)

@@ -1,29 +1,31 @@
 """The offline engine: tokens in, tokens out, KV reused across requests.
 
-``Engine.step`` is the whole loop body: drain the inbox (adds, aborts from any thread),
-schedule a flat batch, run it, sample, detokenise, finish.  ``AsyncEngine`` runs it in a
-background thread; ``generate`` runs it inline.
+``Engine.step`` is the whole loop body: drain the inbox (adds, aborts and calls from any
+thread), let the scheduler pick a batch, run it (forward + sample), let the scheduler commit
+the result (progress, cached pages, finished requests), detokenise, and return outputs.
+``AsyncEngine`` runs it in a background thread; ``generate`` runs it inline.  Callers use the
+methods and properties here, never the runner, cache manager or scheduler directly.
 """
 
 from __future__ import annotations
 
 import itertools
 import queue
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from runtime.cache_manager import CacheManager
+from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import resolve_model
 from runtime.outputs import make_output
-from runtime.request import Request, RequestOutput, Status
+from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams
-from runtime.scheduler import Chunk, Scheduler
+from runtime.scheduler import Scheduler
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
 
@@ -77,14 +79,15 @@ class Engine:
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
         self.cache = CacheManager(self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache)
-        self.scheduler = Scheduler(self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy)
+        self.scheduler = Scheduler(
+            self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, self.max_model_len
+        )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
-        self._totals = dict.fromkeys(("requests", "prompt", "cached", "prefilled", "generated"), 0)
-        self.record_logits = cfg.record_logits
+        self._totals = dict.fromkeys(("requests", "prompt"), 0)
 
     # -- requests -----------------------------------------------------------------------
     def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -99,7 +102,7 @@ class Engine:
         )
         if not ids:
             raise EngineError("the prompt is empty")
-        vocab = self.runner.cfg.vocab_size
+        vocab = self.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"prompt token ids must be in [0, {vocab})")
         total = len(ids) + params.max_tokens
@@ -108,7 +111,7 @@ class Engine:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
                 f"the model's context length ({self.max_model_len} tokens)"
             )
-        pool_tokens = self.runner.pool.num_tokens
+        pool_tokens = self.kv_capacity_tokens
         if total > pool_tokens:
             raise EngineError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the KV cache "
@@ -130,9 +133,7 @@ class Engine:
             )
             gen = torch.Generator().manual_seed(seed)
         rid = request_id or f"req-{next(self._ids)}"
-        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
-        req.logits_trace = [] if self.record_logits else None
-        return req
+        return Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
 
     def submit(self, req: Request) -> None:
         """Thread-safe: queue a request for the next step."""
@@ -145,6 +146,7 @@ class Engine:
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> str:
+        """Validate, queue, and return the request's id (outputs come from :meth:`step`)."""
         req = self.make_request(prompt, params, request_id)
         self.submit(req)
         return req.request_id
@@ -154,17 +156,14 @@ class Engine:
         return self.scheduler.has_work() or not self._inbox.empty()
 
     def step(self) -> list[RequestOutput]:
+        """inbox -> schedule -> forward + sample -> commit -> detokenise -> outputs."""
         outputs = self._drain_inbox()
-        chunks = self.scheduler.schedule()
-        if not chunks:
+        batch = self.scheduler.schedule()
+        if batch is None:
             return outputs
-        now = time.perf_counter()
-        for c in chunks:
-            if c.req.admitted_time is None:
-                c.req.admitted_time = now
-                self._totals["cached"] += c.req.cached_tokens
-        logits, samples = self.runner.step(chunks)
-        outputs += self._postprocess(chunks, logits, samples)
+        result = self.runner.step(batch.step)
+        for s in self.scheduler.commit(batch, result.samples):
+            outputs.append(self._emit(s.req, s.token, s.finish_reason))
         return outputs
 
     def _drain_inbox(self) -> list[RequestOutput]:
@@ -180,62 +179,28 @@ class Engine:
             elif kind == "call":
                 item()
             elif (req := self._requests.get(item)) is not None:
-                outs.append(self._finish(req, "abort"))
+                outs.append(self.finish_request(req, "abort"))
         return outs
 
-    def _postprocess(self, chunks: list[Chunk], logits: torch.Tensor, samples) -> list[RequestOutput]:
-        now = time.perf_counter()
-        outs: list[RequestOutput] = []
-        row = 0
-        for c in chunks:
-            req = c.req
-            prompt_part = max(0, min(c.start + c.length, req.num_prompt) - c.start)
-            req.prefilled_tokens += prompt_part
-            self._totals["prefilled"] += prompt_part
-            req.num_computed += c.length
-            if c.length > 1 or not c.sample:
-                self.cache.cache_computed(req)  # share prompt pages with concurrent requests at once
-            if not c.sample:
-                continue
-            if req.logits_trace is not None:
-                req.logits_trace.append(logits[row].cpu())
-            tok = req.params.forced_at(len(req.output_ids), samples.tokens[row])
-            if req.params.logprobs is not None:
-                req.logprobs.append((tok, samples.logprobs[row]))
-            row += 1
-            if req.first_token_time is None:
-                req.first_token_time = now
-            req.tokens.append(tok)
-            self._totals["generated"] += 1
-            delta = self._detok[req.request_id].add(tok)
-            reason = self._stop_reason(req, tok)
-            outs.append(
-                self._finish(req, reason, delta)
-                if reason
-                else make_output(req, self._detok[req.request_id], delta)
-            )
-        return outs
+    def _emit(self, req: Request, tok: int, reason: str | None) -> RequestOutput:
+        """Detokenise a committed token; a stop string ends the request here."""
+        detok = self._detok[req.request_id]
+        delta = detok.add(tok)
+        if detok.stopped:
+            reason = "stop"
+        if reason is None:
+            return make_output(req, detok, delta, 1)
+        return self.finish_request(req, reason, delta, new_tokens=1)
 
-    def _stop_reason(self, req: Request, tok: int) -> str | None:
-        p = req.params
-        if (
-            (tok in req.eos_ids and not p.ignore_eos)
-            or tok in p.stop_token_ids
-            or self._detok[req.request_id].stopped
-        ):
-            return "stop"
-        if len(req.output_ids) >= p.max_tokens or len(req.tokens) >= self.max_model_len:
-            return "length"
-        return None
-
-    def _finish(self, req: Request, reason: str, delta: str = "") -> RequestOutput:
-        req.finish_reason = reason
-        req.finish_time = time.perf_counter()
-        if req.status is not Status.FINISHED:
-            self.scheduler.remove(req)
+    def finish_request(
+        self, req: Request, reason: str, delta: str = "", new_tokens: int = 0, error: str | None = None
+    ) -> RequestOutput:
+        """End ``req`` now (between steps: a stop, an abort, or ``reason="error"`` with ``error``), freeing
+        its pages; returns its final output."""
+        self.scheduler.finish(req, reason)
         detok = self._detok.pop(req.request_id)
         self._requests.pop(req.request_id, None)
-        return make_output(req, detok, delta + detok.flush())
+        return make_output(req, detok, delta + detok.flush(), new_tokens, error)
 
     # -- conveniences -------------------------------------------------------------------
     def generate(
@@ -258,18 +223,42 @@ class Engine:
                     done[out.request_id] = out
         return [done[r.request_id] for r in reqs]
 
+    # -- the public surface for servers and benchmarks ------------------------------------------
+    @property
+    def page_size(self) -> int:
+        return self.cache.page_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.cfg.vocab_size
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV pool holds: the most one request can use, whatever is cached."""
+        return self.runner.pool.num_tokens
+
+    @property
+    def token_capacity(self) -> int:
+        """The most tokens (prompt + output) one request can have: context length and KV pool both."""
+        return min(self.max_model_len, self.kv_capacity_tokens)
+
+    def call_between_steps(self, fn: Callable[[], object]) -> None:
+        """Thread-safe: run ``fn()`` on the engine's thread before the next step (e.g. a cache reset)."""
+        self._inbox.put(("call", fn))
+
     def stats(self) -> EngineStats:
         cs = self.cache.stats()
-        t = self._totals
+        t, st = self._totals, self.scheduler.totals
         return EngineStats(
-            requests=t["requests"], prompt_tokens=t["prompt"], cached_tokens=t["cached"],
-            prefilled_tokens=t["prefilled"], generated_tokens=t["generated"], evicted_pages=cs.evicted_pages,
+            requests=t["requests"], prompt_tokens=t["prompt"], cached_tokens=st.cached,
+            prefilled_tokens=st.prefilled, generated_tokens=st.generated, evicted_pages=cs.evicted_pages,
             retractions=self.scheduler.num_retractions, running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
             tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=self.cache.page_size,
         )  # fmt: skip
 
-    def check_integrity(self):
+    def check_integrity(self) -> CacheStats:
+        """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
         return self.cache.check_integrity()
 
     def reset_prefix_cache(self) -> None:

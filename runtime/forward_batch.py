@@ -18,6 +18,28 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.sampling import SamplingParams
+
+
+class SeqChunk(NamedTuple):
+    """One sequence's part of a step: token ids computed now, their first position, its pages."""
+
+    tokens: list[int]
+    start: int
+    pages: list[int]
+
+
+class StepInput(NamedTuple):
+    """What the model runner runs in one step: the chunks, and how to sample the rows that end a sequence.
+
+    ``params`` / ``generators`` have one entry per ``True`` in ``sample_mask``, in order.
+    """
+
+    seqs: list[SeqChunk]
+    sample_mask: list[bool]
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+
 
 class ForwardBatch(NamedTuple):
     """Tensors of one step; ``is_decode`` when every chunk is a single token."""
@@ -33,7 +55,7 @@ class ForwardBatch(NamedTuple):
 
 
 def build_forward_batch(
-    chunks: list[tuple[list[int], int, list[int]]],
+    chunks: list[SeqChunk] | list[tuple[list[int], int, list[int]]],
     sample_mask: list[bool],
     page_size: int,
     device: torch.device,

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from kernels import select_backend
-from runtime.forward_batch import build_forward_batch
+from runtime.forward_batch import StepInput, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models import build_model
 from runtime.models.config import ModelConfig
 from runtime.sampler import SampleResult, sample
-from runtime.scheduler import Chunk
 from runtime.weights import load_weights
+
+
+class StepResult(NamedTuple):
+    """Logits of the sampled rows (``[S, vocab]``) and the tokens drawn from them (None if S == 0)."""
+
+    logits: torch.Tensor
+    samples: SampleResult | None
+
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,17 +61,9 @@ class ModelRunner:
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
 
-    def step(self, chunks: list[Chunk]) -> tuple[torch.Tensor, SampleResult | None]:
-        """Forward the chunks; sample for those that end their sequence. Returns (logits, samples)."""
-        fb = build_forward_batch(
-            [(c.req.tokens[c.start : c.start + c.length], c.start, c.req.pages) for c in chunks],
-            [c.sample for c in chunks],
-            self.page_size,
-            self.device,
-        )
+    def step(self, batch: StepInput) -> StepResult:
+        """Forward the chunks; sample the rows that end their sequence."""
+        fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
         logits = self.model(fb, self.pool.layers, self.backend)
-        sampled = [c.req for c in chunks if c.sample]
-        if not sampled:
-            return logits, None
-        res = sample(logits, [r.params for r in sampled], [r.generator for r in sampled])
-        return logits, res
+        samples = sample(logits, batch.params, batch.generators) if batch.params else None
+        return StepResult(logits, samples)

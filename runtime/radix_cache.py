@@ -38,9 +38,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from runtime.page_allocator import PageAllocator
+from runtime.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
 
 
 class TreeNode:
@@ -61,23 +61,11 @@ class TreeNode:
         return f"TreeNode(uid={self.uid}, tokens={len(self.key)}, pages={self.pages}, ref={self.ref})"
 
 
-class MatchResult(NamedTuple):
-    """Longest cached whole-page prefix of a token sequence."""
-
-    handle: TreeNode
-    cached_len: int
-    pages: list[int]
-
-
-class InsertResult(NamedTuple):
-    """Outcome of an insert: tokens already present before it, and the node ending the key."""
-
-    prefix_len: int
-    handle: TreeNode
-
-
 class RadixCache:
-    """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring)."""
+    """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring).
+
+    Implements ``runtime.prefix_cache.PrefixCache``; handles are ``TreeNode`` objects.
+    """
 
     def __init__(self, page_size: int, allocator: PageAllocator) -> None:
         if page_size < 1:
@@ -104,6 +92,9 @@ class RadixCache:
     @property
     def evictable_pages(self) -> int:
         return self._total_pages - self._locked_pages
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(self._total_pages, self.evictable_pages, self.evicted_pages_total)
 
     def match(self, token_ids: Sequence[int]) -> MatchResult:
         """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed."""

@@ -9,7 +9,6 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.radix_cache import TreeNode
 from runtime.sampling import SamplingParams
 
 
@@ -24,7 +23,7 @@ class Request:
     """Tokens, KV pages and progress of one sequence.
 
     ``tokens`` is prompt + output so far.  ``num_computed`` tokens have K/V in ``pages``;
-    the first ``num_tree_pages`` pages belong to the radix tree (locked through
+    the first ``num_tree_pages`` pages belong to the prefix cache (locked through its
     ``handle``), the rest are the request's own::
 
         tokens : | prompt ...................... | output ... |
@@ -41,20 +40,21 @@ class Request:
     status: Status = Status.WAITING
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
-    handle: TreeNode | None = None
+    handle: object = None  # the prefix cache's handle on the cached part, while admitted
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
     prefilled_tokens: int = 0
     finish_reason: str | None = None
-    error: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
     admitted_time: float | None = None
     first_token_time: float | None = None
-    prefill_done_time: float | None = None
     finish_time: float | None = None
     retractions: int = 0
     logprobs: list = field(default_factory=list)
-    logits_trace: list[torch.Tensor] | None = None  # filled when the engine records logits (tests)
+
+    def __post_init__(self) -> None:
+        # one copy of the prompt shared by every output snapshot (never mutated)
+        self.prompt_ids: list[int] = self.tokens[: self.num_prompt]
 
     @property
     def output_ids(self) -> list[int]:
@@ -70,13 +70,19 @@ class Request:
 
 
 class RequestOutput(NamedTuple):
-    """Snapshot of a request: the whole output so far plus this step's text delta."""
+    """What one step produced for a request: the new tokens and text, plus accounting so far.
+
+    Built from deltas, so an output costs the same whatever the prompt and output length.  The
+    final output (``finished``) also carries the whole output (``output_token_ids``, ``text``,
+    ``logprobs``); on the others those are empty.  ``prompt_token_ids`` is one list shared by all
+    outputs of a request: read it, do not change it.
+    """
 
     request_id: str
     prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    text: str
+    new_token_ids: list[int]
     delta: str
+    new_logprobs: list
     finished: bool
     finish_reason: str | None
     cached_tokens: int
@@ -85,7 +91,9 @@ class RequestOutput(NamedTuple):
     prefill_s: float | None
     decode_s: float | None
     e2e_s: float | None
-    logprobs: list
+    output_token_ids: list[int] = []
+    text: str = ""
+    logprobs: list = []
     error: str | None = None
 
     @property

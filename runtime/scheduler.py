@@ -1,20 +1,25 @@
-"""Continuous batching with chunked prefill.
+"""Continuous batching with chunked prefill; the scheduler owns every request's life.
 
-Each step takes every running request that needs one token (a decode), then fills a
-prefill budget of ``chunk_size`` tokens with the next chunks of partly prefilled requests
-and newly admitted ones.  A long prompt therefore delays running decodes by at most one
-chunk.  When pages run out, the newest running request is retracted: its computed pages
-go to the tree, it returns to the front of the queue with its output so far, and is later
-re-prefilled (mostly from the tree).
+``schedule()`` picks a step: every running request that needs one token (a decode), then a
+prefill budget of ``chunk_size`` tokens with the next chunks of partly prefilled requests and
+newly admitted ones, so a long prompt delays running decodes by at most one chunk.  When pages
+run out, the newest running request is retracted: its computed pages go to the prefix cache, it
+returns to the front of the queue with its output so far, and is later re-prefilled (mostly from
+the cache).  ``commit()`` applies the step's result: progress, page insertion, sampled tokens,
+stop checks, and the release of finished requests.  ``finish()`` ends a request from outside a
+step (abort, a stop string, an error).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import NamedTuple
 
 from runtime.cache_manager import CacheManager
+from runtime.forward_batch import SeqChunk, StepInput
 from runtime.request import Request, Status
+from runtime.sampler import SampleResult
 
 POLICIES = ("fcfs", "lpm")
 LPM_MAX_QUEUE = 256  # matching every waiting request each step costs O(queue * prompt)
@@ -29,25 +34,65 @@ class Chunk(NamedTuple):
     sample: bool
 
 
-class Scheduler:
-    """Owns the waiting queue and the running set; decides what each step computes."""
+class Batch(NamedTuple):
+    """One scheduled step: the chunks (for ``commit``) and the runner's input built from them."""
 
-    def __init__(self, cache: CacheManager, chunk_size: int, max_running: int, policy: str = "fcfs") -> None:
+    chunks: list[Chunk]
+    step: StepInput
+
+
+class Sampled(NamedTuple):
+    """A token ``commit`` appended to ``req``; ``finish_reason`` set when it ended the request."""
+
+    req: Request
+    token: int
+    finish_reason: str | None
+
+
+class SchedulerTotals(NamedTuple):
+    """Token counters since start."""
+
+    cached: int
+    prefilled: int
+    generated: int
+
+
+class Scheduler:
+    """Owns the waiting queue and the running set; decides each step and applies its result."""
+
+    def __init__(
+        self,
+        cache: CacheManager,
+        chunk_size: int,
+        max_running: int,
+        policy: str = "fcfs",
+        max_model_len: int = 1 << 30,
+    ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"schedule policy must be one of {POLICIES}, got {policy!r}")
         self.cache = cache
         self.chunk_size = chunk_size
         self.max_running = max_running
         self.policy = policy
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_retractions = 0
+        self._cached = self._prefilled = self._generated = 0
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def remove(self, req: Request) -> None:
-        """Drop a finished or aborted request and release its pages."""
+    def finish(self, req: Request, reason: str) -> None:
+        """End ``req`` (stop, length, abort, error): drop it from the queues and release its pages.
+
+        Idempotent: finishing a finished request only relabels its reason (a stop string found
+        by the detokeniser on the token that also reached ``max_tokens`` is a stop).
+        """
+        req.finish_reason = reason
+        if req.status is Status.FINISHED:
+            return
+        req.finish_time = time.perf_counter()
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -58,7 +103,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[Chunk]:
+    @property
+    def totals(self) -> SchedulerTotals:
+        return SchedulerTotals(self._cached, self._prefilled, self._generated)
+
+    # -- choosing a step ----------------------------------------------------------------
+    def schedule(self) -> Batch | None:
+        """The next step's batch (pages reserved for every chunk), or None when nothing can run."""
         chunks: dict[Request, Chunk] = {}
         for req in list(self.running):
             # a prompt's 1-token tail is prefill, not a decode: it must come out of the chunk budget
@@ -68,7 +119,7 @@ class Scheduler:
             if self._reserve(req, 1, chunks):
                 chunks[req] = Chunk(req, req.num_computed, 1, True)
             elif len(self.running) > 1:
-                self._retract(req)  # the newest yields its pages (to the tree) so older ones progress
+                self._retract(req)  # the newest yields its pages (to the cache) so older ones progress
         budget = self.chunk_size
         for req in list(self.running):
             if budget <= 0:
@@ -82,6 +133,7 @@ class Scheduler:
                 budget -= n
         if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             self.waiting = deque(sorted(self.waiting, key=lambda r: -self.cache.match_len(r.tokens)))
+        now = time.perf_counter()
         while budget > 0 and self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
             self.cache.admit(req)
@@ -94,9 +146,22 @@ class Scheduler:
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
+            if req.admitted_time is None:
+                req.admitted_time = now
+                self._cached += req.cached_tokens
             chunks[req] = Chunk(req, req.num_computed, n, n == req.remaining)
             budget -= n
-        return list(chunks.values())
+        if not chunks:
+            return None
+        batch = list(chunks.values())
+        sampled = [c.req for c in batch if c.sample]
+        step = StepInput(
+            seqs=[SeqChunk(c.req.tokens[c.start : c.start + c.length], c.start, c.req.pages) for c in batch],
+            sample_mask=[c.sample for c in batch],
+            params=[r.params for r in sampled],
+            generators=[r.generator for r in sampled],
+        )
+        return Batch(batch, step)
 
     def _reserve(self, req: Request, n: int, chunks: dict[Request, Chunk]) -> bool:
         """Reserve pages, retracting requests admitted after ``req`` (newest first) while needed.
@@ -119,3 +184,42 @@ class Scheduler:
         req.retractions += 1
         self.num_retractions += 1
         self.waiting.appendleft(req)
+
+    # -- applying a step ----------------------------------------------------------------
+    def commit(self, batch: Batch, samples: SampleResult | None) -> list[Sampled]:
+        """Advance every chunk's request, cache its computed pages, append sampled tokens, finish those done."""
+        now = time.perf_counter()
+        out: list[Sampled] = []
+        row = 0
+        for c in batch.chunks:
+            req = c.req
+            prompt_part = max(0, min(c.start + c.length, req.num_prompt) - c.start)
+            req.prefilled_tokens += prompt_part
+            self._prefilled += prompt_part
+            req.num_computed += c.length
+            if c.length > 1 or not c.sample:
+                self.cache.cache_computed(req)  # share prompt pages with concurrent requests at once
+            if not c.sample:
+                continue
+            assert samples is not None
+            tok = req.params.forced_at(len(req.tokens) - req.num_prompt, samples.tokens[row])
+            if req.params.logprobs is not None:
+                req.logprobs.append((tok, samples.logprobs[row]))
+            row += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.tokens.append(tok)
+            self._generated += 1
+            reason = self._stop_reason(req, tok)
+            if reason is not None:
+                self.finish(req, reason)
+            out.append(Sampled(req, tok, reason))
+        return out
+
+    def _stop_reason(self, req: Request, tok: int) -> str | None:
+        p = req.params
+        if (tok in req.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return "stop"
+        if len(req.tokens) - req.num_prompt >= p.max_tokens or len(req.tokens) >= self.max_model_len:
+            return "length"
+        return None

@@ -12,11 +12,40 @@ from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams
 
 
-def tiny_engine(model_dir: Path, **options) -> Engine:
-    """An fp32 CPU engine on a tiny model; ``options`` override the small defaults."""
+def tiny_engine(model_dir: Path, record_logits: bool = False, **options) -> Engine:
+    """An fp32 CPU engine on a tiny model; ``options`` override the small defaults.
+
+    ``record_logits``: every sampled row's logits are kept on its request (``req.logits_trace``).
+    """
     opts: dict = dict(model_dir=str(model_dir), dtype="float32", device="cpu", page_size=16, num_pages=256)
     opts.update(options)
-    return Engine(**opts)
+    eng = Engine(**opts)
+    if record_logits:
+        trace_logits(eng)
+    return eng
+
+
+def trace_logits(eng: Engine) -> None:
+    """Test hook: wrap the runner's step and the scheduler's commit so that each request collects
+    the logits of its sampled rows in ``req.logits_trace`` (the engine itself keeps none)."""
+    step, commit = eng.runner.step, eng.scheduler.commit
+    last: list = []
+
+    def traced_step(batch):
+        res = step(batch)
+        last[:] = [res.logits]
+        return res
+
+    def traced_commit(batch, samples):
+        rows = iter(last[0]) if last else iter(())
+        for c in batch.chunks:
+            if c.sample:
+                if getattr(c.req, "logits_trace", None) is None:
+                    c.req.logits_trace = []
+                c.req.logits_trace.append(next(rows).cpu())
+        return commit(batch, samples)
+
+    eng.runner.step, eng.scheduler.commit = traced_step, traced_commit
 
 
 def random_ids(gen: torch.Generator, n: int, vocab: int = 512) -> list[int]:

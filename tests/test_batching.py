@@ -85,21 +85,26 @@ def test_fifty_requests_under_pool_pressure(tiny_models):
 
 
 class _ChunkLog:
-    """Wraps ``ModelRunner.step`` to record each step's chunks and check what is sampled."""
+    """Wraps ``Scheduler.schedule`` to record each step's chunks and check what is sampled."""
 
     def __init__(self, eng: Engine) -> None:
-        self.inner = eng.runner.step
+        self.inner = eng.scheduler.schedule
         self.steps: list[list[tuple]] = []
-        eng.runner.step = self
+        eng.scheduler.schedule = self
 
-    def __call__(self, chunks):
+    def __call__(self):
+        batch = self.inner()
+        if batch is None:
+            return None
+        chunks = batch.chunks
         for c in chunks:
             ends = c.start + c.length == len(c.req.tokens)
             assert c.sample == ends, (
                 f"{c.req.request_id}: sample={c.sample} for tokens {c.start}:{c.start + c.length}"
             )
+        assert sum(batch.step.sample_mask) == len(batch.step.params)  # one sampling row per sampled chunk
         self.steps.append([(c.req.request_id, c.start, c.length, c.req.num_prompt) for c in chunks])
-        return self.inner(chunks)
+        return batch
 
 
 def _streams_and_long_prompt(eng: Engine, long_len: int):

@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 from runtime.engine import Engine  # noqa: E402
 from runtime.request import Request  # noqa: E402
 from runtime.sampling import SamplingParams  # noqa: E402
+from tests.engine_drive import trace_logits  # noqa: E402
 from tests.helpers import make_tiny_model  # noqa: E402
 
 PAGE_SIZE, CHUNK_SIZE = 4, 10
@@ -49,8 +50,9 @@ def _run_script(model_dir, backend: str) -> tuple[dict[str, Request], list[tuple
     """Fixed arrival script; returns the requests and, per step, (#decode chunks, #prefill chunks)."""
     eng = Engine(
         model_dir=str(model_dir), dtype="float32", device="cpu", attention_backend=backend,
-        page_size=PAGE_SIZE, chunk_size=CHUNK_SIZE, num_pages=64, record_logits=True,
+        page_size=PAGE_SIZE, chunk_size=CHUNK_SIZE, num_pages=64,
     )  # fmt: skip
+    trace_logits(eng)
     assert eng.runner.backend.name == backend
     prompts = _prompts()
     max_tokens = {"first": 2, "shared": 4, "fresh": 4, "decoding": 8}
@@ -62,10 +64,11 @@ def _run_script(model_dir, backend: str) -> tuple[dict[str, Request], list[tuple
     schedule = eng.scheduler.schedule
 
     def recording_schedule():
-        chunks = schedule()
+        batch = schedule()
+        chunks = batch.chunks if batch is not None else []
         decodes = sum(1 for c in chunks if c.length == 1 and c.start >= c.req.num_prompt)
         mix.append((decodes, len(chunks) - decodes))
-        return chunks
+        return batch
 
     eng.scheduler.schedule = recording_schedule
 

@@ -116,7 +116,7 @@ class _EvictSpy:
     """Wraps ``RadixCache.evict``: every page a live request holds must survive each eviction."""
 
     def __init__(self, eng: Engine) -> None:
-        self.eng, self.tree = eng, eng.cache.tree
+        self.eng, self.tree = eng, eng.cache.prefix
         self.inner = self.tree.evict
         self.calls = self.calls_with_locked = self.freed = 0
         self.tree.evict = self

@@ -28,8 +28,9 @@ OUTPUT = (
 
 def _out(delta: str, text: str, finished: bool) -> RequestOutput:
     return RequestOutput(
-        "r", [1, 2, 3], [7] * len(text), text, delta, finished, "stop" if finished else None,
-        2, 1, 0.1, 0.1, 0.2 if finished else None, 0.3 if finished else None, [],
+        "r", [1, 2, 3], [7] * len(delta), delta, [], finished, "stop" if finished else None,
+        2, 1, 0.1, 0.1, 0.2 if finished else None, 0.3 if finished else None,
+        output_token_ids=[7] * len(text) if finished else [], text=text if finished else "",
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from chat_templates import Conversation, check_prefix_stability, default_conversations
-from chat_templates.template_check import main
+from chat_templates.template_check import main as check_main
 from runtime.model_source import resolve_model
 
 THINKING = Conversation(
@@ -68,10 +68,10 @@ def test_template_that_rewrites_history_is_caught_in_template_glue(tok):
 
 
 def test_cli_exit_codes(capsys):
-    assert main(["--chat-template", "qwen3"]) == 1
+    assert check_main(["--chat-template", "qwen3"], resolve_model) == 1
     out = capsys.readouterr().out
     assert "BREAK" in out and "think block (message 2)" in out
-    assert main(["--chat-template", "chatml"]) == 0
+    assert check_main(["--chat-template", "chatml"], resolve_model) == 0
     assert "0 break(s)" in capsys.readouterr().out
-    assert main(["--chat-template", "qwen3", "--keep-reasoning"]) == 0
-    assert main(["--chat-template", "nope"]) == 2
+    assert check_main(["--chat-template", "qwen3", "--keep-reasoning"], resolve_model) == 0
+    assert check_main(["--chat-template", "nope"], resolve_model) == 2

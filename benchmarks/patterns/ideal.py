@@ -6,17 +6,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
+from chat_templates.render import first_divergence
 
 
 def best_prefix(prompt: Sequence[int], earlier: Sequence[Sequence[int]]) -> int:
     """Longest common prefix of ``prompt`` with any of the ``earlier`` token streams."""
     p = np.asarray(prompt, dtype=np.int64)
-    return max((common_prefix(p, np.asarray(s, dtype=np.int64)) for s in earlier), default=0)
+    return max((first_divergence(p, s) for s in earlier), default=0)
 
 
 def computed_streams(

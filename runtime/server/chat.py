@@ -105,7 +105,6 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
     n = run.req.n
     parsers = [run.parser(i) for i in range(n)]
     calls = [0] * n
-    seen_lp = [0] * n
     finals: dict[int, RequestOutput] = {}
 
     def chunk(
@@ -122,9 +121,8 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
             if out.finished:
                 parsed = join_parsed(parsed, parsers[i].finish())
             lp = None
-            if run.req.logprobs and len(out.logprobs) > seen_lp[i]:
-                lp = chat_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :])
-                seen_lp[i] = len(out.logprobs)
+            if run.req.logprobs and out.new_logprobs:
+                lp = chat_logprobs(run.state.tokenizer, out.new_logprobs)
             calls[i] += len(parsed.tool_calls)
             for delta in delta_messages(parsed) or ([{}] if lp else []):
                 yield sse(chunk(i, delta, logprobs=lp))

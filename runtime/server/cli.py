@@ -58,7 +58,7 @@ def banner(engine, pool_tokens: int, url: str, template: str, name: str) -> str:
         (
             f"kvreuse serve: {name} ({engine.model_dir})",
             f"  dtype {str(engine.dtype).removeprefix('torch.')}, device {engine.device}, context {engine.max_model_len} tokens",
-            f"  KV pool {pool_tokens} tokens ({engine.runner.pool.num_pages} pages of {cfg.page_size}), "
+            f"  KV pool {pool_tokens} tokens ({engine.stats().total_pages} pages of {engine.page_size}), "
             f"prefix cache {cfg.prefix_cache}, max running {cfg.max_running}",
             f"  chat template: {template}",
             f"  listening on {url}  (OpenAI base_url {url}/v1)",
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     from runtime.server.state import ServerConfig
 
     engine = Engine(args.model, **engine_kwargs(args))
-    aengine = AsyncEngine(engine, max_waiting=args.max_waiting)
+    aengine = AsyncEngine(engine)
     name = args.served_model_name or engine.model_name
     config = ServerConfig(
         served_model_name=name,
@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     state = app.state.kv
     url = f"http://{args.host}:{args.port}"
     print(
-        banner(engine, engine.runner.pool.num_tokens, url, state.template.name, name),
+        banner(engine, engine.kv_capacity_tokens, url, state.template.name, name),
         file=sys.stderr,
         flush=True,
     )

@@ -61,7 +61,6 @@ async def complete(run: CompletionRun) -> dict[str, Any]:
 async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
     n = run.req.n
     finals: dict[int, RequestOutput] = {}
-    seen_lp = [0] * n
     offsets = [len(run.prompt_text) if run.req.echo else 0] * n
     if run.req.echo:
         for i in range(n):
@@ -71,9 +70,8 @@ async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
     async with aclosing(run.streams()) as outputs:
         async for i, out in outputs:
             lp = None
-            if run.req.logprobs is not None and len(out.logprobs) > seen_lp[i]:
-                lp = completion_logprobs(run.state.tokenizer, out.logprobs[seen_lp[i] :], offsets[i])
-                seen_lp[i] = len(out.logprobs)
+            if run.req.logprobs is not None and out.new_logprobs:
+                lp = completion_logprobs(run.state.tokenizer, out.new_logprobs, offsets[i])
             offsets[i] += len(out.delta)
             reason = out.finish_reason if out.finished else None
             if not (out.delta or lp or out.finished):

@@ -39,9 +39,7 @@ class ServerState:
         self.config = config
         self.tokenizer = self.engine.tokenizer
         self.template: TemplateInfo = resolve_template(self.tokenizer, config.chat_template)
-        self.diagnostics = CacheDiagnostics(
-            self.tokenizer, self.engine.cache.page_size, config.diagnostics_history
-        )
+        self.diagnostics = CacheDiagnostics(self.tokenizer, self.engine.page_size, config.diagnostics_history)
         self.last_stats: EngineStats | None = None
         self.metrics = ServerMetrics(lambda: self.last_stats)
         self.capacity = self.engine.config.max_running + config.max_waiting

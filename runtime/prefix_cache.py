@@ -1,0 +1,116 @@
+"""What the cache manager needs from a prefix cache, and the two caches behind it.
+
+A prefix cache maps page-aligned token prefixes to KV pages of the pool.  The cache manager
+talks to it only through this interface, so the naive baseline (``NoPrefixCache``: remembers
+nothing) and the radix tree (``runtime.radix_cache.RadixCache``) run the same code path:
+
+* ``match(tokens) -> MatchResult(handle, cached_len, pages)``: the longest cached whole-page prefix.
+  ``pages`` are pool pages ready to read; ``handle`` names that prefix for ``lock`` / ``unlock``.
+* ``peek_len(tokens)``: ``match(...).cached_len`` without side effects (scheduling estimates).
+* ``lock(handle)`` / ``unlock(handle)``: a locked prefix is never evicted.
+* ``insert(tokens, pages) -> InsertResult(prefix_len, handle)``: offer whole pages.  The first
+  ``prefix_len`` tokens were already cached: the caller keeps (and frees) its own pages for them;
+  the cache adopts the rest, if it keeps anything at all.  A later ``match`` says which pages the
+  cache holds for the key (none, for ``NoPrefixCache``).
+* ``evict(n_pages) -> freed``, ``evictable_pages``, ``stats()``, ``reset()``.
+
+Room left for what comes next, without changing callers (see docs/architecture.md):
+
+* a lower tier (pages not in the pool but loadable from host memory or disk) lives *inside* a cache:
+  ``match`` loads the loadable part of the prefix into pool pages it allocates from the allocator it
+  was built with, so ``pages`` are always in the pool; ``evict`` may demote a page instead of dropping
+  it.  ``PrefixCacheStats`` then grows fields; callers read them by name.
+* per-node extra state (a recurrent-state snapshot for hybrid models) hangs off the cached node the
+  handle names; ``match`` may return a shorter prefix that ends where a snapshot exists.  Insertion of
+  that state is an optional keyword of ``insert``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+
+class MatchResult(NamedTuple):
+    """Longest cached whole-page prefix of a token sequence."""
+
+    handle: object
+    cached_len: int
+    pages: list[int]
+
+
+class InsertResult(NamedTuple):
+    """Outcome of an insert: tokens already present before it, and the handle ending the key."""
+
+    prefix_len: int
+    handle: object
+
+
+class PrefixCacheStats(NamedTuple):
+    """Pages the cache holds now, how many of them could be evicted, and pages evicted so far."""
+
+    cached_pages: int
+    evictable_pages: int
+    evicted_pages: int
+
+
+class PrefixCache(Protocol):
+    """The interface above; see the module docstring for the ownership rules."""
+
+    page_size: int
+
+    @property
+    def evictable_pages(self) -> int: ...
+
+    def match(self, token_ids: Sequence[int]) -> MatchResult: ...
+
+    def peek_len(self, token_ids: Sequence[int]) -> int: ...
+
+    def lock(self, handle: object) -> None: ...
+
+    def unlock(self, handle: object) -> None: ...
+
+    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult: ...
+
+    def evict(self, n_pages: int) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def stats(self) -> PrefixCacheStats: ...
+
+
+class NoPrefixCache:
+    """The naive baseline: caches nothing, so every prompt is computed in full."""
+
+    ROOT = object()  # the one handle: the empty prefix
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+
+    @property
+    def evictable_pages(self) -> int:
+        return 0
+
+    def match(self, token_ids: Sequence[int]) -> MatchResult:
+        return MatchResult(self.ROOT, 0, [])
+
+    def peek_len(self, token_ids: Sequence[int]) -> int:
+        return 0
+
+    def lock(self, handle: object) -> None:
+        pass
+
+    def unlock(self, handle: object) -> None:
+        pass
+
+    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
+        return InsertResult(0, self.ROOT)  # adopts nothing: the caller keeps every page
+
+    def evict(self, n_pages: int) -> int:
+        return 0
+
+    def reset(self) -> None:
+        pass
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(0, 0, 0)
