@@ -270,7 +270,9 @@ def test_accounting_on_a_small_workload_with_the_real_engine():
     except ImportError as e:  # the engine is written in parallel; this test needs it
         pytest.skip(f"runtime.engine is not importable yet: {e}")
     engine = Engine(None, page_size=16)
-    runs = run_all(engine, ["append_only", "naive", "timestamp_start"], tiny_trajectory())
+    # replayed replies: decoding forced replies on the 135M model is slow on a CPU, and forced decoding has
+    # its own engine test on a tiny model (tests/test_forced_decoding.py)
+    runs = run_all(engine, ["append_only", "naive", "timestamp_start"], tiny_trajectory(), "replayed")
     for run in runs.values():
         for row in run["requests"]:
             assert (
