@@ -26,12 +26,24 @@ DEFAULT_OUT = Path("benchmarks/results/patterns")
 
 
 def render_all(
-    tokenizer: Any, pattern: Pattern, traj: Trajectory, stack: Stack = DEFAULT_STACK, replies: str = "cached"
+    tokenizer: Any,
+    pattern: Pattern,
+    traj: Trajectory,
+    stack: Stack = DEFAULT_STACK,
+    replies: str = "cached",
+    fast: Any = None,
 ) -> tuple[list[Any], list[list[int]] | None]:
     """Every request's rendering and, with cached replies, the reply ids each request generates."""
     source = template_source(stack, tokenizer, pattern.template)
     reqs = pattern.requests(traj)
-    rendered = [render_request(tokenizer, source, stack, r) for r in reqs]
+    if fast is not None:  # no segments: text and ids only (``fast`` is a PieceTokenizer)
+        from chat_templates import RenderedPrompt, render_text
+
+        texts = [render_text(tokenizer, r.messages, r.tools, template=source, **{**r.template_kwargs, **stack.kwargs})
+                 for r in reqs]  # fmt: skip
+        rendered = [RenderedPrompt(t, fast(t), []) for t in texts]
+    else:
+        rendered = [render_request(tokenizer, source, stack, r) for r in reqs]
     if replies != "cached":
         return rendered, None
     forced = [
@@ -51,7 +63,7 @@ def divergence(rendered: list[Any], traj: Trajectory, k: int) -> dict[str, Any]:
     prev = rendered[earlier[-1]].token_ids
     cur = rendered[k]
     d = first_divergence(prev, cur.token_ids)
-    seg = locate(cur, d) if d < len(cur.token_ids) else None
+    seg = locate(cur, d) if d < len(cur.token_ids) and cur.segments else None
     return {
         "divergence": d,
         "prev_tokens": len(prev),
@@ -93,7 +105,9 @@ def run_pattern(
         row.update(divergence(rendered, traj, k))
         prev = (traj.thread_turns(k)[:-1] or list(range(k)) or [None])[-1]
         row["change_start"] = (
-            None if prev is None else change_start(pattern.name, reqs[prev], req, rp, tokenizer)
+            None
+            if prev is None or not rp.segments
+            else change_start(pattern.name, reqs[prev], req, rp, tokenizer)
         )
         rows.append(row)
         tick(row)
