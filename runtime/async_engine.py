@@ -10,6 +10,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 
+from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.engine import Engine
 from runtime.request import RequestOutput
 from runtime.sampling import SamplingParams
@@ -33,10 +34,15 @@ class AsyncEngine:
         return len(self._streams)
 
     async def stream(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        scope: CacheScope = PUBLIC,
     ) -> AsyncIterator[RequestOutput]:
         """Submit and yield outputs until finished; a caller that goes away aborts the request."""
         req = self.engine.make_request(prompt, params, request_id)
+        req.scope = scope
         q: asyncio.Queue = asyncio.Queue()
         with self._lock:
             if self._stop.is_set():  # a stream registered after shutdown's _fail_all would wait forever

@@ -8,9 +8,14 @@ run one code path.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import NamedTuple
 
+from runtime.cache_scope import PUBLIC, CacheScope
+from runtime.eviction import DEFAULT_POLICY
 from runtime.page_allocator import OutOfPages, PageAllocator
+from runtime.pins import PinTable
 from runtime.prefix_cache import NoPrefixCache, PrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
@@ -18,10 +23,12 @@ from runtime.request import Request
 PREFIX_CACHES = ("radix", "off")
 
 
-def make_prefix_cache(kind: str, page_size: int, allocator: PageAllocator) -> PrefixCache:
+def make_prefix_cache(
+    kind: str, page_size: int, allocator: PageAllocator, eviction: str = DEFAULT_POLICY
+) -> PrefixCache:
     """``radix``: the radix tree over ``allocator``'s pages; ``off``: no cache (the naive baseline)."""
     if kind == "radix":
-        return RadixCache(page_size, allocator)
+        return RadixCache(page_size, allocator, eviction)
     if kind == "off":
         return NoPrefixCache(page_size)
     raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {kind!r}")
@@ -36,30 +43,43 @@ class CacheStats(NamedTuple):
     evictable_pages: int
     request_pages: int
     evicted_pages: int
+    pinned_pages: int = 0
 
 
 class CacheManager:
     """Match, lock, allocate, insert and release pages for requests."""
 
-    def __init__(self, num_pages: int, page_size: int, mode: str = "radix") -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        mode: str = "radix",
+        eviction: str = DEFAULT_POLICY,
+        session_ttl: float = 300.0,
+        pinned_fraction: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.prefix: PrefixCache = make_prefix_cache(mode, page_size, self.allocator)
+        self.prefix: PrefixCache = make_prefix_cache(mode, page_size, self.allocator, eviction)
+        self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
         self.live: set[Request] = set()
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:
         """Reuse the longest cached prefix, leaving at least one token to compute (for logits)."""
         self.live.add(req)
-        m = self.prefix.match(req.tokens[: len(req.tokens) - 1])
+        if req.scope.session is not None:
+            self.pins.touch(req.scope.session)  # the session is back: its TTL starts again
+        m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope.namespace, req.scope.public_len)
         self.prefix.lock(m.handle)
         req.handle, req.pages, req.num_tree_pages = m.handle, list(m.pages), len(m.pages)
         req.num_computed = m.cached_len
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
             req.cached_tokens = m.cached_len
 
-    def match_len(self, tokens: list[int]) -> int:
-        return self.prefix.peek_len(tokens[: len(tokens) - 1])
+    def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
+        return self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
@@ -70,13 +90,19 @@ class CacheManager:
         return self.allocator.num_free + self.prefix.evictable_pages
 
     def reserve(self, req: Request, n_new: int) -> bool:
-        """Give ``req`` pages for ``n_new`` more tokens, evicting LRU cached pages if needed."""
+        """Give ``req`` pages for ``n_new`` more tokens, evicting cached pages if needed.
+
+        Pins lapse, oldest first, only when evicting everything unpinned is not enough.
+        """
         need = self.pages_needed(req, n_new)
         if need == 0:
             return True
-        short = need - self.allocator.num_free
-        if short > 0:
-            self.prefix.evict(short)
+        if need > self.allocator.num_free:
+            self.pins.expire()
+            self.prefix.evict(need - self.allocator.num_free)
+            while need > self.allocator.num_free and len(self.pins):
+                self.pins.lapse_oldest("pressure")
+                self.prefix.evict(need - self.allocator.num_free)
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
@@ -93,12 +119,16 @@ class CacheManager:
         if n_pages <= req.num_tree_pages:
             return
         n = n_pages * self.page_size
-        res = self.prefix.insert(req.tokens[:n], req.pages[:n_pages])
+        scope = req.scope
+        res = self.prefix.insert(req.tokens[:n], req.pages[:n_pages], scope.namespace, scope.public_len)
         dup_end = res.prefix_len // self.page_size
         if dup_end > req.num_tree_pages:
             self.allocator.free(req.pages[req.num_tree_pages : dup_end])
-        m = self.prefix.match(req.tokens[:n])  # the pages the cache holds for the key now
+        # Locked before the match, so that walk is bookkeeping, not a use the eviction policy counts.
+        self.prefix.lock(res.handle)
+        m = self.prefix.match(req.tokens[:n], scope.namespace, scope.public_len)  # the pages it holds now
         self.prefix.lock(m.handle)
+        self.prefix.unlock(res.handle)
         self.prefix.unlock(req.handle)
         req.handle = m.handle
         req.pages[: len(m.pages)] = m.pages
@@ -110,12 +140,15 @@ class CacheManager:
             return
         if cache:
             self.cache_computed(req)
+            if req.scope.session is not None:
+                self.pins.pin(req.scope.session, req.handle)  # the session's last node: prompt + output
         self.allocator.free(req.own_pages)
         self.prefix.unlock(req.handle)
         req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
         self.live.discard(req)
 
     def reset(self) -> None:
+        self.pins.clear()
         self.prefix.reset()
 
     # -- accounting ------------------------------------------------------------------
@@ -128,10 +161,12 @@ class CacheManager:
             evictable_pages=ps.evictable_pages,
             request_pages=sum(len(r.own_pages) for r in self.live),
             evicted_pages=ps.evicted_pages,
+            pinned_pages=ps.pinned_pages,
         )
 
     def check_integrity(self) -> CacheStats:
         s = self.stats()
         if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
             raise AssertionError(f"KV page leak: {s}")
+        self.pins.check()  # every pin on the cache is one of the table's, and within the budget
         return s

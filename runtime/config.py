@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.eviction import DEFAULT_POLICY, POLICIES
 from runtime.kv_pool import parse_memory
 
 
@@ -16,6 +17,9 @@ class EngineConfig:
     dtype: str | None = None  # None: bf16 on GPU / bf16-capable CPU, else fp32
     device: str | None = None  # None: cuda if available else cpu
     prefix_cache: str = "radix"  # "off": the naive baseline, recompute every prompt
+    session_ttl: float = 300.0  # seconds a session's last node stays pinned after its last use
+    pinned_fraction: float = 0.5  # of the pool at most pinned, so pins never starve admission
+    eviction_policy: str = DEFAULT_POLICY  # runtime/eviction.py; chosen on benchmarks/eviction_traces.py
     page_size: int = 16  # see benchmarks/results/page_size.json for why 16
     kv_cache_memory: int | str | None = None  # bytes or "2G"; None: 1 GiB on CPU, 85% of free GPU memory
     num_pages: int | None = None  # exact pool size (tests); overrides kv_cache_memory
@@ -32,5 +36,13 @@ class EngineConfig:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.eviction_policy not in POLICIES:
+            raise ValueError(
+                f"eviction_policy must be one of {', '.join(POLICIES)}, got {self.eviction_policy!r}"
+            )
+        if self.session_ttl <= 0:
+            raise ValueError(f"session_ttl must be > 0 seconds, got {self.session_ttl}")
+        if not 0 <= self.pinned_fraction <= 1:
+            raise ValueError(f"pinned_fraction must be in [0, 1], got {self.pinned_fraction}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")

@@ -78,7 +78,14 @@ class Engine:
         self.max_model_len = cfg.max_model_len or min(
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
-        self.cache = CacheManager(self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache)
+        self.cache = CacheManager(
+            self.runner.pool.num_pages,
+            cfg.page_size,
+            cfg.prefix_cache,
+            cfg.eviction_policy,
+            cfg.session_ttl,
+            cfg.pinned_fraction,
+        )
         self.scheduler = Scheduler(
             self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, self.max_model_len
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from runtime.eviction import DEFAULT_POLICY, POLICIES
+
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
@@ -32,6 +34,24 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--prefix-cache", choices=["radix", "off"], default="radix", help="off = recompute every prompt"
     )
     g.add_argument(
+        "--eviction-policy",
+        choices=sorted(POLICIES),
+        default=DEFAULT_POLICY,
+        help=f"which cached prefixes give way first (default {DEFAULT_POLICY}; see benchmarks/eviction_traces.py)",
+    )
+    g.add_argument(
+        "--session-ttl",
+        type=float,
+        default=300.0,
+        help="seconds a session's last prompt + output stays pinned after its last use (default 300)",
+    )
+    g.add_argument(
+        "--pinned-fraction",
+        type=float,
+        default=0.5,
+        help="most of the KV pool that pins may hold; over it the oldest pins lapse (default 0.5)",
+    )
+    g.add_argument(
         "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
     )
     g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
@@ -47,6 +67,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         chunk_size=args.chunk_size,
         max_running=args.max_running,
         prefix_cache=args.prefix_cache,
+        eviction_policy=args.eviction_policy,
+        session_ttl=args.session_ttl,
+        pinned_fraction=args.pinned_fraction,
         schedule_policy=args.schedule_policy,
         attention_backend=args.attention_backend,
         max_model_len=args.max_model_len,

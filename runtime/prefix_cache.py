@@ -13,6 +13,10 @@ nothing) and the radix tree (``runtime.radix_cache.RadixCache``) run the same co
   the cache adopts the rest, if it keeps anything at all.  A later ``match`` says which pages the
   cache holds for the key (none, for ``NoPrefixCache``).
 * ``evict(n_pages) -> freed``, ``evictable_pages``, ``stats()``, ``reset()``.
+* ``pin(handle)`` / ``unpin(handle)``: a lock counted in ``stats().pinned_pages`` (``runtime/pins.py``
+  gives pins owners, TTLs and a budget); ``handle_len(handle)``: tokens the handle's prefix holds.
+* ``match``, ``peek_len`` and ``insert`` take the request's ``namespace`` and ``public_len``
+  (``runtime/cache_scope.py``): a prefix computed in one namespace never matches in another.
 
 Room left for what comes next, without changing callers (see docs/architecture.md):
 
@@ -27,7 +31,7 @@ Room left for what comes next, without changing callers (see docs/architecture.m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -47,11 +51,13 @@ class InsertResult(NamedTuple):
 
 
 class PrefixCacheStats(NamedTuple):
-    """Pages the cache holds now, how many of them could be evicted, and pages evicted so far."""
+    """Pages the cache holds now, how many could be evicted, pages evicted so far, pinned pages, pins."""
 
     cached_pages: int
     evictable_pages: int
     evicted_pages: int
+    pinned_pages: int = 0
+    pins: int = 0
 
 
 class PrefixCache(Protocol):
@@ -62,15 +68,25 @@ class PrefixCache(Protocol):
     @property
     def evictable_pages(self) -> int: ...
 
-    def match(self, token_ids: Sequence[int]) -> MatchResult: ...
+    def match(
+        self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0
+    ) -> MatchResult: ...
 
-    def peek_len(self, token_ids: Sequence[int]) -> int: ...
+    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int: ...
 
     def lock(self, handle: object) -> None: ...
 
     def unlock(self, handle: object) -> None: ...
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult: ...
+    def pin(self, handle: object) -> None: ...
+
+    def unpin(self, handle: object) -> None: ...
+
+    def handle_len(self, handle: object) -> int: ...
+
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+    ) -> InsertResult: ...
 
     def evict(self, n_pages: int) -> int: ...
 
@@ -91,10 +107,10 @@ class NoPrefixCache:
     def evictable_pages(self) -> int:
         return 0
 
-    def match(self, token_ids: Sequence[int]) -> MatchResult:
+    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
         return MatchResult(self.ROOT, 0, [])
 
-    def peek_len(self, token_ids: Sequence[int]) -> int:
+    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int:
         return 0
 
     def lock(self, handle: object) -> None:
@@ -103,7 +119,18 @@ class NoPrefixCache:
     def unlock(self, handle: object) -> None:
         pass
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
+    def pin(self, handle: object) -> None:
+        pass
+
+    def unpin(self, handle: object) -> None:
+        pass
+
+    def handle_len(self, handle: object) -> int:
+        return 0
+
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+    ) -> InsertResult:
         return InsertResult(0, self.ROOT)  # adopts nothing: the caller keeps every page
 
     def evict(self, n_pages: int) -> int:

@@ -27,18 +27,27 @@ The algorithm is SGLang's radix cache; the handle API (``match`` / ``lock`` / ``
 * ``lock(handle)`` adds one reference to the node and every ancestor; a node with a non-zero
   ref count is never evicted.  So ref counts never increase going down, and the unlocked nodes
   form whole subtrees: ``evictable_pages`` is every page in a node with ref count 0.
-* ``evict(n)`` frees unlocked leaves, least recently used first (``match`` and ``insert`` stamp
-  the nodes on their path with a monotonic clock); a parent left childless and unlocked becomes
-  a candidate in the same call.  Evictable leaves are tracked incrementally in a set, so one
-  eviction costs a heap over the candidate leaves, never a walk of the whole tree.
+* ``evict(n)`` frees unlocked leaves in the order of the tree's eviction policy (a strategy
+  object from ``runtime/eviction.py``; ``match`` and ``insert`` stamp the nodes on their path with
+  a monotonic clock and report uses to it); a parent left childless and unlocked becomes a
+  candidate in the same call.  A policy that trims (all but ``lru``) frees only the tail pages
+  it needs from the last victim, splitting it, so the head of that prefix stays cached.
+  Evictable leaves are tracked incrementally in a set, so one eviction costs a heap over the
+  candidate leaves, never a walk of the whole tree.
+* Namespaces (tenants, ``runtime/cache_scope.py``): a node belongs to one; children are keyed by
+  ``(namespace, first page)``, and ``match``/``insert`` take the request's namespace and how many
+  leading tokens are public (namespace ``None``), so tenants never match each other's prefixes.
+* ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
+  shared prefixes once); ``runtime/pins.py`` gives pins owners, TTLs and a page budget.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
+from runtime.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
 from runtime.page_allocator import PageAllocator
 from runtime.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
 
@@ -46,14 +55,18 @@ from runtime.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
 class TreeNode:
     """One edge of the radix tree: a run of whole pages and the tokens they hold."""
 
-    __slots__ = ("key", "pages", "children", "parent", "ref", "last_access", "uid")
+    __slots__ = ("key", "pages", "children", "parent", "ref", "pin", "last_access", "uid", "ns")
 
-    def __init__(self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, uid: int) -> None:
+    def __init__(
+        self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, uid: int, ns: Hashable = None
+    ) -> None:
         self.key = key
         self.pages = pages
-        self.children: dict[tuple[int, ...], TreeNode] = {}
+        self.ns = ns  # the namespace (tenant) it belongs to; children are keyed by (ns, first page)
+        self.children: dict[tuple, TreeNode] = {}
         self.parent = parent
         self.ref = 0
+        self.pin = 0  # how many of ``ref`` are pins (never more)
         self.last_access = 0
         self.uid = uid
 
@@ -67,7 +80,9 @@ class RadixCache:
     Implements ``runtime.prefix_cache.PrefixCache``; handles are ``TreeNode`` objects.
     """
 
-    def __init__(self, page_size: int, allocator: PageAllocator) -> None:
+    def __init__(
+        self, page_size: int, allocator: PageAllocator, policy: EvictionPolicy | str = DEFAULT_POLICY
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
@@ -78,8 +93,11 @@ class RadixCache:
         self._evictable: set[TreeNode] = set()
         self._total_pages = 0
         self._locked_pages = 0
+        self._pinned_pages = 0
+        self._num_pins = 0
         self.num_nodes = 0
         self.evicted_pages_total = 0
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
 
     @property
     def total_pages(self) -> int:
@@ -90,28 +108,42 @@ class RadixCache:
         return self._locked_pages
 
     @property
+    def pinned_pages(self) -> int:
+        return self._pinned_pages
+
+    @property
     def evictable_pages(self) -> int:
         return self._total_pages - self._locked_pages
 
     def stats(self) -> PrefixCacheStats:
-        return PrefixCacheStats(self._total_pages, self.evictable_pages, self.evicted_pages_total)
+        return PrefixCacheStats(
+            self._total_pages,
+            self.evictable_pages,
+            self.evicted_pages_total,
+            self._pinned_pages,
+            self._num_pins,
+        )
 
-    def match(self, token_ids: Sequence[int]) -> MatchResult:
-        """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed."""
+    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
+        """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed.
+
+        Only prefixes of ``namespace`` match, except the first ``public_len`` tokens, which match
+        public ones (``runtime/cache_scope.py``).
+        """
         tokens = tuple(token_ids)
         now = self._tick()
         node, pos, pages = self.root, 0, []
         while True:
-            child, n_pages = self._step(node, tokens, pos)
+            child, n_pages = self._step(node, tokens, pos, namespace, public_len)
             if child is None:
                 break
-            child.last_access = now
+            self._touch(child, now)
             pages.extend(child.pages)
             pos += n_pages * self.page_size
             node = child
         return MatchResult(node, pos, pages)
 
-    def peek_len(self, token_ids: Sequence[int]) -> int:
+    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int:
         """``match(token_ids).cached_len`` without its side effects: no split, no access-time update.
 
         For scheduling estimates, which must not make a prefix look recently used.
@@ -120,14 +152,19 @@ class RadixCache:
         node: TreeNode | None = self.root
         pos = 0
         while node is not None:
-            node, n_pages = self._peek_step(node, tokens, pos)
+            node, n_pages = self._peek_step(node, tokens, pos, namespace, public_len)
             pos += n_pages * self.page_size
             if node is not None and n_pages < len(node.pages):
                 break
         return pos
 
-    def insert(self, token_ids: Sequence[int], pages: Sequence[int]) -> InsertResult:
-        """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership."""
+    def insert(
+        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+    ) -> InsertResult:
+        """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership.
+
+        New nodes go to ``namespace``, except those within the first ``public_len`` tokens.
+        """
         tokens = tuple(token_ids)
         if len(tokens) != len(pages) * self.page_size:
             raise ValueError(
@@ -136,59 +173,72 @@ class RadixCache:
         now = self._tick()
         node, pos = self.root, 0
         while pos < len(tokens):
-            child, n_pages = self._step(node, tokens, pos)
+            child, n_pages = self._step(node, tokens, pos, namespace, public_len)
             if child is None:
                 break
-            child.last_access = now
+            self._touch(child, now)
             pos += n_pages * self.page_size
             node = child
         prefix_len = pos
-        if pos < len(tokens):
-            leaf = TreeNode(tokens[pos:], list(pages[pos // self.page_size :]), node, next(self._uids))
+        while pos < len(tokens):  # one new leaf, or two where it crosses from public to private
+            ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
+            ps = self.page_size
+            leaf = TreeNode(tokens[pos:end], list(pages[pos // ps : end // ps]), node, next(self._uids), ns)
             leaf.last_access = now
-            node.children[leaf.key[: self.page_size]] = leaf
+            self.policy.added(leaf, now)
+            node.children[(ns, leaf.key[:ps])] = leaf
             self.num_nodes += 1
             self._total_pages += len(leaf.pages)
             self._refresh(node)
             self._refresh(leaf)
-            node = leaf
+            node, pos = leaf, end
         return InsertResult(prefix_len, node)
 
     def lock(self, handle: TreeNode) -> None:
         """Protect the handle's prefix from eviction (one more reference on it and its ancestors)."""
-        self._check_attached(handle)
-        node: TreeNode | None = handle
-        while node is not None and node is not self.root:
-            if node.ref == 0:
-                self._locked_pages += len(node.pages)
-            node.ref += 1
-            self._refresh(node)
-            node = node.parent
+        self._add_ref(handle, 1, pin=False)
 
     def unlock(self, handle: TreeNode) -> None:
         """Drop one reference taken by :meth:`lock`."""
-        self._check_attached(handle)
-        if handle is not self.root and handle.ref <= 0:
-            raise ValueError(f"unlock of a node that is not locked: {handle!r}")
-        node: TreeNode | None = handle
-        while node is not None and node is not self.root:
-            node.ref -= 1
-            if node.ref == 0:
-                self._locked_pages -= len(node.pages)
-            self._refresh(node)
+        self._add_ref(handle, -1, pin=False)
+
+    def pin(self, handle: TreeNode) -> None:
+        """A lock that also counts the path's pages in ``pinned_pages``; undone by :meth:`unpin`."""
+        self._add_ref(handle, 1, pin=True)
+
+    def unpin(self, handle: TreeNode) -> None:
+        self._add_ref(handle, -1, pin=True)
+
+    def handle_len(self, handle: TreeNode) -> int:
+        """Tokens of the prefix that ``handle`` ends."""
+        n, node = 0, handle
+        while node is not None:
+            n += len(node.key)
             node = node.parent
+        return n
 
     def evict(self, n_pages: int) -> int:
-        """Free at least ``n_pages`` pages if possible, LRU unlocked leaves first; returns pages freed."""
-        heap = [(leaf.last_access, leaf.uid, leaf) for leaf in self._evictable]
+        """Free at least ``n_pages`` pages if possible, in policy order; returns pages freed.
+
+        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.
+        """
+        policy, now = self.policy, self._clock
+        heap = [(policy.priority(leaf, now), leaf.uid, leaf) for leaf in self._evictable]
         heapq.heapify(heap)
         freed = 0
         while freed < n_pages and heap:
             _, _, leaf = heapq.heappop(heap)
+            if policy.spare(leaf):
+                heapq.heappush(heap, (policy.priority(leaf, now), leaf.uid, leaf))
+                continue
+            want = n_pages - freed
+            if policy.trim and want < len(leaf.pages):
+                self._split(leaf, len(leaf.pages) - want)  # ``leaf`` is now just its tail
             parent = leaf.parent
             assert parent is not None
-            del parent.children[leaf.key[: self.page_size]]
+            del parent.children[(leaf.ns, leaf.key[: self.page_size])]
             self._evictable.discard(leaf)
+            policy.removed(leaf)
             leaf.parent = None
             self.allocator.free(leaf.pages)
             freed += len(leaf.pages)
@@ -196,7 +246,7 @@ class RadixCache:
             self.num_nodes -= 1
             self._refresh(parent)
             if parent in self._evictable:
-                heapq.heappush(heap, (parent.last_access, parent.uid, parent))
+                heapq.heappush(heap, (policy.priority(parent, now), parent.uid, parent))
         self.evicted_pages_total += freed
         return freed
 
@@ -209,35 +259,74 @@ class RadixCache:
             node = stack.pop()
             stack.extend(node.children.values())
             self.allocator.free(node.pages)
+            self.policy.removed(node)
             node.parent = None
         self.root.children.clear()
         self._evictable.clear()
         self._total_pages = 0
         self.num_nodes = 0
 
+    def _add_ref(self, handle: TreeNode, delta: int, pin: bool) -> None:
+        """Add ``delta`` references (pins when ``pin``) to ``handle`` and every ancestor."""
+        self._check_attached(handle)
+        if delta < 0 and handle is not self.root and (handle.pin if pin else handle.ref - handle.pin) <= 0:
+            verb, state = ("unpin", "pinned") if pin else ("unlock", "locked")
+            raise ValueError(f"{verb} of a node that is not {state}: {handle!r}")
+        node: TreeNode | None = handle
+        while node is not None and node is not self.root:
+            n = len(node.pages)
+            was_locked, was_pinned = node.ref > 0, node.pin > 0
+            node.ref += delta
+            if pin:
+                node.pin += delta
+                self._pinned_pages += n * ((node.pin > 0) - was_pinned)
+            self._locked_pages += n * ((node.ref > 0) - was_locked)
+            self._refresh(node)
+            node = node.parent
+        if pin:
+            self._num_pins += delta
+
+    def _touch(self, node: TreeNode, now: int) -> None:
+        """Stamp a node on a match/insert path; reaching one nobody holds is a use for the policy."""
+        node.last_access = now
+        if node.ref == 0:
+            self.policy.used(node, now)
+
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
 
-    def _step(self, node: TreeNode, tokens: tuple[int, ...], pos: int) -> tuple[TreeNode | None, int]:
+    def _scope_at(self, pos: int, end: int, namespace: Hashable, public_len: int) -> tuple[Hashable, int]:
+        """The namespace of the tokens at ``pos`` and where that namespace stops (at most ``end``)."""
+        boundary = public_len // self.page_size * self.page_size
+        if namespace is not None and pos < boundary:
+            return None, min(end, boundary)
+        return namespace, end
+
+    def _step(
+        self, node: TreeNode, tokens: tuple[int, ...], pos: int, namespace: Hashable, public_len: int
+    ) -> tuple[TreeNode | None, int]:
         """Follow the child of ``node`` matching ``tokens[pos:]``; returns it and its matched pages.
 
         When the match ends inside the child, the child is split so that the returned node is
         exactly the matched part.
         """
-        child, n = self._peek_step(node, tokens, pos)
+        child, n = self._peek_step(node, tokens, pos, namespace, public_len)
         if child is not None and n < len(child.pages):
             child = self._split(child, n)
         return child, n
 
-    def _peek_step(self, node: TreeNode, tokens: tuple[int, ...], pos: int) -> tuple[TreeNode | None, int]:
+    def _peek_step(
+        self, node: TreeNode, tokens: tuple[int, ...], pos: int, namespace: Hashable, public_len: int
+    ) -> tuple[TreeNode | None, int]:
         """The child of ``node`` matching ``tokens[pos:]`` and how many of its pages match."""
         ps = self.page_size
-        child = node.children.get(tokens[pos : pos + ps]) if pos + ps <= len(tokens) else None
+        ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
+        child = node.children.get((ns, tokens[pos : pos + ps])) if pos + ps <= end else None
         if child is None:
             return None, 0
         n = 1
-        limit = min(len(child.pages), (len(tokens) - pos) // ps)
+        limit = min(len(child.pages), (end - pos) // ps)
         while n < limit and child.key[n * ps : (n + 1) * ps] == tokens[pos + n * ps : pos + (n + 1) * ps]:
             n += 1
         return child, n
@@ -247,15 +336,16 @@ class RadixCache:
         cut = n_pages * self.page_size
         parent = node.parent
         assert parent is not None
-        upper = TreeNode(node.key[:cut], node.pages[:n_pages], parent, next(self._uids))
-        upper.ref = node.ref
+        upper = TreeNode(node.key[:cut], node.pages[:n_pages], parent, next(self._uids), node.ns)
+        upper.ref, upper.pin = node.ref, node.pin
         upper.last_access = node.last_access
-        parent.children[upper.key[: self.page_size]] = upper
+        parent.children[(upper.ns, upper.key[: self.page_size])] = upper
         node.key = node.key[cut:]
         node.pages = node.pages[n_pages:]
         node.parent = upper
-        upper.children[node.key[: self.page_size]] = node
+        upper.children[(node.ns, node.key[: self.page_size])] = node
         self.num_nodes += 1
+        self.policy.split(upper, node)
         return upper
 
     def _refresh(self, node: TreeNode) -> None:

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.sampling import SamplingParams
 
 
@@ -41,6 +42,7 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     handle: object = None  # the prefix cache's handle on the cached part, while admitted
+    scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (runtime/cache_scope.py)
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
     prefilled_tokens: int = 0

@@ -132,7 +132,7 @@ class Scheduler:
                 chunks[req] = Chunk(req, req.num_computed, n, n == req.remaining)
                 budget -= n
         if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
-            self.waiting = deque(sorted(self.waiting, key=lambda r: -self.cache.match_len(r.tokens)))
+            self.waiting = deque(sorted(self.waiting, key=lambda r: -self.cache.match_len(r.tokens, r.scope)))
         now = time.perf_counter()
         while budget > 0 and self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]

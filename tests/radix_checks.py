@@ -34,7 +34,7 @@ def check_structure(tree: RadixCache, locked_handles: list[TreeNode], held: int 
         node = stack.pop()
         nodes.append(node)
         assert len(node.pages) >= 1 and len(node.key) == len(node.pages) * ps
-        assert node.parent is not None and node.parent.children[node.key[:ps]] is node
+        assert node.parent is not None and node.parent.children[(node.ns, node.key[:ps])] is node
         own = sum(h is node for h in locked_handles)
         assert node.ref == own + sum(c.ref for c in node.children.values())
         stack.extend(node.children.values())
@@ -42,6 +42,10 @@ def check_structure(tree: RadixCache, locked_handles: list[TreeNode], held: int 
     assert tree.total_pages == sum(len(n.pages) for n in nodes)
     assert tree.locked_pages == sum(len(n.pages) for n in nodes if n.ref > 0)
     assert tree.evictable_pages == tree.total_pages - tree.locked_pages
+    assert all(c.pin <= n.pin <= n.ref for n in nodes for c in n.children.values()) and all(
+        n.pin <= n.ref for n in nodes
+    )
+    assert tree.pinned_pages == sum(len(n.pages) for n in nodes if n.pin > 0)
     assert tree._evictable == {n for n in nodes if n.ref == 0 and not n.children}
     assert tree.allocator.num_free + tree.total_pages + held == tree.allocator.num_pages
     assert all(not tree.allocator.is_free(p) for n in nodes for p in n.pages)

@@ -37,7 +37,7 @@ def test_allocator_alloc_free_and_errors() -> None:
 @pytest.fixture
 def make_tree():
     def make(page_size: int, num_pages: int = 64) -> RadixCache:
-        return RadixCache(page_size, PageAllocator(num_pages))
+        return RadixCache(page_size, PageAllocator(num_pages), "lru")  # these tests pin LRU order
 
     return make
 

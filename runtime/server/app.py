@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
 from runtime.server import chat, completions
-from runtime.server.errors import APIError, install_error_handlers
+from runtime.server.cache_routes import install_cache_routes
+from runtime.server.errors import APIError, error_response, install_error_handlers
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
 from runtime.server.streaming import Once
@@ -42,8 +43,21 @@ async def _unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]
 async def _generate(
     state: ServerState, request: Request, run: Any, n: int, stream: bool, module: Any
 ) -> Response:
-    state.admit(n)
-    release = Once(lambda: state.release(n))
+    tenant = request.state.tenant
+    session = getattr(run.req, "user", None) or request.headers.get("x-session-id")
+    run.scope = state.tenants.scope(tenant, session, state.tenants.public_len(getattr(run, "prompt", None)))
+    state.tenants.admit(tenant, n)
+    try:
+        state.admit(n)
+    except APIError:
+        state.tenants.release(tenant, n)
+        raise
+
+    def _release() -> None:
+        state.release(n)
+        state.tenants.release(tenant, n)
+
+    release = Once(_release)
     if stream:
         return module.stream_response(run, release)
     try:
@@ -68,6 +82,14 @@ def create_app(
     state = ServerState(aengine, config)
     app.state.kv = state
     install_error_handlers(app)
+
+    @app.middleware("http")
+    async def _authenticate(request: Request, call_next):
+        try:
+            request.state.tenant = state.tenants.authenticate(request.url.path, request.headers)
+        except APIError as e:
+            return error_response(e)
+        return await call_next(request)
 
     @app.middleware("http")
     async def _count(request: Request, call_next):
@@ -109,11 +131,14 @@ def create_app(
 
     @app.post("/v1/cache/reset")
     async def cache_reset() -> dict[str, Any]:
+        if state.tenants.enabled:  # one tenant must not drop every tenant's cache
+            raise APIError(403, "resetting the shared prefix cache is disabled when API keys are set",
+                           type="permission_error", code="forbidden")  # fmt: skip
         try:
             await state.on_engine(lambda e: e.reset_prefix_cache())
         except EngineError as e:
             raise APIError(409, str(e), code="engine_busy") from None
-        state.diagnostics.history.clear()
+        state.clear_diagnostics()
         return {"status": "ok"}
 
     @app.get("/debug/kv")
@@ -126,4 +151,5 @@ def create_app(
 
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
+    install_cache_routes(app, state)
     return app

@@ -47,8 +47,9 @@ class ChatRun(EngineRun):
         """Usage, diagnosis, metrics and the log line; returns the ``kvreuse`` extension object."""
         st, p = self.state, self.prompt
         first = outs[0]
-        diag = st.diagnostics.diagnose(p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens)
-        st.diagnostics.record(
+        diagnostics = st.diagnostics_for(self.scope.namespace)
+        diag = diagnostics.diagnose(p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens)
+        diagnostics.record(
             HistoryEntry(
                 list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools
             )

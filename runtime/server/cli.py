@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -34,6 +35,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--diagnostics-history", type=int, default=64, help="earlier requests kept for cache-miss diagnosis"
+    )
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="a key clients must send (repeatable); each is a tenant",
+    )
+    p.add_argument(
+        "--api-key-file", default=None, help="one 'key [tenant-name]' per line; tenants never share cache"
+    )
+    p.add_argument(
+        "--tenant-max-requests",
+        type=int,
+        default=32,
+        help="running + waiting requests per tenant before 429s",
+    )
+    p.add_argument(
+        "--public-system-prompt",
+        default=None,
+        help="file with a system prompt whose cache all tenants share (opt-in; nothing else is shared)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
@@ -77,7 +98,13 @@ def main(argv: list[str]) -> int:
     from runtime.engine import Engine
     from runtime.server.app import create_app
     from runtime.server.state import ServerConfig
+    from runtime.server.tenants import load_keys
 
+    api_keys = load_keys(args.api_key, args.api_key_file)
+    if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "binding %s without --api-key: anyone who can reach it can use it and time its cache", args.host
+        )
     engine = Engine(args.model, **engine_kwargs(args))
     aengine = AsyncEngine(engine)
     name = args.served_model_name or engine.model_name
@@ -87,6 +114,11 @@ def main(argv: list[str]) -> int:
         max_waiting=args.max_waiting,
         diagnostics_history=args.diagnostics_history,
         shutdown_timeout_s=args.shutdown_timeout,
+        api_keys=api_keys,
+        tenant_max_requests=args.tenant_max_requests,
+        public_system_prompt=None
+        if args.public_system_prompt is None
+        else Path(args.public_system_prompt).read_text(),
     )
     app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
     state = app.state.kv

@@ -122,6 +122,7 @@ class NamedToolChoice(_Body):
 
 class _Sampling(_Body):
     model: str | None = None
+    user: str | None = Field(default=None, max_length=256)  # names the session (kept cached, pinned)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)

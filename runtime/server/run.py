@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from runtime.cache_scope import PUBLIC
 from runtime.request import RequestOutput
 from runtime.server.params import sampling_params
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -30,6 +31,7 @@ class EngineRun:
         self.model = state.config.served_model_name
         self.params = [sampling_params(req, state.engine, len(prompt_ids), i) for i in range(req.n)]
         self.prompt_ids = state.engine.validate(prompt_ids, self.params[0])
+        self.scope = PUBLIC  # the app sets the tenant's scope (runtime/server/tenants.py)
 
     def head(self, obj: str) -> dict[str, Any]:
         """The fields every response object and chunk of this request starts with."""
@@ -38,7 +40,7 @@ class EngineRun:
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         return merge_streams(
             [
-                self.state.aengine.stream(self.prompt_ids, p, f"{self.id}-{i}")
+                self.state.aengine.stream(self.prompt_ids, p, f"{self.id}-{i}", self.scope)
                 for i, p in enumerate(self.params)
             ]
         )

@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineStats
+from runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
 from runtime.server.diagnostics import CacheDiagnostics
 from runtime.server.errors import APIError
 from runtime.server.metrics import ServerMetrics
 from runtime.server.templates import TemplateInfo, resolve_template
+from runtime.server.tenants import Tenants
 
 T = TypeVar("T")
 
@@ -28,6 +30,9 @@ class ServerConfig:
     retry_after_s: int = 1
     diagnostics_history: int = 64
     shutdown_timeout_s: float = 10.0
+    api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant; empty: no authentication
+    tenant_max_requests: int = 32  # running + waiting per tenant before 429s
+    public_system_prompt: str | None = None  # the system prompt all tenants may share (opt-in)
 
 
 class ServerState:
@@ -40,9 +45,15 @@ class ServerState:
         self.tokenizer = self.engine.tokenizer
         self.template: TemplateInfo = resolve_template(self.tokenizer, config.chat_template)
         self.diagnostics = CacheDiagnostics(self.tokenizer, self.engine.page_size, config.diagnostics_history)
+        self._tenant_diagnostics: dict[Any, CacheDiagnostics] = {None: self.diagnostics}
         self.last_stats: EngineStats | None = None
+        self.last_cache: CacheSnapshot | None = None
         self.metrics = ServerMetrics(lambda: self.last_stats)
+        self.metrics.registry.register(CacheCollector(lambda: self.last_cache))
         self.capacity = self.engine.config.max_running + config.max_waiting
+        self.tenants = Tenants(
+            config.api_keys, config.tenant_max_requests, config.retry_after_s, config.public_system_prompt
+        )
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
@@ -77,6 +88,18 @@ class ServerState:
             raise APIError(500, f"the engine stopped: {self.aengine.error}", type="server_error")
         return await asyncio.wait_for(asyncio.to_thread(self.aengine.run_idle, fn), timeout)
 
+    def diagnostics_for(self, namespace: Any) -> CacheDiagnostics:
+        """Each tenant's diagnosis compares only against its own history (never another tenant's text)."""
+        if namespace not in self._tenant_diagnostics:
+            self._tenant_diagnostics[namespace] = CacheDiagnostics(
+                self.tokenizer, self.engine.page_size, self.config.diagnostics_history
+            )
+        return self._tenant_diagnostics[namespace]
+
+    def clear_diagnostics(self) -> None:
+        for d in self._tenant_diagnostics.values():
+            d.history.clear()
+
     async def refresh_stats(self) -> EngineStats:
-        self.last_stats = await self.on_engine(lambda e: e.stats())
+        self.last_stats, self.last_cache = await self.on_engine(lambda e: (e.stats(), cache_snapshot(e)))
         return self.last_stats

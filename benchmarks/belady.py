@@ -1,0 +1,116 @@
+"""Belady's offline optimum for a prefix cache of KV pages, and the token-level replay it is compared to.
+
+A trace is a list of finished requests ``(prompt, output)``, run one after another.  Both sides
+use the cache manager's rules: a request can reuse the whole pages of ``prompt[:-1]``, and the
+pages it leaves behind are the whole pages of ``prompt + output[:-1]`` (the last sampled token
+never gets K/V).
+
+Belady evicts the cached page whose next use is furthest in the future, pages never used again
+first, and among equals the deepest page of a prefix first.  A page's next use is never later
+than that of a page below it (a request that reaches the child passes the parent), so the cached
+set stays prefix-closed, like a radix tree.  While a request runs, its own pages are resident and
+its hits cannot be evicted: the cache keeps at most ``num_pages`` minus what the request adds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Sequence
+
+from runtime.cache_manager import CacheManager
+from runtime.request import Request
+from runtime.sampler import SampleResult
+from runtime.sampling import SamplingParams
+from runtime.scheduler import Scheduler
+
+Trace = Sequence[tuple[list[int], list[int]]]
+NEVER = 1 << 60
+
+
+def page_ids(tokens: Sequence[int], n_pages: int, page_size: int) -> list[int]:
+    """One id per whole page, naming the page by the whole prefix that ends with it."""
+    ids, h = [], 0
+    for i in range(n_pages):
+        h = hash((h, tuple(tokens[i * page_size : (i + 1) * page_size])))
+        ids.append(h)
+    return ids
+
+
+def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
+    """Cached tokens of each request under the offline optimum (see the module docstring)."""
+    matchable, kept = [], []
+    uses: dict[int, list[int]] = {}
+    depth: dict[int, int] = {}
+    for r, (prompt, output) in enumerate(trace):
+        computed = list(prompt) + list(output[:-1])
+        ids = page_ids(computed, len(computed) // page_size, page_size)
+        n_match = (len(prompt) - 1) // page_size
+        matchable.append(ids[:n_match])
+        kept.append((ids, -(-len(computed) // page_size)))
+        for d, pid in enumerate(ids):
+            depth[pid] = d
+            if d < n_match:
+                uses.setdefault(pid, []).append(r)
+
+    def next_use(pid: int, r: int) -> int:
+        lst = uses.get(pid, ())
+        i = bisect.bisect_right(lst, r)
+        return lst[i] if i < len(lst) else NEVER
+
+    cached: set[int] = set()
+    key: dict[int, int] = {}  # the next use each heap entry was pushed with (stale entries skipped)
+    heap: list[tuple[int, int, int]] = []
+    hits = []
+    for r, ids in enumerate(matchable):
+        n_hit = 0
+        while n_hit < len(ids) and ids[n_hit] in cached:
+            n_hit += 1
+        hits.append(n_hit * page_size)
+        held = set(ids[:n_hit])
+        for pid in held:  # their next use moved on
+            key[pid] = next_use(pid, r)
+            heapq.heappush(heap, (-key[pid], -depth[pid], pid))
+        all_ids, resident = kept[r]
+        new = resident - n_hit
+        skipped = []
+        while len(cached) + new > num_pages and heap:
+            nu, d, pid = heapq.heappop(heap)
+            if pid not in cached or key.get(pid) != -nu:
+                continue
+            if pid in held:
+                skipped.append((nu, d, pid))
+                continue
+            cached.discard(pid)
+            del key[pid]
+        for item in skipped:
+            heapq.heappush(heap, item)
+        for pid in all_ids[n_hit:]:
+            if pid not in cached:
+                cached.add(pid)
+                key[pid] = next_use(pid, r)
+                heapq.heappush(heap, (-key[pid], -depth[pid], pid))
+    return hits
+
+
+def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size: int = 512) -> list[int]:
+    """Cached tokens of each request through the real scheduler, cache manager and radix tree.
+
+    Nothing is computed: each batch the scheduler hands out is committed with the trace's next
+    output tokens as the samples, exactly where the engine commits sampled ones.
+    """
+    cache = CacheManager(num_pages, page_size, "radix", policy)
+    sched = Scheduler(cache, chunk_size, 1, "fcfs")
+    out = []
+    for i, (prompt, output) in enumerate(trace):
+        params = SamplingParams(max_tokens=len(output), ignore_eos=True)
+        req = Request(str(i), list(prompt), len(prompt), params, frozenset())
+        sched.add(req)
+        while sched.has_work():
+            batch = sched.schedule()
+            assert batch is not None, "a trace request does not fit the pool"
+            tokens = [output[len(c.req.tokens) - c.req.num_prompt] for c in batch.chunks if c.sample]
+            sched.commit(batch, SampleResult(tokens, [None] * len(tokens)))
+            cache.check_integrity()
+        out.append(req.cached_tokens)
+    return out

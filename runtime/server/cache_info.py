@@ -1,0 +1,75 @@
+"""What the prefix cache holds, for ``GET /v1/cache`` and ``/metrics``: counts and pins, no token content."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class CacheSnapshot(NamedTuple):
+    """The pool and the pins at one moment (taken on the engine thread)."""
+
+    pages: dict[str, int]
+    page_size: int
+    policy: str
+    pins: list[tuple[Any, int, float]]  # owner, pinned tokens, TTL left
+    lapses: dict[str, int]
+
+
+def cache_snapshot(engine) -> CacheSnapshot | None:
+    cm = engine.cache
+    if engine.config.prefix_cache == "off":
+        return None
+    cm.pins.expire()
+    s = cm.stats()
+    pages = {
+        "total": s.total_pages, "free": s.free_pages, "tree": s.tree_pages, "pinned": s.pinned_pages,
+        "evictable": s.evictable_pages, "in_use": s.request_pages, "evicted_total": s.evicted_pages,
+    }  # fmt: skip
+    pins = [(p.owner, p.tokens, p.ttl_left) for p in cm.pins.info()]
+    return CacheSnapshot(pages, cm.page_size, engine.config.eviction_policy, pins, dict(cm.pins.lapsed))
+
+
+def describe(snap: CacheSnapshot | None, tenant: str | None) -> dict[str, Any]:
+    """The JSON of ``GET /v1/cache`` for ``tenant``."""
+    if snap is None:
+        return {"object": "cache", "prefix_cache": "off"}
+    sessions, prewarmed = [], []
+    for owner, tokens, ttl_left in snap.pins:
+        if not isinstance(owner, tuple) or owner[0] != tenant:
+            continue
+        entry = {"id": owner[-1], "pinned_tokens": tokens, "ttl_left_s": round(ttl_left, 3)}
+        (prewarmed if owner[1:2] == ("prewarm",) else sessions).append(entry)
+    return {
+        "object": "cache", "page_size": snap.page_size, "eviction_policy": snap.policy, "pages": snap.pages,
+        "sessions": sessions, "prewarmed": prewarmed,
+        "evictions": {"evicted_pages": snap.pages["evicted_total"], "pin_lapses": snap.lapses},
+    }  # fmt: skip
+
+
+class CacheCollector(Collector):
+    """Pinned pages, live pins and pin lapses by cause, from the last snapshot."""
+
+    def __init__(self, snapshot: Callable[[], CacheSnapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator:
+        snap = self._snapshot()
+        if snap is None:
+            return
+        yield GaugeMetricFamily(
+            "kvreuse_kv_pages_pinned", "KV pages pinned (sessions, prewarm)", value=snap.pages["pinned"]
+        )
+        yield GaugeMetricFamily(
+            "kvreuse_kv_pages_evictable", "Tree pages no request or pin holds", value=snap.pages["evictable"]
+        )
+        yield GaugeMetricFamily(
+            "kvreuse_pins", "Live pins (sessions and prewarmed prefixes)", value=len(snap.pins)
+        )
+        lapses = CounterMetricFamily("kvreuse_pin_lapses", "Pins that lapsed, by cause", labels=["cause"])
+        for cause in ("ttl", "budget", "pressure", "moved"):
+            lapses.add_metric([cause], snap.lapses.get(cause, 0))
+        yield lapses

@@ -1,0 +1,54 @@
+"""``GET /v1/cache`` (introspection), ``POST /v1/cache/prewarm`` and the cache's Prometheus series.
+
+Introspection shows page counts of the whole pool, and of the pins only the caller's own
+(sessions and prewarmed prefixes, by id, with pinned token counts and TTL left): never token
+content, never another tenant's sessions.  Prewarm renders a chat body (messages + tools), runs
+it for one token and pins the result under ``("prewarm", digest)`` for the session TTL, so a
+parent can compute the shared part of its sub-agents' prompts once; it answers how many prompt
+tokens are now cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from runtime.cache_scope import CacheScope
+from runtime.server import chat
+from runtime.server.cache_info import cache_snapshot, describe
+from runtime.server.protocol import ChatCompletionRequest
+from runtime.server.state import ServerState
+from runtime.server.streaming import final_outputs
+
+
+def install_cache_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/v1/cache")
+    async def cache_info(request: Request) -> dict[str, Any]:
+        return describe(await state.on_engine(cache_snapshot), request.state.tenant)
+
+    @app.post("/v1/cache/prewarm")
+    async def prewarm(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
+        state.check_model(body.model)
+        tenant = request.state.tenant
+        one = {"max_tokens": 1, "max_completion_tokens": None, "n": 1, "stream": False, "temperature": 0}
+        run = chat.ChatRun(state, body.model_copy(update=one))
+        digest = hashlib.sha256(repr((tenant, run.prompt_ids)).encode()).hexdigest()[:16]
+        run.scope = CacheScope(tenant, 0, (tenant, "prewarm", digest))
+        state.tenants.admit(tenant, 1)
+        try:
+            state.admit(1)
+            try:
+                out = (await final_outputs(run.streams()))[0]
+            finally:
+                state.release(1)
+        finally:
+            state.tenants.release(tenant, 1)
+        pinned = await state.on_engine(lambda e: run.scope.session in e.cache.pins)
+        ps = state.engine.page_size
+        return {
+            "object": "cache.prewarm", "id": digest, "prompt_tokens": len(run.prompt_ids),
+            "cached_tokens": len(run.prompt_ids) // ps * ps if pinned else 0, "pinned": pinned,
+            "already_cached_tokens": out.cached_tokens, "ttl_s": state.engine.config.session_ttl,
+        }  # fmt: skip

@@ -1,0 +1,71 @@
+"""Eviction policies: tail trimming, policy-specific orders, and the trace replay against the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.belady import belady, replay
+from benchmarks.eviction_traces import PAGE, engine_check, hit_rate, traces
+from runtime.eviction import POLICIES, make_policy
+from runtime.page_allocator import PageAllocator
+from runtime.radix_cache import RadixCache
+from tests.radix_checks import check_structure, insert_fresh, seq
+
+
+def _tree(policy: str, num_pages: int = 16) -> RadixCache:
+    return RadixCache(1, PageAllocator(num_pages), policy)
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if POLICIES[p].trim])
+def test_trimming_frees_only_the_tail_and_keeps_the_head_cached(policy):
+    tree = _tree(policy)
+    insert_fresh(tree, seq(5))
+    assert tree.evict(2) == 2 and tree.total_pages == 3
+    assert tree.match(seq(5)).cached_len == 3  # the head of the prefix is still a hit
+    check_structure(tree, [])
+
+
+def test_lru_evicts_whole_leaves():
+    tree = _tree("lru")
+    insert_fresh(tree, seq(5))
+    assert tree.evict(2) == 5 and tree.total_pages == 0
+
+
+def test_reuse_keeps_what_returns_and_drops_one_offs_newest_first():
+    tree = _tree("reuse", num_pages=32)
+    insert_fresh(tree, seq(4, 100))  # a conversation...
+    tree.match(seq(4, 100))  # ...that came back once: it has a reuse gap
+    insert_fresh(tree, seq(4, 200))  # two one-offs
+    insert_fresh(tree, seq(4, 300))
+    tree.evict(4)
+    assert tree.match(seq(4, 300)).cached_len == 0  # the newest one-off went first
+    assert tree.match(seq(4, 100)).cached_len == 4 and tree.match(seq(4, 200)).cached_len == 4
+
+
+def test_s3fifo_ghost_sends_a_returning_prefix_to_main():
+    tree = _tree("s3fifo", num_pages=32)
+    insert_fresh(tree, seq(4, 100))
+    assert tree.evict(4) == 4  # evicted from the small queue unused: remembered as a ghost
+    res = insert_fresh(tree, seq(4, 100))
+    assert tree.policy.state[res.handle][0] == 1  # main queue
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown eviction policy 'mru'"):
+        make_policy("mru")
+
+
+def test_engine_cached_tokens_equal_the_token_level_replay():
+    check = engine_check(["lru", "s3fifo", "reuse"])
+    assert all(c["equal"] for c in check.values()), check
+    assert check["reuse"]["engine_cached"] > check["lru"]["engine_cached"]
+
+
+def test_default_policy_meets_the_goal_on_the_quick_traces():
+    for name, (trace, pool) in traces(quick=True).items():
+        opt = hit_rate(trace, belady(trace, pool, PAGE))
+        rates = {p: hit_rate(trace, replay(trace, pool, PAGE, p)) for p in ("lru", "reuse")}
+        assert max(rates.values()) <= opt + 1e-9, (name, rates, opt)  # Belady bounds them
+        assert rates["reuse"] >= 0.8 * opt, (name, rates, opt)
+        if name == "cyclic":
+            assert rates["reuse"] >= 2 * rates["lru"], rates

@@ -1,0 +1,127 @@
+"""Session pins through the engine: TTL, refresh on use, the page budget, pressure, integrity.
+
+Every expectation is derived from lengths (whole pages of a session's history), never read back
+from the engine's own counters; ``run_checked`` checks page integrity (pins included) each step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.cache_scope import CacheScope
+from runtime.request import Request
+from tests.engine_drive import greedy, random_ids, run_checked, tiny_engine
+
+PAGE, POOL = 16, 64  # 1024 tokens of KV; pins may hold 32 pages
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _engine(model, policy="lru", ttl=300.0):
+    eng = tiny_engine(model, page_size=PAGE, num_pages=POOL, chunk_size=128, eviction_policy=policy,
+                      session_ttl=ttl)  # fmt: skip
+    clock = Clock()
+    eng.cache.pins.clock = clock
+    return eng, clock
+
+
+def _run(eng, prompt: list[int], session=None, out: int = 4) -> Request:
+    req = eng.make_request(prompt, greedy(out))
+    req.scope = CacheScope(session=session)
+    run_checked(eng, [req])
+    return req
+
+
+def _scan(eng, gen, n: int = 6) -> None:
+    """One-off requests that together need more than the whole pool."""
+    for _ in range(n):
+        _run(eng, random_ids(gen, 300))
+
+
+def _reusable(req: Request) -> int:
+    """Tokens of ``req``'s history a next turn can reuse: whole pages of prompt + output[:-1]."""
+    return (len(req.tokens) - 1) // PAGE * PAGE
+
+
+def _idle_then_scan(model, policy: str, session) -> tuple[int, int]:
+    """A session, a 299 s idle (TTL 300) with a scan, then its next turn: (cached, reusable) tokens."""
+    eng, clock = _engine(model, policy)
+    gen = torch.Generator().manual_seed(1)
+    first = _run(eng, random_ids(gen, 200), session=session)
+    clock.t += 299.0
+    _scan(eng, gen)
+    nxt = _run(eng, list(first.tokens) + random_ids(gen, 16), session=session)
+    return nxt.cached_tokens, _reusable(first)
+
+
+@pytest.mark.parametrize("policy", ["lru", "reuse"])
+def test_session_idle_below_ttl_survives_a_scan_that_evicts_it_under_lru(tiny_models, policy):
+    model = tiny_models[("llama", False)]
+    unpinned, reusable = _idle_then_scan(model, "lru", None)
+    assert unpinned < reusable // 2  # without a pin, LRU loses the history to the scan
+    cached, reusable = _idle_then_scan(model, policy, "A")
+    assert cached == reusable > 0  # pinned: the whole history survived
+
+
+def test_pin_lapses_after_ttl(tiny_models):
+    eng, clock = _engine(tiny_models[("llama", False)])
+    gen = torch.Generator().manual_seed(2)
+    first = _run(eng, random_ids(gen, 200), session="A")
+    clock.t += 301.0
+    _scan(eng, gen)
+    assert "A" not in eng.cache.pins and eng.cache.pins.lapsed["ttl"] == 1
+    nxt = _run(eng, list(first.tokens) + random_ids(gen, 16), session="A")
+    assert nxt.cached_tokens < _reusable(first) // 2
+
+
+def test_over_budget_the_least_recently_used_pin_lapses_first(tiny_models):
+    eng, clock = _engine(tiny_models[("llama", False)])
+    gen = torch.Generator().manual_seed(3)
+    pins = eng.cache.pins
+    assert pins.budget == POOL // 2
+    reqs = {}
+    for name in ("A", "B"):
+        reqs[name] = _run(eng, random_ids(gen, 200), session=name)  # 13 pages each
+        clock.t += 1
+    # A comes back: its pin is refreshed and moves forward, so B is now the oldest
+    reqs["A"] = _run(eng, list(reqs["A"].tokens) + random_ids(gen, 8), session="A")
+    clock.t += 1
+    assert [p.owner for p in pins.info()] == ["B", "A"]
+    assert pins.info()[1].ttl_left == pytest.approx(299.0)
+    reqs["C"] = _run(eng, random_ids(gen, 200), session="C")  # 13 + 14 + 13 pages > 32
+    assert [p.owner for p in pins.info()] == ["A", "C"] and pins.lapsed["budget"] == 1
+    assert eng.cache.stats().pinned_pages == sum(-(-_reusable(reqs[k]) // PAGE) for k in "AC")
+    assert eng.cache.stats().pinned_pages <= pins.budget
+
+
+def test_pins_lapse_under_pressure_rather_than_starve_admission(tiny_models):
+    eng, _ = _engine(tiny_models[("llama", False)])
+    gen = torch.Generator().manual_seed(4)
+    _run(eng, random_ids(gen, 240), session="A")
+    _run(eng, random_ids(gen, 240), session="B")  # 30 pinned pages of 64
+    big = _run(eng, random_ids(gen, 700), out=8)  # needs 44 pages: one pin must go
+    assert len(big.output_ids) == 8 and big.retractions == 0
+    assert eng.cache.pins.lapsed["pressure"] >= 1 and [p.owner for p in eng.cache.pins.info()] in ([], ["B"])
+
+
+def test_pinned_pages_are_part_of_the_integrity_check(tiny_models):
+    eng, _ = _engine(tiny_models[("llama", False)])
+    gen = torch.Generator().manual_seed(5)
+    req = _run(eng, random_ids(gen, 100), session="A")
+    tree = eng.cache.prefix
+    assert eng.check_integrity().pinned_pages == (len(req.tokens) - 1) // PAGE
+    stray = tree.match(req.tokens[:32]).handle
+    tree.pin(stray)  # a pin the table does not know about (inside A's path: same pinned pages)
+    with pytest.raises(AssertionError, match="pinned pages"):
+        eng.check_integrity()
+    tree.unpin(stray)
+    eng.check_integrity()
+    eng.reset_prefix_cache()  # pins are dropped with the tree
+    assert len(eng.cache.pins) == 0 and eng.check_integrity().tree_pages == 0
