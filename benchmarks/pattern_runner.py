@@ -1,6 +1,7 @@
-"""Replay every pattern over the workloads against a target and write the report.
+"""Replay every pattern over the workloads and write the report: token-exact sections on tiny models with
+real vocabularies, timed sections (interleaved rounds, TTFT curve) on the embedded model or a server.
 
-``kvreuse bench patterns [--quick] [--out DIR] [--server URL] [--model M] [--patterns a,b]``
+``kvreuse bench patterns [--quick|--full] [--out DIR] [--server URL] [--patterns a,b] [--workloads w]``
 """
 
 from __future__ import annotations
@@ -11,24 +12,45 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.patterns import PATTERNS, Pattern, ideal_prefill, select
+from benchmarks.patterns import Pattern, ideal_prefill, select
 from benchmarks.patterns.checks import change_start
 from benchmarks.patterns.ideal import best_prefix, computed_streams
-from benchmarks.patterns.projection import CostModel, expected_prefill
-from benchmarks.targets import TEMPLATE, InProcessTarget, Measured, ServerTarget
-from benchmarks.workloads import WORKLOADS, Trajectory, load
+from benchmarks.patterns.plan import Job, timed_jobs, token_jobs
+from benchmarks.patterns.stacks import STACKS, Stack, render_request, reply_tokens, template_source
+from benchmarks.targets import Measured
+from benchmarks.workloads import ALL_WORKLOADS, Trajectory
+
+DEFAULT_STACK = STACKS["smollm2"]
 
 DEFAULT_OUT = Path("benchmarks/results/patterns")
-OVERHEAD_TOKENS = 50  # a request's fixed cost (decode step, sampling, bookkeeping) in prefill-token units
 
 
-def render_all(tokenizer: Any, pattern: Pattern, traj: Trajectory) -> list[Any]:
-    from chat_templates import render
+def render_all(
+    tokenizer: Any,
+    pattern: Pattern,
+    traj: Trajectory,
+    stack: Stack = DEFAULT_STACK,
+    replies: str = "cached",
+    fast: Any = None,
+) -> tuple[list[Any], list[list[int]] | None]:
+    """Every request's rendering and, with cached replies, the reply ids each request generates."""
+    source = template_source(stack, tokenizer, pattern.template)
+    reqs = pattern.requests(traj)
+    if fast is not None:  # no segments: text and ids only (``fast`` is a PieceTokenizer)
+        from chat_templates import RenderedPrompt, render_text
 
-    return [
-        render(tokenizer, r.messages, r.tools, template=TEMPLATE, **r.template_kwargs)
-        for r in pattern.requests(traj)
+        texts = [render_text(tokenizer, r.messages, r.tools, template=source, **{**r.template_kwargs, **stack.kwargs})
+                 for r in reqs]  # fmt: skip
+        rendered = [RenderedPrompt(t, fast(t), []) for t in texts]
+    else:
+        rendered = [render_request(tokenizer, source, stack, r) for r in reqs]
+    if replies != "cached":
+        return rendered, None
+    forced = [
+        reply_tokens(tokenizer, source, stack, req, rp, traj.turns[k].assistant)
+        for k, (req, rp) in enumerate(zip(reqs, rendered, strict=True))
     ]
+    return rendered, forced
 
 
 def divergence(rendered: list[Any], traj: Trajectory, k: int) -> dict[str, Any]:
@@ -41,7 +63,7 @@ def divergence(rendered: list[Any], traj: Trajectory, k: int) -> dict[str, Any]:
     prev = rendered[earlier[-1]].token_ids
     cur = rendered[k]
     d = first_divergence(prev, cur.token_ids)
-    seg = locate(cur, d) if d < len(cur.token_ids) else None
+    seg = locate(cur, d) if d < len(cur.token_ids) and cur.segments else None
     return {
         "divergence": d,
         "prev_tokens": len(prev),
@@ -57,27 +79,35 @@ def run_pattern(
     traj: Trajectory,
     tick: Any,
     page: int,
-    rendered: list[Any] | None = None,
+    rendered: tuple[list[Any], list[list[int]] | None] | None = None,
+    stack: Stack = DEFAULT_STACK,
+    replies: str = "cached",
 ) -> dict:
     """One pattern over one workload from an empty cache; returns per-request rows and totals.
 
+    ``replies="cached"`` forces each turn's reply through the target as generated output (its KV is
+    cached); ``"replayed"`` generates ``max_tokens`` throwaway tokens and the next turn prefills the reply.
     ``tick(row)`` is called after each request with its measured row.
     """
-    rendered = rendered if rendered is not None else render_all(tokenizer, pattern, traj)
+    rendered, forced = (
+        rendered if rendered is not None else render_all(tokenizer, pattern, traj, stack, replies)
+    )
     reqs = pattern.requests(traj)
     target.reset()
     rows, outputs = [], []
     for k, (req, rp) in enumerate(zip(reqs, rendered, strict=True)):
-        m: Measured = target.send(req, rp.token_ids, pattern.cache)
+        m: Measured = target.send(req, rp.token_ids, pattern.cache, forced[k] if forced else None)
         outputs.append(m.output_token_ids)
         row = {"turn": k, "thread": traj.turns[k].thread, "prompt_tokens": m.prompt_tokens,
                "rendered_tokens": len(rp.token_ids), "cached_tokens": m.cached_tokens,
-               "prefilled_tokens": m.prefilled_tokens, "ttft_s": m.ttft_s, "prefill_s": m.prefill_s,
-               "decode_s": m.decode_s}  # fmt: skip
+               "prefilled_tokens": m.prefilled_tokens, "generated_tokens": len(m.output_token_ids),
+               "ttft_s": m.ttft_s, "prefill_s": m.prefill_s, "decode_s": m.decode_s}  # fmt: skip
         row.update(divergence(rendered, traj, k))
         prev = (traj.thread_turns(k)[:-1] or list(range(k)) or [None])[-1]
         row["change_start"] = (
-            None if prev is None else change_start(pattern.name, reqs[prev], req, rp, tokenizer)
+            None
+            if prev is None or not rp.segments
+            else change_start(pattern.name, reqs[prev], req, rp, tokenizer)
         )
         rows.append(row)
         tick(row)
@@ -93,7 +123,8 @@ def run_pattern(
         ideal_prefill(ids, outputs) if pattern.cache else [len(i) for i in ids]
     )
     return {"workload": traj.name, "variant": traj.variant, "pattern": pattern.name, "claim": pattern.claim,
-            "cache": pattern.cache, "requests": rows, "totals": totals(rows), "reset_note": target.reset_note}  # fmt: skip
+            "stack": stack.name, "replies": replies, "cache": pattern.cache, "requests": rows,
+            "totals": totals(rows), "reset_note": target.reset_note}  # fmt: skip
 
 
 def _sum(rows: list[dict], key: str) -> float | None:
@@ -103,7 +134,7 @@ def _sum(rows: list[dict], key: str) -> float | None:
 
 def totals(rows: list[dict]) -> dict[str, Any]:
     t = {k: _sum(rows, k) for k in ("prompt_tokens", "cached_tokens", "prefilled_tokens", "ideal_tokens",
-                                     "ideal_paged_tokens", "ttft_s", "prefill_s", "decode_s")}  # fmt: skip
+                                     "ideal_paged_tokens", "generated_tokens", "ttft_s", "prefill_s", "decode_s")}  # fmt: skip
     t["reuse_ratio"] = None if t["cached_tokens"] is None else t["cached_tokens"] / max(1, t["prompt_tokens"])
     t["distance_to_ideal"] = (
         None if t["prefilled_tokens"] is None else t["prefilled_tokens"] - t["ideal_tokens"]
@@ -118,61 +149,57 @@ def add_savings(runs: list[dict]) -> None:
     Where naive did not run, its prefill is derived: with the cache off every prompt token of the
     append-only requests is prefilled (``savings_basis`` says which; TTFT savings need the measured run).
     """
-    naive = {r["workload"]: r["totals"] for r in runs if r["pattern"] == "naive"}
-    derived = {r["workload"]: r["totals"]["prompt_tokens"] for r in runs if r["pattern"] == "append_only"}
+
+    def key(r: dict) -> tuple:
+        return r["workload"], r.get("stack"), r.get("replies"), r.get("round", 0)
+
+    naive = {key(r): r["totals"] for r in runs if r["pattern"] == "naive"}
+    derived = {key(r): r["totals"]["prompt_tokens"] for r in runs if r["pattern"] == "append_only"}
     for r in runs:
-        n, t = naive.get(r["workload"]), r["totals"]
-        base = n["prefilled_tokens"] if n is not None else derived.get(r["workload"])
+        n, t = naive.get(key(r)), r["totals"]
+        base = n["prefilled_tokens"] if n is not None else derived.get(key(r))
         ok = base and t["prefilled_tokens"] is not None
         t["savings_vs_naive"] = 1 - t["prefilled_tokens"] / base if ok else None
         t["savings_basis"] = ("measured" if n is not None else "derived") if ok else None
         t["ttft_savings_vs_naive"] = 1 - t["ttft_s"] / n["ttft_s"] if n is not None and n["ttft_s"] else None
 
 
-def make_target(args: argparse.Namespace) -> tuple[Any, Any, int, dict]:
-    import transformers
-
-    from runtime.model_source import resolve_model
-
-    if args.server:
-        target = ServerTarget(args.server, args.served_model, max_tokens=args.max_tokens)
-        tok = transformers.AutoTokenizer.from_pretrained(resolve_model(args.model)[0])
-        return target, tok, args.page_size, {"target": "server", "url": args.server, "model": target.model}
-    from runtime.engine import Engine
-
-    engine = Engine(args.model, page_size=args.page_size, snapshot_every=args.snapshot_every)
-    meta = {
-        "target": "in-process",
-        "model": engine.model_name,
-        "dtype": str(engine.dtype),
-        "device": str(engine.device),
-        "snapshot_every": args.snapshot_every,
-    }
-    return InProcessTarget(engine, max_tokens=args.max_tokens), engine.tokenizer, args.page_size, meta
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="kvreuse bench patterns", description="Context-pattern KV-reuse benchmark"
     )
-    ap.add_argument("--quick", action="store_true", help="short workloads (under 2 minutes on 2 CPU cores)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run (a few patterns, one TTFT round)")
     ap.add_argument(
-        "--full",
-        action="store_true",
-        help="every pattern on every workload it applies to (~14 min on 2 cores)",
+        "--full", action="store_true", help="add the agent-scale session (token-exact) to the default"
     )
     ap.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="folder for report.md, PNG plots, results.json"
     )
     ap.add_argument(
-        "--server", help="base URL of an OpenAI-compatible server instead of the in-process engine"
+        "--server",
+        help="base URL of an OpenAI-compatible server: time its TTFT instead of the in-process engine",
     )
-    ap.add_argument("--model", help="model for the in-process engine (and the tokenizer used for accounting)")
+    ap.add_argument("--model", help="model for the timed runs (default: the embedded SmolLM2)")
     ap.add_argument("--served-model", help="model name to request from --server (default: its first model)")
-    ap.add_argument("--patterns", help="comma-separated pattern names (default: all)")
-    ap.add_argument("--workloads", help=f"comma-separated workloads from {','.join(WORKLOADS)}")
+    ap.add_argument("--patterns", help="comma-separated pattern names: only these (in every section)")
     ap.add_argument(
-        "--max-tokens", type=int, default=2, help="tokens generated per request (reply is ignored)"
+        "--workloads", help=f"comma-separated workloads from {','.join(ALL_WORKLOADS)}: only these"
+    )
+    ap.add_argument("--stacks", help="comma-separated stacks for the token-exact jobs (default: all three)")
+    ap.add_argument(
+        "--replies",
+        choices=("cached", "replayed"),
+        default=None,
+        help="token-exact jobs: cached (forced decoding, default) or replayed (the first edition's mode)",
+    )
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved TTFT rounds (default 3, --quick 1)")
+    ap.add_argument("--no-ttft", action="store_true", help="token-exact sections only (no timing)")
+    ap.add_argument(
+        "--curve", help="context lengths of the TTFT curve, comma-separated (default 512,1024,2048,4096)"
+    )
+    ap.add_argument("--no-tokens", action="store_true", help="timed sections only")
+    ap.add_argument(
+        "--max-tokens", type=int, default=1, help="tokens generated per timed request (replies replayed)"
     )
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument(
@@ -187,49 +214,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def execute(
-    plan: list[tuple[Trajectory, list[Pattern]]], target: Any, tokenizer: Any, page: int, t0: float
-) -> list[dict]:
-    """Run the plan under a progress bar (in expected prefill tokens); print a projection after the first pattern."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    jobs = []
-    for traj, patterns in plan:
-        for p in patterns:
-            rendered = render_all(tokenizer, p, traj)
-            jobs.append((traj, p, rendered, expected_prefill([r.token_ids for r in rendered], p.cache, page)))
-    model = CostModel()
-    runs: list[dict] = []
-    columns = (TextColumn("{task.description:<34}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-               TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn())  # fmt: skip
-    with Progress(*columns) as progress:
-        task = progress.add_task("patterns", total=sum(sum(e) + OVERHEAD_TOKENS * len(e) for *_, e in jobs))
-        for i, (traj, p, rendered, expected) in enumerate(jobs):
-            progress.update(task, description=f"{traj.name}:{p.name}")
-
-            def tick(row: dict, expected: list[int] = expected) -> None:
-                model.add(row["prefilled_tokens"] or 0, row["ttft_s"] + (row["decode_s"] or 0.0))
-                progress.advance(task, expected[row["turn"]] + OVERHEAD_TOKENS)
-
-            runs.append(run_pattern(target, tokenizer, p, traj, tick, page, rendered))
-            if i == 0 and len(jobs) > 1:
-                elapsed = time.perf_counter() - t0
-                left = model.seconds_for([t for *_, e in jobs[1:] for t in e])
-                a, b = model.coefficients()
-                progress.console.print(
-                    f"elapsed {elapsed:.0f}s (model load included); projected total ~{elapsed + left:.0f}s "
-                    f"for {sum(sum(e) for *_, e in jobs):,} expected prefill tokens in {len(jobs)} pattern runs "
-                    f"({1 / a if a else float('inf'):.0f} prefill tokens/s, {b:.2f}s per request)"
-                )
-    return runs
+def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
+    """(token-exact jobs, timed jobs), filtered by --patterns/--workloads; unknown names raise ValueError."""
+    tokens = [] if args.no_tokens else token_jobs(args.full, args.quick)
+    timed = [] if args.no_ttft else timed_jobs(args.quick)
+    if args.replies:
+        tokens = [j._replace(replies=args.replies) for j in tokens]
+    if args.patterns:
+        wanted = {p.name for p in select(args.patterns)}
+        tokens, timed = [j for j in tokens if j.pattern in wanted], [j for j in timed if j.pattern in wanted]
+    if args.stacks:
+        names = {x.strip() for x in args.stacks.split(",") if x.strip()}
+        if names - set(STACKS):
+            raise ValueError(f"unknown stack(s) {', '.join(sorted(names - set(STACKS)))}")
+        tokens = [j for j in tokens if j.stack in names]
+    if args.workloads:
+        names = {w.strip() for w in args.workloads.split(",") if w.strip()}
+        if names - set(ALL_WORKLOADS):
+            raise ValueError(f"unknown workload(s) {', '.join(sorted(names - set(ALL_WORKLOADS)))}")
+        tokens, timed = [j for j in tokens if j.workload in names], [j for j in timed if j.workload in names]
+    return list(dict.fromkeys(tokens)), timed
 
 
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.common import machine_info, progress
+    from benchmarks.patterns.sections import run_timed, run_tokens
     from benchmarks.report import write_report
 
     args = parse_args(argv)
     try:
-        plan = make_plan(args)
+        tokens, timed = make_plan(args)
     except ValueError as e:
         print(f"error: {e}")
         return 2
@@ -238,69 +252,22 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    target, tokenizer, page, meta = make_target(args)
-    load_s = time.perf_counter() - t0
-    runs = execute(plan, target, tokenizer, page, t0)
-    add_savings(runs)
-    meta.update({"quick": args.quick, "full": args.full, "page_size": page, "max_tokens": args.max_tokens, "template": TEMPLATE,
-                 "wall_s": time.perf_counter() - t0, "load_s": load_s, "threads": args.threads})  # fmt: skip
+    machine = machine_info()  # load average at the start; the end's is added below
+    runs = run_tokens(tokens, args, progress)
+    tokens_s = time.perf_counter() - t0
+    timed_runs, curve, meta = run_timed(timed, args, progress) if timed else ([], [], {"target": "none"})
+    for group in (runs, timed_runs):
+        add_savings(group)
+    meta.update({"quick": args.quick, "full": args.full, "page_size": args.page_size, "max_tokens": args.max_tokens,
+                 "wall_s": time.perf_counter() - t0, "tokens_s": tokens_s, "threads": args.threads,
+                 "machine": machine, "load_average_end": machine_info()["load_average"],
+                 "stacks": {k: s.note for k, s in STACKS.items()}})  # fmt: skip
+    results = {"meta": meta, "runs": runs, "timed": timed_runs, "curve": curve}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
-    write_report({"meta": meta, "runs": runs}, args.out)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    write_report(results, args.out)
     print(f"wrote {args.out / 'report.md'} ({meta['wall_s']:.0f}s)")
     return 0
-
-
-# Which patterns run on which workload. ``--full`` runs every pattern whose claim the coding agent can
-# show on it (10 turns, ~2K static prefix: patterns that recompute the whole prompt cost turns x context),
-# compression on the research agent (long tool results) and the fan-out (sub-agents sharing the parent's
-# prefix): ~14 minutes on 2 idle CPU cores. The default keeps the issue's acceptance patterns, the status
-# bar and formatting pairs and the fan-out, and fits 10 minutes; the ~80 s heavy patterns left out
-# (status bar in the system prompt, user profile, unstable text, compression) are in --full. Naive runs
-# once; elsewhere its prefill is derived (cache off prefills every prompt token of the append-only requests).
-CODING_PATTERNS = [n for n in PATTERNS if n not in ("compress_budget", "compress_summary")]
-FULL_PLAN = {
-    "coding": CODING_PATTERNS,
-    "research": ["append_only", "compress_budget", "compress_summary"],
-    "fanout": ["append_only"],
-}
-DEFAULT_PLAN = {
-    "coding": [
-        "append_only",
-        "naive",
-        "timestamp_start",
-        "timestamp_end",
-        "tools_reordered",
-        "sliding_window",
-        "status_replace",
-        "status_append",
-        "text_stable",
-        "reasoning_stripped",
-    ],
-    "fanout": ["append_only"],
-}
-QUICK_PLAN = {
-    "coding": [
-        "append_only",
-        "naive",
-        "timestamp_start",
-        "timestamp_end",
-        "tools_reordered",
-        "sliding_window",
-    ]
-}
-
-
-def make_plan(args: argparse.Namespace) -> list[tuple[Trajectory, list[Pattern]]]:
-    """(workload, patterns) pairs: --workloads/--patterns override the default plan."""
-    base = QUICK_PLAN if args.quick else FULL_PLAN if args.full else DEFAULT_PLAN
-    names = [w.strip() for w in args.workloads.split(",") if w.strip()] if args.workloads else list(base)
-    variant = "quick" if args.quick else "default"
-    plan = []
-    for name in names:
-        chosen = args.patterns or (",".join(base[name]) if base.get(name) else None)
-        plan.append((load(name, variant), select(chosen)))
-    return plan
 
 
 if __name__ == "__main__":

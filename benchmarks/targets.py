@@ -38,10 +38,18 @@ class InProcessTarget:
     def reset(self) -> None:
         self.engine.reset_prefix_cache()
 
-    def send(self, request: Request, token_ids: list[int], cache: bool) -> Measured:
+    def send(
+        self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
+    ) -> Measured:
+        """Run one request; ``forced``: the reply to emit as generated tokens (cached replies)."""
         if not cache:
             self.engine.reset_prefix_cache()  # cache off: nothing survives from earlier requests
-        out = self.engine.generate([token_ids], self.params)[0]
+        params = self.params
+        if forced:
+            from runtime.sampling import SamplingParams
+
+            params = SamplingParams(max_tokens=len(forced), forced_tokens=forced, ignore_eos=True)
+        out = self.engine.generate([token_ids], params)[0]
         return Measured(
             len(out.prompt_token_ids),
             out.cached_tokens,
@@ -51,6 +59,39 @@ class InProcessTarget:
             out.prefill_s,
             out.decode_s,
         )
+
+
+class AccountingTarget:
+    """The engine's paged radix-cache reuse rule without a model, for sessions too long to replay on a CPU.
+
+    A request reuses the whole pages of the longest prefix it shares with any earlier computed stream
+    (prompt + reply but its last token), and always computes at least one token; sequential requests
+    and no eviction, as in the benchmark.  The report checks it against the engine on every request of
+    the engine runs (they agree token for token).
+    """
+
+    name = "accounting"
+
+    def __init__(self, tokenizer: Any, page_size: int = 16) -> None:
+        self.tokenizer, self.page = tokenizer, page_size
+        self.streams: list[list[int]] = []
+        self.reset_note = ""
+
+    def reset(self) -> None:
+        self.streams = []
+
+    def send(
+        self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
+    ) -> Measured:
+        from benchmarks.patterns.ideal import best_prefix
+
+        if not cache:
+            self.streams = []
+        shared = best_prefix(token_ids, self.streams) // self.page * self.page
+        prefilled = max(1, len(token_ids) - shared)
+        out = list(forced) if forced else [0]
+        self.streams.append(list(token_ids) + out[:-1])
+        return Measured(len(token_ids), len(token_ids) - prefilled, prefilled, out, 0.0, None, None)
 
 
 class ServerTarget:
@@ -87,7 +128,10 @@ class ServerTarget:
         if not ok:
             self.reset_note = "server has no POST /v1/cache/reset: runs may start with a warm cache"
 
-    def send(self, request: Request, token_ids: list[int], cache: bool) -> Measured:
+    def send(
+        self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
+    ) -> Measured:
+        """Stream one chat completion; an OpenAI API cannot force a reply, so ``forced`` is ignored."""
         if not cache:
             self.reset()
         t0 = time.perf_counter()

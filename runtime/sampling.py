@@ -28,6 +28,9 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to return per token (0 = chosen token only)
     logit_bias: dict[int, float] | None = None  # added to the logits before sampling (token id -> bias)
     grammar: Grammar | None = None  # constrained decoding: every output token must keep the grammar valid
+    # Forced decoding: the i-th generated token is forced_tokens[i] whatever the logits say (then normal
+    # sampling resumes). Replaying a known reply this way caches its KV exactly as a real generation would.
+    forced_tokens: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -41,6 +44,12 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if len(self.forced_tokens) > self.max_tokens:
+            raise ValueError(f"{len(self.forced_tokens)} forced tokens exceed max_tokens={self.max_tokens}")
+
+    def forced_at(self, i: int, sampled: int) -> int:
+        """The token to emit as generated token ``i``: the forced one while any are left, else ``sampled``."""
+        return self.forced_tokens[i] if i < len(self.forced_tokens) else sampled
 
     @property
     def greedy(self) -> bool:

@@ -208,7 +208,7 @@ class Scheduler:
             if not c.sample:
                 continue
             assert samples is not None
-            tok = samples.tokens[row]
+            tok = req.params.forced_at(len(req.tokens) - req.num_prompt, samples.tokens[row])
             if req.params.logprobs is not None:
                 req.logprobs.append((tok, samples.logprobs[row]))
             row += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.patterns import dynamic, history
+from benchmarks.patterns import dynamic, events, history
 from benchmarks.patterns.ideal import ideal_prefill
 from benchmarks.patterns.request import Request, append_only
 from benchmarks.workloads import Trajectory
@@ -23,6 +23,7 @@ class Pattern:
     build: Callable[[Trajectory, int], Request]
     claim: str
     cache: bool = True
+    template: Callable[[str], str] | None = None  # rewrites the stack's template source (qwen3 only)
 
     def requests(self, traj: Trajectory) -> list[Request]:
         return [self.build(traj, k) for k in range(len(traj.turns))]
@@ -44,6 +45,43 @@ _ALL = [
     Pattern("compress_budget", history.compress_budget, "old tool results replaced by stubs over a budget"),
     Pattern("compress_summary", history.compress_summary, "one summary of old history at a threshold"),
     Pattern("reasoning_stripped", history.reasoning_stripped, "Qwen3 default: old reasoning dropped"),
+    Pattern(
+        "sliding_window_block",
+        history.sliding_window_block,
+        "window of 8 that drops its older half when full",
+    ),
+    Pattern(
+        "compress_every_turn",
+        history.compress_every_turn,
+        "all tool results but the last 2 stubbed, every turn",
+    ),
+    Pattern(
+        "compress_unfrozen", history.compress_unfrozen, "compress_budget with stubs re-rendered each turn"
+    ),
+    Pattern(
+        "compact_threshold", history.compact_threshold, "summary of all but the tail past a size threshold"
+    ),
+    Pattern(
+        "tools_dynamic_after", events.tools_dynamic_after, "stable tools by name, MCP tools added after them"
+    ),
+    Pattern(
+        "tools_dynamic_sorted_in", events.tools_dynamic_sorted_in, "all tools by name, MCP tools sorted in"
+    ),
+    Pattern("tools_toggled", events.tools_toggled, "a capability off then on: its schema withdrawn"),
+    Pattern("tools_toggle_message", events.tools_toggle_message, "the same toggle as reminder messages"),
+    Pattern("skill_in_system", events.skill_in_system, "a skill loaded into the system prompt"),
+    Pattern("skill_in_messages", events.skill_in_messages, "the same skill as a message where it was loaded"),
+    Pattern("date_in_system", events.date_in_system, "date-only line in the system prompt (changes once)"),
+    Pattern("date_in_messages", events.date_in_messages, "the date as reminder messages, appended"),
+    Pattern(
+        "subagent_own_system", events.subagent_own_system, "sub-agents with their own short system prompt"
+    ),
+    Pattern(
+        "timestamp_end_tools_first",
+        dynamic.timestamp_end,
+        "timestamp_end, template with tools before the system text",
+        template=events.tools_first,
+    ),
 ]
 PATTERNS: dict[str, Pattern] = {p.name: p for p in _ALL}
 

@@ -1,4 +1,5 @@
-"""Deterministic agent trajectories (coding, research, sub-agent fan-out) stored as JSON data.
+"""Deterministic agent trajectories: coding, research, sub-agent fan-out (stored as JSON data) and the
+agent-scale session (``agent``: built on load from its seed, too large to commit usefully).
 
 ``load(name, variant)`` reads the committed data; ``python -m benchmarks.workloads.generate``
 rebuilds it from the seeded builders in ``agents``.
@@ -12,7 +13,8 @@ from pathlib import Path
 from benchmarks.workloads.trajectory import Message, Trajectory, Turn
 
 DATA_DIR = Path(__file__).parent / "data"
-WORKLOADS = ("coding", "research", "fanout")
+WORKLOADS = ("coding", "research", "fanout")  # stored as data
+ALL_WORKLOADS = (*WORKLOADS, "agent")
 VARIANTS = ("default", "quick")
 DEFAULT_SEED = 20250914
 
@@ -23,12 +25,17 @@ def data_path(name: str, variant: str = "default") -> Path:
 
 def load(name: str, variant: str = "default") -> Trajectory:
     """Load a committed trajectory; raises ValueError for unknown names or variants."""
-    if name not in WORKLOADS or variant not in VARIANTS:
-        raise ValueError(f"unknown workload {name!r}/{variant!r}; choose from {WORKLOADS} x {VARIANTS}")
+    if name not in ALL_WORKLOADS or variant not in VARIANTS:
+        raise ValueError(f"unknown workload {name!r}/{variant!r}; choose from {ALL_WORKLOADS} x {VARIANTS}")
+    if name == "agent":
+        from benchmarks.workloads.agent import agent
+
+        return agent(DEFAULT_SEED * 31 + ALL_WORKLOADS.index(name), quick=variant == "quick")
     return Trajectory.from_dict(json.loads(data_path(name, variant).read_text(encoding="utf-8")))
 
 
 __all__ = [
+    "ALL_WORKLOADS",
     "DATA_DIR",
     "DEFAULT_SEED",
     "VARIANTS",
