@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse, Response
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
 from runtime.server import chat, completions
+from runtime.server.anthropic import errors as anthropic_errors
+from runtime.server.anthropic.routes import install_anthropic_routes, models_page
 from runtime.server.cache_routes import install_cache_routes
 from runtime.server.errors import APIError, error_response, install_error_handlers
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -88,6 +90,8 @@ def create_app(
         try:
             request.state.tenant = state.tenants.authenticate(request.url.path, request.headers)
         except APIError as e:
+            if anthropic_errors.is_anthropic(request.url.path, request.headers):
+                return anthropic_errors.error_response(e)
             return error_response(e)
         return await call_next(request)
 
@@ -111,7 +115,9 @@ def create_app(
         return await _generate(state, request, run, body.n, body.stream, completions)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        if "anthropic-version" in request.headers:  # the anthropic SDK's models.list()
+            return models_page(state)
         card = {
             "id": config.served_model_name, "object": "model", "created": state.created, "owned_by": "kvreuse",
             "max_model_len": state.engine.max_model_len,
@@ -152,4 +158,5 @@ def create_app(
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
     install_cache_routes(app, state)
+    install_anthropic_routes(app, state, _generate)
     return app

@@ -92,9 +92,18 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def guarded_events(events: AsyncIterator[str], request_id: str, release: Callable[[], None]) -> GuardedStream:
-    """Stream ``events``; an error after the headers went out is reported in-band, the way OpenAI
-    streams do, and ``release`` runs however the stream ends."""
+def openai_error_events(e: Exception) -> list[str]:
+    return [sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}}), DONE]
+
+
+def guarded_events(
+    events: AsyncIterator[str],
+    request_id: str,
+    release: Callable[[], None],
+    error_events: Callable[[Exception], list[str]] = openai_error_events,
+) -> GuardedStream:
+    """Stream ``events``; an error after the headers went out is reported in-band (as the
+    protocol's ``error_events`` say; OpenAI's by default), and ``release`` runs however the stream ends."""
 
     async def body() -> AsyncIterator[str]:
         try:
@@ -103,8 +112,8 @@ def guarded_events(events: AsyncIterator[str], request_id: str, release: Callabl
                     yield event
         except Exception as e:
             log.exception("stream %s failed", request_id)
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
-            yield DONE
+            for err in error_events(e):
+                yield err
         finally:
             release()
 
