@@ -87,6 +87,7 @@ def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
     system, spans, dropped, sys_ttl = _system(req, keep_nonce)
     msgs: list[dict[str, Any]] = []
     marks: list[Breakpoint] = []
+    used: set[str] = set()
     if system is not None:
         msgs.append({"role": "system", "content": system})
         if sys_ttl is not None:
@@ -108,6 +109,11 @@ def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
             if isinstance(b, ToolResultBlock):
                 if m.role != "user":
                     raise bad_request(f"messages[{i}]: tool_result blocks belong in user messages")
+                if b.tool_use_id not in used:
+                    raise bad_request(
+                        f"messages[{i}].content[{j}]: tool_result answers tool_use_id {b.tool_use_id!r}, "
+                        "which no earlier tool_use block has", f"messages.{i}.content.{j}.tool_use_id",
+                    )  # fmt: skip
                 body = b.text()
                 msgs.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": body if not b.is_error
                              else f"Error: {body}"})  # fmt: skip
@@ -115,6 +121,7 @@ def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
                 if m.role != "assistant":
                     raise bad_request(f"messages[{i}]: tool_use blocks belong in assistant messages")
                 calls.append(_call(b))
+                used.add(b.id)
             elif b.type == "thinking":
                 reasoning.append(b.thinking)
             elif b.type == "text":
