@@ -130,8 +130,8 @@ def _claude_code_request(nonce: str, msgs: list[dict], **extra) -> dict:
         {"type": "text", "text": "Rules: be brief, use tools, never guess file contents. " * 6,
          "cache_control": {"type": "ephemeral", "ttl": "1h"}},
     ]  # fmt: skip
-    return dict(model="claude-local-agent", max_tokens=4, system=system, messages=msgs, tools=TOOLS,
-                extra_body=GREEDY, **extra)  # fmt: skip
+    return {"model": "claude-local-agent", "max_tokens": 4, "system": system, "messages": msgs, "tools": TOOLS,
+            "extra_body": GREEDY, **extra}  # fmt: skip
 
 
 def test_claude_code_session_reads_the_cache(app, client):
@@ -156,6 +156,17 @@ def test_claude_code_session_reads_the_cache(app, client):
             {"type": "tool_result", "tool_use_id": call["id"], "content": f"contents of file {turn}"}]})  # fmt: skip
     pins = [p for p in engine.cache.pins.info() if p.owner[1:2] == ("breakpoint",)]
     assert pins and all(p.ttl_left > 3000 for p in pins)  # the 1h system breakpoint
+
+
+def test_cache_control_never_changes_the_output(client):
+    msgs = [{"role": "user", "content": "Which file holds the tests?"}]
+    marked = _claude_code_request("ccccc", msgs, cache_control={"type": "ephemeral"}, max_tokens=12)
+    plain = _claude_code_request("ccccc", msgs, max_tokens=12)
+    plain["system"] = [{k: v for k, v in b.items() if k != "cache_control"} for b in plain["system"]]
+    a, b = client.messages.create(**marked), client.messages.create(**plain)
+    assert _blocks(a) == _blocks(b) and a.stop_reason == b.stop_reason
+    assert [p["pinned"] for p in a.model_extra["kvreuse"]["cache_control"]] == [True, True]
+    assert b.model_extra["kvreuse"]["cache_control"] == []
 
 
 def test_kept_nonce_is_named_by_diagnostics(app, client):
