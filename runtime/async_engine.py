@@ -130,3 +130,5 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout)
         self._fail_all(RuntimeError("the engine was shut down"))  # else callers still waiting hang forever
+        if not self._thread.is_alive():  # the engine's state is ours now: persist the KV tiers
+            self.engine.close()

@@ -14,19 +14,31 @@ from typing import NamedTuple
 
 from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.eviction import DEFAULT_POLICY
+from runtime.kv_store.tiers import LowerTiers, TierStats
 from runtime.page_allocator import OutOfPages, PageAllocator
 from runtime.pins import PinTable
 from runtime.prefix_cache import NoPrefixCache, PrefixCache
 from runtime.radix_cache import RadixCache
 from runtime.request import Request
+from runtime.tiered_cache import PageIO, TieredRadixCache
 
 PREFIX_CACHES = ("radix", "off")
 
 
 def make_prefix_cache(
-    kind: str, page_size: int, allocator: PageAllocator, eviction: str = DEFAULT_POLICY
+    kind: str,
+    page_size: int,
+    allocator: PageAllocator,
+    eviction: str = DEFAULT_POLICY,
+    tiers: LowerTiers | None = None,
+    io: PageIO | None = None,
+    write_through: bool = False,
 ) -> PrefixCache:
-    """``radix``: the radix tree over ``allocator``'s pages; ``off``: no cache (the naive baseline)."""
+    """``radix``: the radix tree over ``allocator``'s pages (with ``tiers`` below it, if given);
+    ``off``: no cache (the naive baseline)."""
+    if kind == "radix" and tiers is not None:
+        assert io is not None, "a tiered cache copies pages through the pool's PageIO"
+        return TieredRadixCache(page_size, allocator, io, tiers, write_through, eviction)
     if kind == "radix":
         return RadixCache(page_size, allocator, eviction)
     if kind == "off":
@@ -58,11 +70,18 @@ class CacheManager:
         session_ttl: float = 300.0,
         pinned_fraction: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        tiers: LowerTiers | None = None,
+        io: PageIO | None = None,
+        write_through: bool = False,
     ) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
-        self.prefix: PrefixCache = make_prefix_cache(mode, page_size, self.allocator, eviction)
+        self.prefix: PrefixCache = make_prefix_cache(
+            mode, page_size, self.allocator, eviction, tiers, io, write_through
+        )
         self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
+        self.tiers = tiers
+        self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
 
     # -- admission ---------------------------------------------------------------
@@ -77,6 +96,7 @@ class CacheManager:
         req.num_computed = m.cached_len
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
             req.cached_tokens = m.cached_len
+            req.cached_host_tokens, req.cached_disk_tokens = m.host_len, m.disk_len
 
     def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
         return self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
@@ -136,6 +156,7 @@ class CacheManager:
 
     def release(self, req: Request, cache: bool = True) -> None:
         """Finished, aborted or retracted: keep computed pages in the cache, free the rest."""
+        self._loads.pop(req, None)
         if req not in self.live:
             return
         if cache:
@@ -150,6 +171,45 @@ class CacheManager:
     def reset(self) -> None:
         self.pins.clear()
         self.prefix.reset()
+
+    # -- lower tiers -------------------------------------------------------------------
+    def persist(self, wait: bool = True) -> int:
+        """Write every cached page that is only in the pool to the disk tier; returns pages written."""
+        return self.prefix.persist(wait) if isinstance(self.prefix, TieredRadixCache) else 0
+
+    def prefetch(self, req: Request) -> None:
+        """A request was queued: start reading its disk-tier pages in the background."""
+        if isinstance(self.prefix, TieredRadixCache):
+            scope = req.scope
+            fut = self.prefix.prefetch(req.tokens[: len(req.tokens) - 1], scope.namespace, scope.public_len)
+            if fut is not None:
+                self._loads[req] = fut
+
+    def loading(self, req: Request, wait: bool = False) -> bool:
+        """Whether ``req``'s read-ahead is still running (``wait``: finish it first)."""
+        fut = self._loads.get(req)
+        if fut is None:
+            return False
+        if wait:
+            fut.result()
+        if fut.done():
+            del self._loads[req]
+            return False
+        return True
+
+    def load_stored(self) -> int:
+        """Load stored prefixes from the disk tier into the pool while it has free pages; returns tokens."""
+        return self.prefix.load_stored() if isinstance(self.prefix, TieredRadixCache) else 0
+
+    def close(self) -> None:
+        """Persist and close the lower tiers (shutdown); the pool's cache stays usable in memory."""
+        if self.tiers is not None:
+            self.persist()
+            self.tiers.close()
+            self.tiers = None
+
+    def tier_stats(self) -> TierStats | None:
+        return self.tiers.stats() if self.tiers is not None else None
 
     # -- accounting ------------------------------------------------------------------
     def stats(self) -> CacheStats:
@@ -169,4 +229,6 @@ class CacheManager:
         if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
             raise AssertionError(f"KV page leak: {s}")
         self.pins.check()  # every pin on the cache is one of the table's, and within the budget
+        if self.tiers is not None:
+            self.tiers.check()
         return s

@@ -39,7 +39,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ).token_ids
     else:
         prompt = args.prompt
-    out = eng.generate(prompt, params)[0]
+    try:
+        out = eng.generate(prompt, params)[0]
+    finally:
+        eng.close()  # stops the other tensor-parallel ranks, persists the KV tiers
     print(out.text)
     return 0
 
@@ -112,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", "OpenAI-compatible server (see `kvreuse serve --help`)"),
         ("bench", "benchmarks: `kvreuse bench patterns [--quick]`"),
         ("template-check", "check that a chat template renders history append-only"),
+        ("cache", "the disk KV tier offline: `kvreuse cache save|load|inspect|clear --kv-store DIR`"),
     ):
         sub.add_parser(name, help=helptext, add_help=False)
     return p
@@ -122,6 +126,10 @@ def _delegate(command: str, rest: list[str]) -> int:
         from runtime.server.cli import main as serve_main
 
         return serve_main(rest)
+    if command == "cache":
+        from runtime.cache_cli import main as cache_main
+
+        return cache_main(rest)
     if command == "template-check":
         from chat_templates.template_check import main as check_main
         from runtime.model_source import resolve_model
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     try:
-        if argv and argv[0] in ("serve", "bench", "template-check"):
+        if argv and argv[0] in ("serve", "bench", "template-check", "cache"):
             return _delegate(argv[0], argv[1:])
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):

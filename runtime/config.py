@@ -29,13 +29,25 @@ class EngineConfig:
     max_model_len: int | None = None
     attention_backend: str = "auto"  # "reference" (torch) or "triton"
     seed: int = 0
+    tensor_parallel_size: int = 1  # ranks on torch.distributed (gloo on CPU, NCCL on GPUs); rank 0 schedules
+    kv_store: str | None = None  # directory of the disk tier (KV pages that outlive eviction and restarts)
+    kv_store_size: int | str = "20G"  # the disk tier's byte budget
+    kv_host_memory: int | str | None = None  # host-memory tier budget (pinned on GPU); None: no host tier
+    kv_write_through: bool = False  # write every cached page down at once, not only when evicted
+    kv_store_sync_s: float = 60.0  # how often pool-only pages are written to the disk tier
 
     def __post_init__(self) -> None:
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        self.kv_store_size = parse_memory(self.kv_store_size)
+        self.kv_host_memory = parse_memory(self.kv_host_memory)
+        if (self.kv_store or self.kv_host_memory) and self.prefix_cache != "radix":
+            raise ValueError("--kv-store / --kv-host-memory need the radix prefix cache")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.eviction_policy not in POLICIES:
             raise ValueError(
                 f"eviction_policy must be one of {', '.join(POLICIES)}, got {self.eviction_policy!r}"
@@ -44,5 +56,7 @@ class EngineConfig:
             raise ValueError(f"session_ttl must be > 0 seconds, got {self.session_ttl}")
         if not 0 <= self.pinned_fraction <= 1:
             raise ValueError(f"pinned_fraction must be in [0, 1], got {self.pinned_fraction}")
+        if self.tensor_parallel_size > 1 and (self.kv_store or self.kv_host_memory):
+            raise ValueError("--kv-store / --kv-host-memory do not work with --tensor-parallel-size > 1 yet")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")

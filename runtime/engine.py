@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import queue
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -20,8 +21,9 @@ import torch
 from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.kv_store.open import open_tiers
 from runtime.model_runner import ModelRunner, default_dtype
-from runtime.model_source import resolve_model
+from runtime.model_source import cache_dir, resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput
 from runtime.sampling import SamplingParams
@@ -50,6 +52,12 @@ class EngineStats(NamedTuple):
     tree_pages: int
     request_pages: int
     page_size: int
+    host_loaded_tokens: int = 0  # cached tokens loaded back from the host tier
+    disk_loaded_tokens: int = 0  # cached tokens loaded back from the disk tier
+    tier_load_s: float = 0.0  # time spent loading them
+    host_tier_pages: int = 0
+    disk_tier_pages: int = 0
+    disk_tier_bytes: int = 0
 
 
 class Engine:
@@ -70,6 +78,7 @@ class Engine:
             cfg.kv_cache_memory,
             cfg.num_pages,
             cfg.attention_backend,
+            cfg.tensor_parallel_size,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -78,6 +87,10 @@ class Engine:
         self.max_model_len = cfg.max_model_len or min(
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
+        tiers = open_tiers(
+            cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
+            pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
+        )  # fmt: skip
         self.cache = CacheManager(
             self.runner.pool.num_pages,
             cfg.page_size,
@@ -85,7 +98,11 @@ class Engine:
             cfg.eviction_policy,
             cfg.session_ttl,
             cfg.pinned_fraction,
+            tiers=tiers,
+            io=self.runner.pool,
+            write_through=cfg.kv_write_through,
         )
+        self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
             self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, self.max_model_len
         )
@@ -165,6 +182,9 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """inbox -> schedule -> forward + sample -> commit -> detokenise -> outputs."""
         outputs = self._drain_inbox()
+        if self.cache.tiers is not None and time.monotonic() >= self._next_persist:
+            self._next_persist = time.monotonic() + self.config.kv_store_sync_s
+            self.cache.persist(wait=False)
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
@@ -262,11 +282,42 @@ class Engine:
             retractions=self.scheduler.num_retractions, running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
             tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=self.cache.page_size,
+            **self._tier_fields(),
+        )  # fmt: skip
+
+    def _tier_fields(self) -> dict:
+        ts = self.cache.tier_stats()
+        if ts is None:
+            return {}
+        ps = self.page_size
+        return dict(
+            host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
+            tier_load_s=ts.load_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
+            disk_tier_bytes=ts.disk_bytes,
         )  # fmt: skip
 
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
         return self.cache.check_integrity()
+
+    def persist_cache(self) -> int:
+        """Write every cached page that is only in the pool to the disk tier (``--kv-store``); returns pages."""
+        return self.cache.persist()
+
+    def load_cache(self) -> int:
+        """Load what the disk tier (``--kv-store``) holds into the pool, as far as free pages allow
+        (only between steps); returns tokens loaded.  Matches load lazily anyway: this prewarms."""
+        return self.cache.load_stored()
+
+    def close(self) -> None:
+        """Persist the cache to the disk tier, release the store (its lock) and stop the other
+        tensor-parallel ranks; idempotent."""
+        self.cache.close()
+        self.runner.close()
+
+    def tier_stats(self):
+        """Lower-tier counters (``runtime.kv_store.tiers.TierStats``), or None without tiers."""
+        return self.cache.tier_stats()
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached page (only when idle)."""

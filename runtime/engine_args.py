@@ -56,6 +56,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+    g.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="shard the model over N ranks (torch.distributed)"
+    )
+    t = p.add_argument_group("KV tiers below the pool")
+    t.add_argument(
+        "--kv-store", default=None, help="disk tier directory: evicted KV pages survive eviction and restarts"
+    )
+    t.add_argument("--kv-store-size", default="20G", help="disk tier budget (default 20G)")
+    t.add_argument("--kv-host-memory", default=None, help="host-memory tier budget, e.g. 8G (default: none)")
+    t.add_argument(
+        "--kv-write-through", action="store_true", help="write cached pages down at once, not on eviction"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,4 +85,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         schedule_policy=args.schedule_policy,
         attention_backend=args.attention_backend,
         max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
+        kv_store=args.kv_store,
+        kv_store_size=args.kv_store_size,
+        kv_host_memory=args.kv_host_memory,
+        kv_write_through=args.kv_write_through,
     )

@@ -39,6 +39,23 @@ class KVPool:
             for _ in range(cfg.num_layers)
         ]
 
+    def read_pages(self, pages: list[int]) -> torch.Tensor:
+        """A host copy of whole pages' K/V: ``[n, layers, 2, page_size, kv_heads, head_dim]``."""
+        idx = torch.tensor(list(pages), dtype=torch.long, device=self.layers[0][0].device)
+        kv = torch.stack(
+            [torch.stack((k.index_select(0, idx), v.index_select(0, idx))) for k, v in self.layers]
+        )
+        return kv.permute(2, 0, 1, 3, 4, 5).to("cpu").contiguous()
+
+    def write_pages(self, pages: list[int], kv: torch.Tensor) -> None:
+        """Fill whole pages from a tensor laid out as :meth:`read_pages` returns it."""
+        dev = self.layers[0][0].device
+        idx = torch.tensor(list(pages), dtype=torch.long, device=dev)
+        kv = kv.to(dev, non_blocking=True)
+        for layer, (k, v) in enumerate(self.layers):
+            k.index_copy_(0, idx, kv[:, layer, 0].to(k.dtype))
+            v.index_copy_(0, idx, kv[:, layer, 1].to(v.dtype))
+
     @property
     def num_tokens(self) -> int:
         return self.num_pages * self.page_size

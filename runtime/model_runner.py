@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
 from kernels import select_backend
+from runtime.distributed.comm import recv_batch, send_batch
+from runtime.distributed.launch import (
+    Group,
+    Workers,
+    join_torchrun,
+    rank_device,
+    set_rank_threads,
+    torchrun_world,
+    watch_parent,
+)
+from runtime.distributed.sharding import TPGroup, local_config, shard_into
 from runtime.forward_batch import StepInput, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models import build_model
 from runtime.models.config import ModelConfig
 from runtime.sampler import SampleResult, sample
 from runtime.weights import load_weights
+
+log = logging.getLogger("kvreuse.model")
 
 
 class StepResult(NamedTuple):
@@ -38,7 +52,8 @@ def default_dtype(device: torch.device) -> str:
 
 
 class ModelRunner:
-    """Our model plus its paged KV pool on one device."""
+    """Our model plus its paged KV pool on one device; with ``tensor_parallel_size > 1``, rank 0 of a
+    tensor-parallel group whose other ranks it spawns (see ``runtime/distributed``)."""
 
     def __init__(
         self,
@@ -49,21 +64,85 @@ class ModelRunner:
         kv_cache_memory: int | None,
         num_pages: int | None = None,
         attention_backend: str = "auto",
+        tensor_parallel_size: int = 1,
+        tp: TPGroup | None = None,
     ) -> None:
-        self.device = torch.device(device)
+        self.cfg = ModelConfig.from_dir(model_dir)  # the whole model's shapes, whatever this rank keeps
+        self.workers: Workers | None = None
+        if tp is None and tensor_parallel_size > 1 and torchrun_world() == tensor_parallel_size:
+            tp = join_torchrun(torch.device(device).type)
+            if tp.rank > 0:  # torchrun started this rank: it serves rank 0's steps, then the process ends
+                run_worker(
+                    tp, model_dir, dtype, device, page_size, kv_cache_memory, num_pages, attention_backend
+                )
+                raise SystemExit(0)
+        if tp is None and tensor_parallel_size > 1:
+            local_config(
+                self.cfg, tensor_parallel_size
+            )  # refuse a model that does not split, before spawning
+            args = (str(model_dir), dtype, device, page_size, kv_cache_memory, num_pages, attention_backend)
+            self.workers = Workers(tensor_parallel_size, tp_worker, args, torch.device(device).type)
+            set_rank_threads(tensor_parallel_size)
+            tp = TPGroup(0, tensor_parallel_size, self.workers.group)
+        self.tp = tp
+        self.device = torch.device(rank_device(device, tp.rank) if tp else device)
         self.dtype = DTYPES[dtype]
-        self.cfg = ModelConfig.from_dir(model_dir)
-        self.model = build_model(self.cfg, self.device, self.dtype)
-        load_weights(self.model, model_dir)
+        self.model = self._load(Path(model_dir))
         self.model.prepare()
         self.model.eval()
-        self.pool = KVPool(self.cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
+        log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
+        pool_cfg = local_config(self.cfg, tp.world) if tp else self.cfg
+        self.pool = KVPool(pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
+
+    def _load(self, model_dir: Path) -> torch.nn.Module:
+        if self.tp is None:
+            model = build_model(self.cfg, self.device, self.dtype)
+            load_weights(model, model_dir)
+            return model
+        # each rank reads the whole checkpoint on the host and keeps its slices (simple; a rank of a
+        # model too large for host memory would need a sliced loader)
+        full = build_model(self.cfg, torch.device("cpu"), self.dtype)
+        load_weights(full, model_dir)
+        local = build_model(local_config(self.cfg, self.tp.world), self.device, self.dtype)
+        shard_into(full, local, self.cfg, self.tp)
+        return local
 
     def step(self, batch: StepInput) -> StepResult:
         """Forward the chunks; sample the rows that end their sequence."""
         fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
+        if self.tp is not None:  # rank 0 (a worker runs its own loop, never step)
+            if self.workers is not None:
+                self.workers.check()
+            send_batch(fb, self.tp.group, self.device)
         logits = self.model(fb, self.pool.layers, self.backend)
         samples = sample(logits, batch.params, batch.generators) if batch.params else None
         return StepResult(logits, samples)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (no-op on one device)."""
+        tp, self.tp = self.tp, None
+        if tp is None:
+            return
+        stop = lambda: send_batch(None, tp.group, self.device)  # noqa: E731
+        if self.workers is not None:
+            workers, self.workers = self.workers, None
+            workers.close(stop)
+        else:  # torchrun's ranks: they exit when told to stop
+            stop()
+
+
+def tp_worker(rank: int, world: int, port: int, model_dir: str, dtype: str, device: str, *rest) -> None:
+    """A spawned tensor-parallel rank: join the group, load its shard, run every step rank 0 sends."""
+    watch_parent()
+    set_rank_threads(world)
+    group = Group(rank, world, port, torch.device(device).type)
+    run_worker(TPGroup(rank, world, group), model_dir, dtype, device, *rest)
+
+
+def run_worker(tp: TPGroup, model_dir, dtype: str, device: str, *rest) -> None:
+    """Load this rank's shard and run the forward of every batch rank 0 broadcasts, until it stops."""
+    runner = ModelRunner(Path(model_dir), dtype, device, *rest, tp=tp)
+    while (fb := recv_batch(tp.group, runner.device)) is not None:
+        runner.model(fb, runner.pool.layers, runner.backend)

@@ -45,4 +45,6 @@ def make_output(
         text=detok.text if finished else "",
         logprobs=list(req.logprobs) if finished else [],
         error=error,
+        cached_host_tokens=req.cached_host_tokens,
+        cached_disk_tokens=req.cached_disk_tokens,
     )

@@ -36,11 +36,17 @@ from typing import NamedTuple, Protocol
 
 
 class MatchResult(NamedTuple):
-    """Longest cached whole-page prefix of a token sequence."""
+    """Longest cached whole-page prefix of a token sequence.
+
+    ``host_len`` / ``disk_len``: how many of the ``cached_len`` tokens a tiered cache loaded from
+    its host / disk tier for this match (the rest were already in the pool).
+    """
 
     handle: object
     cached_len: int
     pages: list[int]
+    host_len: int = 0
+    disk_len: int = 0
 
 
 class InsertResult(NamedTuple):

@@ -236,6 +236,7 @@ class RadixCache:
                 self._split(leaf, len(leaf.pages) - want)  # ``leaf`` is now just its tail
             parent = leaf.parent
             assert parent is not None
+            self._before_evict(leaf)
             del parent.children[(leaf.ns, leaf.key[: self.page_size])]
             self._evictable.discard(leaf)
             policy.removed(leaf)
@@ -249,6 +250,9 @@ class RadixCache:
                 heapq.heappush(heap, (policy.priority(parent, now), parent.uid, parent))
         self.evicted_pages_total += freed
         return freed
+
+    def _before_evict(self, leaf: TreeNode) -> None:
+        """Called with a leaf about to be evicted, still attached: a tiered cache copies it down here."""
 
     def reset(self) -> None:
         """Drop the whole tree and free its pages; only allowed while nothing is locked."""

@@ -45,6 +45,8 @@ class Request:
     scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (runtime/cache_scope.py)
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
+    cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
+    cached_disk_tokens: int = 0  # of cached_tokens: loaded from the disk tier
     prefilled_tokens: int = 0
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
@@ -97,6 +99,8 @@ class RequestOutput(NamedTuple):
     text: str = ""
     logprobs: list = []
     error: str | None = None
+    cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
+    cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
 
     @property
     def prompt_tokens(self) -> int:

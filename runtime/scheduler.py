@@ -82,6 +82,7 @@ class Scheduler:
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
+        self.cache.prefetch(req)  # a lower tier starts reading its pages while others compute
 
     def finish(self, req: Request, reason: str) -> None:
         """End ``req`` (stop, length, abort, error): drop it from the queues and release its pages.
@@ -136,6 +137,8 @@ class Scheduler:
         now = time.perf_counter()
         while budget > 0 and self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
+            if self.cache.loading(req, wait=not self.running):
+                break  # its pages are still being read: let the running requests step meanwhile
             self.cache.admit(req)
             n = min(req.remaining, budget)
             if not self.cache.reserve(req, n):

@@ -1,4 +1,4 @@
-"""Load safetensors weights by name into our modules, fusing q/k/v and gate/up on the way."""
+"""Load safetensors weights by name into our modules, fusing q/k/v, gate/up and MoE experts on the way."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(weight|bias)$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp|mlp\.shared_expert)\.(\w+)\.(weight|bias)$")
+# one routed expert's matrix -> its slot in the layer's fused [E, ...] tensors
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 class WeightsError(Exception):
@@ -52,6 +54,10 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
         short = name[len("model.") :]
     else:
         short = name
+    e = _EXPERT.match(name)
+    if e:
+        _load_expert(params, e, w, name, seen)
+        return
     m = _LAYER.match(name)
     if m and m.group(3) in _FUSED:
         target, idx = _FUSED[m.group(3)]
@@ -60,8 +66,9 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
         if target == "qkv_proj":
             q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
             offsets = [0, q, q + kv, q + 2 * kv]
-        else:
-            offsets = [0, cfg.intermediate_size, 2 * cfg.intermediate_size]
+        else:  # a shared expert's width differs from the dense MLP's: take it from the fused tensor
+            half = p.shape[0] // 2
+            offsets = [0, half, 2 * half]
         rows = slice(offsets[idx], offsets[idx + 1])
         _copy(p.data[rows], w, name)
         seen.add(key)  # a fused tensor counts once any part is loaded; shapes are checked per part
@@ -74,6 +81,22 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
         raise WeightsError(f"unexpected weight {name} for a {cfg.model_type} model")
     _copy(params[short].data, w, name)
     seen.add(short)
+
+
+def _load_expert(params: dict, m: re.Match, w: torch.Tensor, name: str, seen: set[str]) -> None:
+    layer, expert, proj = m.group(1), int(m.group(2)), m.group(3)
+    key = f"layers.{layer}.mlp.experts.{'down_proj' if proj == 'down_proj' else 'gate_up_proj'}"
+    if key not in params:
+        raise WeightsError(f"unexpected weight {name}: layer {layer} has no routed experts")
+    p = params[key]
+    if expert >= p.shape[0]:
+        raise WeightsError(f"weight {name}: expert {expert} out of range (config has {p.shape[0]} experts)")
+    dst = p.data[expert]
+    if proj != "down_proj":
+        half = dst.shape[0] // 2
+        dst = dst[:half] if proj == "gate_proj" else dst[half:]
+    _copy(dst, w, name)
+    seen.add(key)
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

@@ -19,7 +19,7 @@ def embedded_dir() -> Path:
 def make_tiny_model(
     out: Path, arch: str = "llama", tie: bool = False, vocab: int = 512, seed: int = 0, **overrides
 ) -> Path:
-    """Random-initialised ``arch`` (llama, qwen2, qwen3, mistral) with GQA, saved as safetensors."""
+    """Random-initialised ``arch`` (llama, qwen2, qwen3, qwen3_moe, mistral) with GQA, saved as safetensors."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     kw = dict(
@@ -36,7 +36,7 @@ def make_tiny_model(
         eos_token_id=2,
         pad_token_id=0,
     )
-    if arch in ("qwen3",):
+    if arch in ("qwen3", "qwen3_moe"):
         kw["head_dim"] = 16
     kw.update(overrides)
     cfg = AutoConfig.for_model(arch, **kw)
@@ -46,6 +46,8 @@ def make_tiny_model(
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("mlp.gate.weight"):  # MoE router: decisive picks, no near-ties to flip
+                p.mul_(25.0)
     model.save_pretrained(out, safe_serialization=True)
     src = embedded_dir()
     for f in TOKENIZER_FILES:

@@ -6,16 +6,19 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from runtime.models.moe_config import MoEConfig
+
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2",
     "mistral": "Mistral",
     "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3",
+    "qwen3_moe": "Qwen3-MoE (30B-A3B, Coder-30B-A3B)",
 }
 
 
 class ModelConfig(NamedTuple):
-    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2 and Qwen3."""
+    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE."""
 
     model_type: str
     vocab_size: int
@@ -35,6 +38,7 @@ class ModelConfig(NamedTuple):
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    moe: MoEConfig | None = None  # routed experts (Qwen3-MoE); None: every layer is dense
 
     @classmethod
     def from_dict(cls, c: dict[str, Any]) -> ModelConfig:
@@ -67,10 +71,11 @@ class ModelConfig(NamedTuple):
             max_position_embeddings=c.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=mt == "qwen2" or bool(c.get("attention_bias", False)),
-            qk_norm=mt == "qwen3",
+            qk_norm=mt in ("qwen3", "qwen3_moe"),
             sliding_window=c.get("sliding_window") if use_sw else None,
             eos_token_ids=eos_ids,
             bos_token_id=c.get("bos_token_id"),
+            moe=MoEConfig.from_dict(c),
         )
 
     @classmethod

@@ -14,8 +14,10 @@ from torch import nn
 from kernels import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
-from runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
+from runtime.models.moe import feed_forward
+from runtime.models.summary import ParamCounts, count_parameters
 
 
 class StepContext(NamedTuple):
@@ -71,14 +73,14 @@ class PagedAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention + gated MLP with residuals."""
+    """Pre-norm attention + gated MLP (or sparse MoE block) with residuals."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = PagedAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = feed_forward(cfg.hidden_size, cfg.intermediate_size, cfg.moe, layer)
 
     def forward(
         self, h: torch.Tensor, ctx: StepContext, kv: tuple[torch.Tensor, torch.Tensor]
@@ -94,7 +96,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -113,6 +115,10 @@ class CausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, Linear):
                 m.pack_for_cpu()
+
+    def parameter_counts(self) -> ParamCounts:
+        """Total parameters and those one token reads (all but the experts its router skipped)."""
+        return count_parameters(self)
 
     @torch.inference_mode()
     def forward(

@@ -1,0 +1,217 @@
+"""The disk tier: a restart that keeps the cache, and a working set larger than the pool.
+
+Run from the repository root: ``python -m benchmarks.kv_tiers [--quick] [--out PATH] [--threads N]``.
+
+* **restart**: a 10-turn agent conversation (system prompt, then user/assistant turns; about 8K
+  tokens of context by the last turn) sent as chat requests to a real ``kvreuse serve --kv-store``.
+  After turn 5 the server gets SIGTERM (it persists its cache) and a new server starts on the same
+  store; turn 6's TTFT is compared with the same prompt on a cold server (no store), in the same
+  run.  Also the KV restore rate in MB/s (bytes loaded from disk / load time, from ``/debug/kv``).
+* **eviction**: ``--sessions`` conversations round-robin over a pool that holds a quarter of their
+  combined context, each turn appending to its session; the same trace on an engine with and
+  without the disk tier (in one process, alternating sessions): token hit rate and TTFT.
+
+Each request generates one token (TTFT is what is measured).  Targets: restart >= 5x faster than cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.common import base_parser, bench_main, format_table, median, progress, reps
+from benchmarks.ttft_multiturn import _text
+
+RESTART_TARGET = 5.0
+LLAMA_CPP_SLOT_RESTORE_MBPS = 14.3 / 0.043  # 1,745-token slot, 14.3 MB restored in 43 ms (llama.cpp server)
+
+
+def conversation(tokenizer, turns: int, seed: int, system_tokens: int, new_tokens: int) -> list[list[dict]]:
+    """The messages of each turn's request; each extends the previous turn's (append-only)."""
+    rng = random.Random(seed)
+    messages = [{"role": "system", "content": _text(rng, tokenizer, system_tokens)}]
+    out = []
+    for t in range(turns):
+        if t:
+            messages.append({"role": "assistant", "content": _text(rng, tokenizer, int(new_tokens * 0.5))})
+        messages.append(
+            {
+                "role": "user",
+                "content": _text(rng, tokenizer, new_tokens if t == 0 else int(new_tokens * 0.5)),
+            }
+        )
+        out.append([dict(m) for m in messages])
+    return out
+
+
+def _chat(url: str, messages: list[dict]) -> tuple[float, dict]:
+    body = {"messages": messages, "max_tokens": 1, "temperature": 0}
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=900)
+    dt = time.perf_counter() - t0
+    r.raise_for_status()
+    return dt, r.json()
+
+
+def _stats(url: str) -> dict:
+    return httpx.get(f"{url}/debug/kv", timeout=60).json()["stats"]
+
+
+def restart(args: argparse.Namespace, workdir: Path) -> dict:
+    from benchmarks.common import model_dir
+    from runtime.server.launcher import ServerProcess
+    from runtime.tokenizer import load_tokenizer
+
+    turns = conversation(
+        load_tokenizer(model_dir()), args.turns, args.seed, args.system_tokens, args.new_tokens
+    )
+    at = args.restart_after
+    flags = ["--dtype", "float32", "--kv-cache-memory", "1G", "--max-model-len", "16384"]
+    rounds = []
+    for r in range(reps(args, 2)):
+        store = workdir / f"store-{r}"
+        srv = ServerProcess([*flags, "--kv-store", str(store)], workdir / f"warm-{r}.log").start()
+        for t in range(at):
+            dt, body = _chat(srv.url, turns[t])
+            progress(f"round {r} turn {t + 1}: {body['usage']['prompt_tokens']} tokens, {dt:.2f} s")
+        code = srv.terminate()
+        t0 = time.perf_counter()
+        srv = ServerProcess([*flags, "--kv-store", str(store)], workdir / f"restarted-{r}.log").start()
+        start_s = time.perf_counter() - t0
+        warm_s, warm = _chat(srv.url, turns[at])
+        st = _stats(srv.url)
+        srv.terminate()
+        cold_srv = ServerProcess(flags, workdir / f"cold-{r}.log").start()
+        cold_s, cold = _chat(cold_srv.url, turns[at])
+        cold_srv.terminate()
+        usage = warm["usage"]
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        mb = st["disk_loaded_tokens"] * args.kv_bytes_per_token / 1e6
+        rounds.append({
+            "sigterm_exit_code": code, "restart_s": start_s, "prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": cached, "disk_loaded_tokens": st["disk_loaded_tokens"], "restored_mb": mb,
+            "load_s": st["tier_load_s"], "ttft_restarted_s": warm_s, "ttft_cold_s": cold_s,
+            "cold_cached_tokens": cold["usage"]["prompt_tokens_details"]["cached_tokens"],
+            "same_token": warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"],
+        })  # fmt: skip
+        progress(
+            f"round {r}: turn {at + 1} restarted {warm_s:.2f} s ({cached} cached) vs cold {cold_s:.2f} s"
+        )
+    warm, cold = median([x["ttft_restarted_s"] for x in rounds]), median([x["ttft_cold_s"] for x in rounds])
+    load_s = median([x["load_s"] for x in rounds])
+    mbps = median([x["restored_mb"] / x["load_s"] for x in rounds if x["load_s"] > 0] or [0.0])
+    return {
+        "rounds": rounds, "ttft_restarted_s": warm, "ttft_cold_s": cold, "speedup": cold / warm,
+        "restore_mb_per_s": mbps, "load_s": load_s, "llama_cpp_slot_restore_mb_per_s": LLAMA_CPP_SLOT_RESTORE_MBPS,
+        "target_met": cold / warm >= RESTART_TARGET,
+    }  # fmt: skip
+
+
+def eviction(args: argparse.Namespace, workdir: Path) -> dict:
+    from chat_templates import render
+    from runtime.engine import Engine
+    from runtime.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    probe = Engine(dtype="float32", num_pages=8)
+    sessions = [
+        conversation(probe.tokenizer, args.evict_turns, 100 + s, args.evict_system, args.evict_new)
+        for s in range(args.sessions)
+    ]
+    prompts = [[render(probe.tokenizer, m).token_ids for m in sess] for sess in sessions]
+    working = sum(len(p[-1]) for p in prompts)
+    pool_pages = max(working // 4 // 16, max(len(p[-1]) for p in prompts) // 16 + 4)
+    del probe
+    engines = {
+        "pool only": Engine(dtype="float32", num_pages=pool_pages),
+        "pool + disk": Engine(dtype="float32", num_pages=pool_pages, kv_store=str(workdir / "evict-store")),
+    }
+    res = {k: {"prompt": 0, "cached": 0, "ttft": []} for k in engines}
+    for t in range(args.evict_turns):
+        for s in range(args.sessions):
+            for name, eng in engines.items():
+                out = eng.generate([prompts[s][t]], params)[0]
+                d = res[name]
+                d["prompt"] += out.prompt_tokens
+                d["cached"] += out.cached_tokens
+                d["ttft"].append(out.ttft_s)
+        progress(
+            f"eviction turn {t + 1}: "
+            + ", ".join(f"{k} hit {v['cached'] / v['prompt']:.1%}" for k, v in res.items())
+        )
+    engines["pool + disk"].close()
+    out = {"sessions": args.sessions, "turns": args.evict_turns, "working_set_tokens": working,
+           "pool_tokens": pool_pages * 16}  # fmt: skip
+    for name, d in res.items():
+        out[name] = {"token_hit_rate": d["cached"] / d["prompt"], "ttft_median_s": median(d["ttft"]),
+                     "ttft_total_s": sum(d["ttft"]), "prompt_tokens": d["prompt"], "cached_tokens": d["cached"]}  # fmt: skip
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from benchmarks.common import model_dir
+    from runtime.models.config import ModelConfig
+
+    args.kv_bytes_per_token = ModelConfig.from_dir(model_dir()).kv_bytes_per_token(4)
+    workdir = Path(tempfile.mkdtemp(prefix="kvreuse-tiers-"))
+    try:
+        rs = restart(args, workdir)
+        ev = eviction(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    rows = [
+        (
+            f"turn {args.restart_after + 1} after restart",
+            rs["ttft_restarted_s"],
+            rs["ttft_cold_s"],
+            rs["speedup"],
+        )
+    ]
+    table = format_table(["what", "TTFT with store s", "TTFT cold s", "cold / store"], rows)
+    etable = format_table(
+        ["engine", "token hit rate", "TTFT median s", "TTFT total s"],
+        [
+            (k, ev[k]["token_hit_rate"], ev[k]["ttft_median_s"], ev[k]["ttft_total_s"])
+            for k in ("pool only", "pool + disk")
+        ],
+    )
+    summary = (
+        f"restart: {rs['speedup']:.1f}x faster than cold (target >= {RESTART_TARGET}x: "
+        f"{'met' if rs['target_met'] else 'NOT met'}); KV restored at {rs['restore_mb_per_s']:.0f} MB/s "
+        f"(llama.cpp slot restore: {LLAMA_CPP_SLOT_RESTORE_MBPS:.0f} MB/s)"
+    )
+    print(table, etable, summary, sep="\n\n")
+    return {"restart": rs, "eviction": ev, "table": table, "eviction_table": etable, "summary": summary}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = base_parser("kv_tiers", __doc__.splitlines()[0])
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--restart-after", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system-tokens", type=int, default=1500)
+    p.add_argument("--new-tokens", type=int, default=700, help="tokens a turn adds (answer + question)")
+    p.add_argument("--sessions", type=int, default=8)
+    p.add_argument("--evict-turns", type=int, default=3)
+    p.add_argument("--evict-system", type=int, default=300)
+    p.add_argument("--evict-new", type=int, default=200)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.turns, args.restart_after, args.system_tokens, args.new_tokens = 3, 2, 200, 100
+        args.sessions, args.evict_turns, args.evict_system, args.evict_new = 4, 2, 60, 40
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("kv_tiers", parse_args, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

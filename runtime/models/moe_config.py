@@ -1,0 +1,48 @@
+"""The mixture-of-experts facts of an HF ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+# Qwen3.5-MoE's router always renormalises its top-k weights and its config has no switch for it
+_ALWAYS_NORMALISED = ("qwen3_5_moe", "qwen3_5_moe_text")
+
+
+class MoEConfig(NamedTuple):
+    """Router and expert shapes; which layers are sparse follows HF's ``decoder_sparse_step`` rule."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+    shared_expert_intermediate_size: int  # 0: no shared expert (Qwen3-MoE)
+
+    @classmethod
+    def from_dict(cls, c: dict[str, Any]) -> MoEConfig | None:
+        """``None`` for a dense config (no experts)."""
+        experts = c.get("num_experts") or c.get("num_local_experts") or 0
+        if experts <= 0:
+            return None
+        mt = c.get("model_type", "")
+        top_k = c.get("num_experts_per_tok", 1)
+        if not 1 <= top_k <= experts:
+            raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}")
+        return cls(
+            num_experts=experts,
+            top_k=top_k,
+            expert_intermediate_size=c["moe_intermediate_size"],
+            norm_topk_prob=mt in _ALWAYS_NORMALISED or bool(c.get("norm_topk_prob", False)),
+            decoder_sparse_step=max(int(c.get("decoder_sparse_step") or 1), 1),
+            mlp_only_layers=tuple(c.get("mlp_only_layers") or ()),
+            shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size") or 0),
+        )
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` (0-based) has the MoE block rather than a dense MLP."""
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+    def expert_params(self, hidden: int) -> int:
+        """Parameters of one routed expert (gate, up and down projections)."""
+        return 3 * hidden * self.expert_intermediate_size
