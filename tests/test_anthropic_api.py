@@ -231,3 +231,23 @@ def test_error_types(app, client):
 def test_models_in_anthropic_shape(client):
     page = client.models.list()
     assert [m.id for m in page.data] == [MODEL] and page.data[0].type == "model"
+
+
+def test_error_mid_stream_is_an_error_event(app, monkeypatch):
+    from runtime.server.anthropic import messages
+
+    async def boom(self):
+        raise RuntimeError("the pin table went away")
+
+    monkeypatch.setattr(messages.MessagesRun, "pin_breakpoints", boom)
+    body = {"model": MODEL, "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    text = app.state.http.post("/v1/messages", json=body).text
+    names = [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+    assert names[0] == "message_start" and names[-1] == "error" and "message_stop" not in names
+    last = json.loads(text.strip().splitlines()[-1][6:])
+    assert (
+        last["type"] == "error"
+        and last["error"]["type"] == "api_error"
+        and "pin table" in last["error"]["message"]
+    )
+    assert app.state.kv.in_flight == 0
