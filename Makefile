@@ -36,6 +36,7 @@ bench: model
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

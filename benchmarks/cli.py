@@ -10,6 +10,7 @@ BENCHES = {
     "throughput": ("benchmarks.throughput", "prefill/decode tokens/s vs transformers"),
     "ttft": ("benchmarks.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
     "batching": ("benchmarks.batching", "continuous batching throughput and chunked-prefill latency"),
+    "overhead": ("benchmarks.engine_overhead", "per-token engine overhead, 8 and 64 streams"),
     "page-size": ("benchmarks.page_size", "page size trade-offs"),
     "kernels": ("benchmarks.kernel_bench", "Triton vs reference attention kernels (GPU)"),
     "gpu": ("benchmarks.gpu_bench", "real-size Qwen3 architectures on a GPU"),

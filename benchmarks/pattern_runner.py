@@ -140,12 +140,13 @@ def make_target(args: argparse.Namespace) -> tuple[Any, Any, int, dict]:
         return target, tok, args.page_size, {"target": "server", "url": args.server, "model": target.model}
     from runtime.engine import Engine
 
-    engine = Engine(args.model, page_size=args.page_size)
+    engine = Engine(args.model, page_size=args.page_size, snapshot_every=args.snapshot_every)
     meta = {
         "target": "in-process",
         "model": engine.model_name,
         "dtype": str(engine.dtype),
         "device": str(engine.device),
+        "snapshot_every": args.snapshot_every,
     }
     return InProcessTarget(engine, max_tokens=args.max_tokens), engine.tokenizer, args.page_size, meta
 
@@ -174,6 +175,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-tokens", type=int, default=2, help="tokens generated per request (reply is ignored)"
     )
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="hybrid models: state snapshots every K pages in a chunk",
+    )
     ap.add_argument(
         "--threads", type=int, help="torch CPU threads (default: torch's choice; 1 on a busy machine)"
     )

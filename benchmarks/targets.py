@@ -80,7 +80,7 @@ class ServerTarget:
 
     def reset(self) -> None:
         try:
-            r = self.http.post(f"{self.base}/cache/reset")
+            r = self.http.post(f"{self.base}/cache/reset", json={})  # JSON: kvreuse refuses simple POSTs
             ok = r.status_code < 400
         except Exception:  # a peer without the endpoint, or one that drops the connection
             ok = False

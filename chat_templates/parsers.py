@@ -17,12 +17,13 @@ from chat_templates.tool_calls import (
     ToolCallDelta,
     parse_hermes_body,
     parse_llama3_calls,
+    parse_qwen_xml_body,
 )
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
-TOOL_FORMATS = ("hermes", "llama3")
+TOOL_FORMATS = ("hermes", "qwen_xml", "llama3")  # qwen_xml: Qwen3.5's <tool_call><function=...>
 
 
 class OutputParser:
@@ -46,7 +47,7 @@ class OutputParser:
         if tool_format == "llama3" and self._mode == "text":
             self._mode = "start"  # a Llama 3 tool call is the whole message: decide on its first char
         self._text_tags = [THINK_OPEN, THINK_CLOSE] if reasoning else []
-        if tool_format == "hermes":
+        if tool_format in ("hermes", "qwen_xml"):
             self._text_tags += [CALL_OPEN, CALL_CLOSE]
         elif tool_format == "llama3":
             self._text_tags.append(PYTHON_TAG)
@@ -148,12 +149,18 @@ class OutputParser:
         return True
 
     def _step_tool(self, final: bool) -> bool:
+        # A closing tag inside a JSON string is text: the call ends at the first one after which
+        # the body parses; until one does, wait for more (or, at the end, it is malformed).
         pos = self._buf.find(CALL_CLOSE)
+        while pos >= 0 and parse_hermes_body(self._buf[:pos]) is None:
+            pos = self._buf.find(CALL_CLOSE, pos + 1)
         if pos < 0 and not final:
             return False
+        if pos < 0 and CALL_CLOSE in self._buf:
+            pos = self._buf.find(CALL_CLOSE)  # malformed either way: keep the text as written
         body = self._buf if pos < 0 else self._buf[:pos]
         self._buf = "" if pos < 0 else self._buf[pos + len(CALL_CLOSE) :]
-        call = parse_hermes_body(body)
+        call = parse_qwen_xml_body(body) if self._format == "qwen_xml" else parse_hermes_body(body)
         if call is not None:
             self._call(*call)
         else:

@@ -12,7 +12,9 @@ template glue; ``template_check`` uses them to name where a prefix breaks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+import json
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -22,7 +24,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from chat_templates.segments import find_segments
 
-BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3")
+BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3", "qwen3_5")
 
 
 class Segment(NamedTuple):
@@ -36,12 +38,36 @@ class Segment(NamedTuple):
     token_end: int
 
 
-class RenderedPrompt(NamedTuple):
-    """The rendered prompt text, its token ids and the segments covering it in order."""
+class RenderedPrompt:
+    """The rendered prompt text, its token ids and the segments covering it in order.
 
-    text: str
-    token_ids: list[int]
-    segments: list[Segment]
+    Segments are attributed on first access: that renders the template again per message, which only
+    a cache-miss diagnosis or a template check needs, so serving a request never pays for it.
+    """
+
+    __slots__ = ("text", "token_ids", "_segments", "_attribute")
+
+    def __init__(
+        self,
+        text: str,
+        token_ids: list[int],
+        segments: list[Segment] | None = None,
+        attribute: Callable[[], list[Segment]] | None = None,
+    ) -> None:
+        if segments is None and attribute is None:
+            raise ValueError("a RenderedPrompt needs its segments or a way to attribute them")
+        self.text, self.token_ids = text, token_ids
+        self._segments, self._attribute = segments, attribute
+
+    @property
+    def segments(self) -> list[Segment]:
+        if self._segments is None:
+            assert self._attribute is not None
+            self._segments, self._attribute = self._attribute(), None
+        return self._segments
+
+    def __repr__(self) -> str:
+        return f"RenderedPrompt({len(self.text)} chars, {len(self.token_ids)} tokens)"
 
 
 def load_template(name_or_path: str | None, tokenizer: Any) -> str:
@@ -65,10 +91,34 @@ def _template_source(template: str | None, tokenizer: Any) -> str:
     return load_template(template, tokenizer)
 
 
-def _normalize(messages: Sequence[dict]) -> list[dict]:
+def _normalize(messages: Sequence[dict], source: str = "") -> list[dict]:
     # Same as apply_chat_template: keys whose value is None are dropped, because templates test
     # for a key's presence (``'tool_calls' in message``) and would otherwise render "None".
-    return [{k: v for k, v in m.items() if v is not None} for m in messages]
+    out = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    if "arguments|items" in source.replace(" ", ""):
+        out = [_mapping_arguments(m) for m in out]
+    return out
+
+
+def _mapping_arguments(message: dict) -> dict:
+    """OpenAI sends tool-call arguments as a JSON string; XML-call templates (Qwen3.5, Qwen3-Coder)
+    iterate them as a mapping (``arguments|items``), so a string holding a JSON object is decoded."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return message
+    fixed = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str):
+            try:
+                decoded = json.loads(args or "{}")
+            except ValueError:
+                decoded = None
+            if isinstance(decoded, dict):
+                call = {**call, "function": {**fn, "arguments": decoded}}
+        fixed.append(call)
+    return {**message, "tool_calls": fixed}
 
 
 def render_text(
@@ -84,7 +134,7 @@ def render_text(
     source = _template_source(template, tokenizer)
     kwargs = {**tokenizer.special_tokens_map, **template_kwargs}
     rendered, _ = render_jinja_template(
-        conversations=[_normalize(messages)],
+        conversations=[_normalize(messages, source)],
         tools=tools,
         chat_template=source,
         add_generation_prompt=add_generation_prompt,
@@ -117,12 +167,17 @@ def render(
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     token_ids = list(enc["input_ids"])
     token_starts = [start for start, _ in enc["offset_mapping"]]
-    spans = find_segments(text, _normalize(messages), tools, text_of, add_generation_prompt)
-    segments = [
-        Segment(kind, idx, cs, ce, _token_at(token_starts, cs), _token_at(token_starts, ce))
-        for kind, idx, cs, ce in spans
-    ]
-    return RenderedPrompt(text, token_ids, segments)
+    # snapshots, so that a caller changing its lists later cannot change the attribution
+    msgs, tls = copy.deepcopy(_normalize(messages)), copy.deepcopy(tools)
+
+    def attribute() -> list[Segment]:
+        spans = find_segments(text, msgs, tls, text_of, add_generation_prompt)
+        return [
+            Segment(kind, idx, cs, ce, _token_at(token_starts, cs), _token_at(token_starts, ce))
+            for kind, idx, cs, ce in spans
+        ]
+
+    return RenderedPrompt(text, token_ids, attribute=attribute)
 
 
 def _token_at(token_starts: list[int], char: int) -> int:
@@ -154,6 +209,22 @@ def locate_char(rendered: RenderedPrompt, char_index: int) -> Segment:
         if seg.char_start <= char_index < seg.char_end:
             return seg
     return rendered.segments[-1]
+
+
+def describe(seg: Segment | None, messages: Sequence[dict]) -> str:
+    """A segment in words, e.g. ``message 0 (system)``, ``think block (message 3)``, ``tools``.
+
+    One wording for ``template-check`` and the server's cache diagnostics: a system message is a
+    message like any other (named by its index and role), tool definitions are ``tools``.
+    """
+    if seg is None:
+        return "end of prompt"
+    idx = seg.message_index
+    if seg.kind in ("message", "system") and idx is not None and 0 <= idx < len(messages):
+        return f"message {idx} ({messages[idx].get('role')})"
+    if seg.kind == "think":
+        return f"think block (message {idx})" if idx is not None else "think block"
+    return {"template": "template glue", "generation_prompt": "generation prompt"}.get(seg.kind, seg.kind)
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:

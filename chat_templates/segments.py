@@ -15,9 +15,12 @@ the stripped text equals the real rendering, the marker positions are exact.  Wh
 
 from __future__ import annotations
 
+import bisect
 import copy
+import heapq
 import re
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 _OPEN, _CLOSE = "\ue000", "\ue001"
@@ -150,9 +153,12 @@ def find_segments(
             role_kind = "system" if messages[idx].get("role") == "system" else "message"
             claims.append((role_kind, idx, min(positions), max(positions)))
     msg_claims = sorted(c for c in claims if c[1] is not None)
+    # owner of a think block: the first message claim (in that order) ending at or after its start,
+    # found by bisecting the running maximum of the claim ends
+    reach = list(accumulate((c[3] for c in msg_claims), max))
     for m in _THINK_RE.finditer(text):
-        owner = next((c[1] for c in msg_claims if c[3] >= m.start()), None)
-        claims.append(("think", owner, m.start(), m.end()))
+        j = bisect.bisect_left(reach, m.start())
+        claims.append(("think", msg_claims[j][1] if j < len(reach) else None, m.start(), m.end()))
     if add_generation_prompt:
         bare = text_of(messages, tools, False)
         if text.startswith(bare) and len(bare) < len(text):
@@ -161,17 +167,30 @@ def find_segments(
 
 
 def _paint(text: str, claims: list[Span]) -> list[Span]:
-    """Resolve overlapping claims by priority; uncovered text is template glue."""
+    """Resolve overlapping claims by priority (the earliest claim wins a tie); uncovered text is glue.
+
+    A sweep over the boundaries with one heap of open claims per priority, so it is linear-log in
+    the number of claims (a claim-by-boundary scan is quadratic in the number of messages).
+    """
+    claims = [c for c in claims if 0 <= c[2] < c[3] <= len(text)]
     bounds = sorted({0, len(text)} | {c[2] for c in claims} | {c[3] for c in claims})
+    by_start = sorted(range(len(claims)), key=lambda j: claims[j][2])
+    heaps: dict[int, list[tuple[int, int]]] = {p: [] for p in sorted(set(_PRIORITY.values()), reverse=True)}
+    nxt = 0
     spans: list[Span] = []
     for lo, hi in zip(bounds, bounds[1:], strict=False):
-        if lo >= hi or lo < 0 or hi > len(text):
-            continue
+        while nxt < len(by_start) and claims[by_start[nxt]][2] <= lo:
+            j = by_start[nxt]
+            heapq.heappush(heaps[_PRIORITY[claims[j][0]]], (j, claims[j][3]))
+            nxt += 1
         best: tuple[str, int | None] = ("template", None)
-        best_p = 0
-        for kind, idx, cs, ce in claims:
-            if cs <= lo and hi <= ce and _PRIORITY[kind] > best_p:
-                best, best_p = (kind, idx), _PRIORITY[kind]
+        for heap in heaps.values():  # highest priority first
+            while heap and heap[0][1] <= lo:  # closed before this piece
+                heapq.heappop(heap)
+            if heap:
+                kind, idx = claims[heap[0][0]][:2]
+                best = (kind, idx)
+                break
         if spans and spans[-1][:2] == best:
             spans[-1] = (best[0], best[1], spans[-1][2], hi)
         else:

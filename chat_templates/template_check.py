@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from chat_templates.conversations import Conversation, default_conversations, without_reasoning
-from chat_templates.render import RenderedPrompt, Segment, first_divergence, locate_char, render
+from chat_templates.render import RenderedPrompt, describe, first_divergence, locate_char, render
 
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
 CONTEXT_CHARS = 40
@@ -37,18 +37,6 @@ class StepReport(NamedTuple):
     previous_text: str = ""  # text of previous prompt + generation from the divergence on
     next_text: str = ""  # text of the next request from the divergence on
     before_text: str = ""  # common text just before the divergence
-
-
-def _describe(seg: Segment | None, messages: list[dict]) -> str:
-    if seg is None:
-        return "end of prompt"
-    if seg.kind == "think":
-        return (
-            f"think block (message {seg.message_index})" if seg.message_index is not None else "think block"
-        )
-    if seg.kind == "message":
-        return f"message {seg.message_index} ({messages[seg.message_index].get('role')})"
-    return {"template": "template glue", "generation_prompt": "generation prompt"}.get(seg.kind, seg.kind)
 
 
 def _starts(tokenizer: Any, text: str) -> list[int]:
@@ -96,7 +84,7 @@ def _step(
     next_seg = locate_char(other, oc) if oc < len(other.text) else None
     seg = prev_seg if prev_seg is not None and prev_seg.kind != "template" else next_seg or prev_seg
     idx = next((s.message_index for s in (prev_seg, next_seg) if s and s.message_index is not None), None)
-    where = _describe(seg, msgs)
+    where = describe(seg, msgs)
     if gen_text is None:
         where = f"generation prompt not continued by the assistant turn; {where}"
     elif other.text.startswith(prev_text):

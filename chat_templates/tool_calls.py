@@ -1,9 +1,10 @@
-"""Parsed-output types and the JSON decoding of tool-call bodies (Hermes/Qwen3 and Llama 3 styles)."""
+"""Parsed-output types and the decoding of tool-call bodies (Hermes/Qwen3 JSON, Qwen3.5 XML, Llama 3)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from typing import Any, NamedTuple
 
@@ -71,6 +72,36 @@ def parse_hermes_body(body: str) -> tuple[str, str] | None:
         return _as_call(json.loads(body), ("arguments", "parameters"))
     except (ValueError, RecursionError):
         return None
+
+
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>\s*", re.DOTALL)
+
+
+def _xml_value(text: str) -> Any:
+    # The template writes mappings and lists as JSON and everything else as its string: read JSON
+    # back where it parses (numbers, booleans, objects), keep the rest as the string it was.
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_qwen_xml_body(body: str) -> tuple[str, str] | None:
+    """``(name, arguments_json)`` from ``<function=NAME><parameter=K>V</parameter>...</function>``
+    (the inside of a Qwen3.5 / Qwen3-Coder ``<tool_call>``), or None if malformed."""
+    m = _XML_FUNCTION.fullmatch(body)
+    if m is None or not m.group(1).strip():
+        return None
+    inner, args, pos = m.group(2), {}, 0
+    for p in _XML_PARAM.finditer(inner):
+        if inner[pos : p.start()].strip():
+            return None
+        args[p.group(1).strip()] = _xml_value(p.group(2))
+        pos = p.end()
+    if inner[pos:].strip():
+        return None
+    return m.group(1).strip(), json.dumps(args, ensure_ascii=False)
 
 
 def parse_llama3_calls(body: str) -> list[tuple[str, str]] | None:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_extend import LOG2E, check_inputs, dot_settings, output_buffer
+from kernels.triton_extend import LOG2E, check_inputs, dot_settings, output_buffer, paged_attend_block
 
 _BLOCK_N = 64
 # A split shorter than this spends more on its partial-result round trip than it saves.
@@ -76,22 +76,12 @@ def _decode_split_kernel(
     for start in range(k_start, k_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         key_ok = pos < k_end
-        page = tl.load(PAGE_TABLE + seq * stride_pt + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-        in_page = pos % PAGE_SIZE
-        k_ptr = K_CACHE + page * stride_kp + in_page * stride_ks + kv_head * stride_kh
-        v_ptr = V_CACHE + page * stride_vp + in_page * stride_vs + kv_head * stride_vh
-        k = tl.load(k_ptr[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
-        v = tl.load(v_ptr[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
-
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-        # The loop only runs over non-empty ranges, so every block holds a valid key: m_new is finite.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        # The loop only runs over non-empty ranges, so every block holds a valid key: m_i stays finite.
+        m_i, l_i, acc = paged_attend_block(
+            q, m_i, l_i, acc, K_CACHE, V_CACHE, PAGE_TABLE + seq * stride_pt, kv_head, pos, key_ok,
+            key_ok[None, :], offs_d, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+            stride_vh, PAGE_SIZE, PRECISION,
+        )  # fmt: skip
 
     # An empty split (past the end of a short sequence) contributes weight 0 and a zero output.
     has_keys = l_i > 0

@@ -6,7 +6,8 @@ tokens, all already stored in the pool) ``BLOCK_N`` at a time through the page t
 softmax in fp32.  Each key's slot is ``page_table[seq, pos // page_size] * page_size + pos % page_size``,
 so a key block may span several pages and page sizes need not divide ``BLOCK_N``.
 
-Also holds the checks and dot settings shared with the decode kernels.
+Also holds what the decode kernels share with it: the checks, the dot settings, and the paged K/V
+block load + online-softmax step (``paged_attend_block``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,54 @@ def dot_settings(dtype: torch.dtype) -> tuple[bool, str | None]:
 
 
 @triton.jit
+def paged_attend_block(
+    q,
+    m_i,
+    l_i,
+    acc,
+    K_CACHE,
+    V_CACHE,
+    PAGE_ROW,
+    kv_head,
+    pos,
+    key_ok,
+    visible,
+    offs_d,
+    qk_scale,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    PAGE_SIZE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """One block of keys at positions ``pos`` of a paged sequence, folded into an online softmax.
+
+    Loads the block's K/V through the sequence's page-table row ``PAGE_ROW`` (slot = page * page_size +
+    pos % page_size), scores it against ``q`` rows (log2 units: ``qk_scale`` includes log2(e)), masks
+    with ``visible`` and returns the updated running max ``m_i``, sum ``l_i`` and output ``acc``.  Shared
+    by the extend and decode kernels; the caller guarantees a visible key in the first block, so the
+    running max is finite.
+    """
+    page = tl.load(PAGE_ROW + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+    in_page = pos % PAGE_SIZE
+    k_ptr = K_CACHE + page * stride_kp + in_page * stride_ks + kv_head * stride_kh
+    v_ptr = V_CACHE + page * stride_vp + in_page * stride_vs + kv_head * stride_vh
+    k = tl.load(k_ptr[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
+    v = tl.load(v_ptr[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _extend_kernel(
     Q,
     K_CACHE,
@@ -126,23 +175,13 @@ def _extend_kernel(
     for start in range(0, k_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         key_ok = pos < k_end
-        page = tl.load(PAGE_TABLE + seq * stride_pt + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-        in_page = pos % PAGE_SIZE
-        k_ptr = K_CACHE + page * stride_kp + in_page * stride_ks + kv_head * stride_kh
-        v_ptr = V_CACHE + page * stride_vp + in_page * stride_vs + kv_head * stride_vh
-        k = tl.load(k_ptr[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
-        v = tl.load(v_ptr[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0).to(q.dtype)
-
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = key_ok[None, :] & (pos[None, :] <= prefix + offs_m[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        # Key 0 is visible to every row and lies in the first block, so m_new is finite from then on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        # Key 0 is visible to every row and lies in the first block, so m_i is finite from then on.
+        m_i, l_i, acc = paged_attend_block(
+            q, m_i, l_i, acc, K_CACHE, V_CACHE, PAGE_TABLE + seq * stride_pt, kv_head, pos, key_ok, visible,
+            offs_d, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            PAGE_SIZE, PRECISION,
+        )  # fmt: skip
 
     out = acc / l_i[:, None]
     o_ptr = OUT + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
@@ -210,4 +249,11 @@ def extend_attention(
     return out
 
 
-__all__ = ["extend_attention", "check_inputs", "dot_settings", "interpreting", "output_buffer"]
+__all__ = [
+    "extend_attention",
+    "check_inputs",
+    "dot_settings",
+    "interpreting",
+    "output_buffer",
+    "paged_attend_block",
+]

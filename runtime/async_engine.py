@@ -2,25 +2,42 @@
 
 The thread owns all engine state; other threads talk to it only through the engine's
 inbox (submit / abort / call_between_steps), and it hands outputs back through ``loop.call_soon_threadsafe``.
+
+Failures: a request the engine failed (``finish_reason == "error"``) ends its stream with
+``RequestFailed``; the loop goes on.  If the loop itself dies, ``error`` is set, every stream
+waiting now gets ``EngineDead`` at once, every later ``stream()`` raises it, and ``on_death``
+runs (the server uses it to exit non-zero so a supervisor restarts the process).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.engine import Engine
 from runtime.request import RequestOutput
 from runtime.sampling import SamplingParams
 
+log = logging.getLogger("kvreuse.engine")
+
+
+class RequestFailed(RuntimeError):
+    """The engine failed this one request (the message says why); other requests are unaffected."""
+
+
+class EngineDead(RuntimeError):
+    """The engine loop has stopped (crashed or shut down); nothing more will be generated."""
+
 
 class AsyncEngine:
     """Wraps an ``Engine``; ``stream()`` yields ``RequestOutput`` snapshots as tokens arrive."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_death: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
+        self.on_death = on_death
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -45,8 +62,11 @@ class AsyncEngine:
         req.scope = scope
         q: asyncio.Queue = asyncio.Queue()
         with self._lock:
-            if self._stop.is_set():  # a stream registered after shutdown's _fail_all would wait forever
-                raise RuntimeError("the engine was shut down")
+            # checked under the lock _fail_all takes, so no stream can register after it ran and wait forever
+            if self.error is not None:
+                raise EngineDead(f"the engine stopped: {self.error}")
+            if self._stop.is_set():
+                raise EngineDead("the engine was shut down")
             self._streams[req.request_id] = (asyncio.get_running_loop(), q)
         self.engine.submit(req)
         self._wake.set()
@@ -56,6 +76,9 @@ class AsyncEngine:
                 out = await q.get()
                 if isinstance(out, BaseException):
                     raise out
+                if out.finish_reason == "error":
+                    finished = True
+                    raise RequestFailed(f"the engine failed this request: {out.error}")
                 yield out
                 if out.finished:
                     finished = True
@@ -79,8 +102,10 @@ class AsyncEngine:
     def run_idle(self, fn, timeout: float = 30.0):
         """Run ``fn(engine)`` on the engine thread between steps (e.g. a cache reset); returns its result.
 
-        Raises TimeoutError if the engine thread does not get to it (busy or dead) within ``timeout``.
+        Raises EngineDead if the loop has stopped, TimeoutError if it does not get to it within ``timeout``.
         """
+        if self.error is not None or not self._thread.is_alive():
+            raise EngineDead(f"the engine stopped: {self.error or 'shut down'}")
         done = threading.Event()
         box: list = []
 
@@ -108,10 +133,9 @@ class AsyncEngine:
                 continue
             try:
                 outs = eng.step()
-            except BaseException as e:  # a bug in a step must not hang every caller
-                self.error = e
-                self._fail_all(e)
-                raise
+            except BaseException as e:  # the loop itself broke (not one request): nothing can go on
+                self._die(e)
+                return
             with self._lock:
                 targets = [(o, self._streams.get(o.request_id)) for o in outs]
             for out, target in targets:
@@ -119,16 +143,25 @@ class AsyncEngine:
                     loop, q = target
                     loop.call_soon_threadsafe(q.put_nowait, out)
 
+    def _die(self, e: BaseException) -> None:
+        log.critical("engine loop died", exc_info=e)
+        with self._lock:
+            self.error = e
+        self._fail_all(EngineDead(f"the engine stopped: {e}"))
+        if self.on_death is not None:
+            self.on_death(e)
+
     def _fail_all(self, e: BaseException) -> None:
         with self._lock:
             for loop, q in self._streams.values():
                 if not loop.is_closed():  # a stream whose loop is gone has no one waiting
                     loop.call_soon_threadsafe(q.put_nowait, e)
 
-    def shutdown(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+    def shutdown(self, timeout: float = 5.0, reason: str = "the engine was shut down") -> None:
+        with self._lock:
+            self._stop.set()
         self._wake.set()
         self._thread.join(timeout)
-        self._fail_all(RuntimeError("the engine was shut down"))  # else callers still waiting hang forever
-        if not self._thread.is_alive():  # the engine's state is ours now: persist the KV tiers
+        self._fail_all(EngineDead(reason))  # else callers still waiting hang forever
+        if not self._thread.is_alive():  # the engine's state is ours now: persist the KV tiers, stop TP ranks
             self.engine.close()

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.eviction import DEFAULT_POLICY
+from runtime.hybrid_states import HybridStates
 from runtime.kv_store.tiers import LowerTiers, TierStats
 from runtime.page_allocator import OutOfPages, PageAllocator
 from runtime.pins import PinTable
@@ -73,6 +74,7 @@ class CacheManager:
         tiers: LowerTiers | None = None,
         io: PageIO | None = None,
         write_through: bool = False,
+        states: HybridStates | None = None,
     ) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
@@ -83,6 +85,7 @@ class CacheManager:
         self.tiers = tiers
         self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
+        self.states = states  # a hybrid model's linear-attention slots and snapshots
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:
@@ -92,14 +95,19 @@ class CacheManager:
             self.pins.touch(req.scope.session)  # the session is back: its TTL starts again
         m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope.namespace, req.scope.public_len)
         self.prefix.lock(m.handle)
-        req.handle, req.pages, req.num_tree_pages = m.handle, list(m.pages), len(m.pages)
-        req.num_computed = m.cached_len
+        n = m.cached_len
+        if self.states is not None:  # cut back to the last snapshot: the KV after it is recomputed
+            n = self.states.admit(req, req.tokens, m.cached_len)
+        req.handle, req.pages = m.handle, list(m.pages[: n // self.page_size])
+        req.num_tree_pages = len(req.pages)
+        req.num_computed = n
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
-            req.cached_tokens = m.cached_len
+            req.cached_tokens = n
             req.cached_host_tokens, req.cached_disk_tokens = m.host_len, m.disk_len
 
     def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
-        return self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
+        kv_len = self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
+        return kv_len if self.states is None else self.states.match_len(tokens, kv_len, scope.namespace)
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
@@ -123,6 +131,8 @@ class CacheManager:
             while need > self.allocator.num_free and len(self.pins):
                 self.pins.lapse_oldest("pressure")
                 self.prefix.evict(need - self.allocator.num_free)
+            if self.states is not None:
+                self.states.prune(self.prefix.peek_len)  # snapshots go with their prefix's pages
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
@@ -135,6 +145,11 @@ class CacheManager:
 
         Pages another request inserted meanwhile for the same tokens replace ours (ours are freed).
         """
+        self._insert(req)
+        if self.states is not None:
+            self.states.inserted(req, req.num_tree_pages * self.page_size)
+
+    def _insert(self, req: Request) -> None:
         n_pages = req.num_computed // self.page_size
         if n_pages <= req.num_tree_pages:
             return
@@ -164,6 +179,8 @@ class CacheManager:
             if req.scope.session is not None:
                 self.pins.pin(req.scope.session, req.handle)  # the session's last node: prompt + output
         self.allocator.free(req.own_pages)
+        if self.states is not None:
+            self.states.release(req, req.num_tree_pages * self.page_size if cache else 0)
         self.prefix.unlock(req.handle)
         req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
         self.live.discard(req)
@@ -171,6 +188,8 @@ class CacheManager:
     def reset(self) -> None:
         self.pins.clear()
         self.prefix.reset()
+        if self.states is not None:
+            self.states.reset()
 
     # -- lower tiers -------------------------------------------------------------------
     def persist(self, wait: bool = True) -> int:
@@ -231,4 +250,6 @@ class CacheManager:
         self.pins.check()  # every pin on the cache is one of the table's, and within the budget
         if self.tiers is not None:
             self.tiers.check()
+        if self.states is not None:
+            self.states.check(self.live, self.prefix.peek_len)
         return s

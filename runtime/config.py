@@ -1,11 +1,10 @@
-"""Engine options, one place, with the defaults and why."""
+"""Engine options, one place, with the defaults and why (the CLI flags read their defaults from here)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from runtime.eviction import DEFAULT_POLICY, POLICIES
-from runtime.kv_pool import parse_memory
 
 
 @dataclass
@@ -36,12 +35,21 @@ class EngineConfig:
     kv_write_through: bool = False  # write every cached page down at once, not only when evicted
     kv_store_sync_s: float = 60.0  # how often pool-only pages are written to the disk tier
 
+    # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/hybrid_states.py)
+    snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
+    snapshot_every: int = 0  # also snapshot every K pages inside a prefill chunk (0: chunk ends only)
+
     def __post_init__(self) -> None:
+        from runtime.kv_pool import parse_memory  # here, so the CLI reads these defaults without torch
+
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        self.snapshot_memory = parse_memory(self.snapshot_memory)
         self.kv_store_size = parse_memory(self.kv_store_size)
         self.kv_host_memory = parse_memory(self.kv_host_memory)
         if (self.kv_store or self.kv_host_memory) and self.prefix_cache != "radix":
             raise ValueError("--kv-store / --kv-host-memory need the radix prefix cache")
+        if self.snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.chunk_size < 1:

@@ -20,19 +20,40 @@ import torch
 
 from runtime.cache_manager import CacheManager, CacheStats
 from runtime.config import EngineConfig
+from runtime.constrained import GrammarCompiler, GrammarError
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.distributed.launch import TPError
+from runtime.hybrid_states import HybridStates
 from runtime.kv_store.open import open_tiers
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import cache_dir, resolve_model
 from runtime.outputs import make_output
 from runtime.request import Request, RequestOutput
+from runtime.sampler import SampleResult
 from runtime.sampling import SamplingParams
-from runtime.scheduler import Scheduler
+from runtime.scheduler import Batch, Scheduler
+from runtime.snapshot_cache import SnapshotCache
 from runtime.tokenizer import eos_token_ids, load_tokenizer
+
+DEFAULT_SNAPSHOT_BYTES = 1 << 30
+
+
+def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> HybridStates | None:
+    """A hybrid model's state slots and snapshot store (snapshots only with a prefix cache)."""
+    if runner.state_pool is None:
+        return None
+    budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
+    snaps = SnapshotCache(cfg.page_size, budget) if cfg.prefix_cache == "radix" else None
+    return HybridStates(runner.state_pool, cfg.page_size, snaps, cfg.snapshot_every)
 
 
 class EngineError(ValueError):
-    """A request the engine cannot serve; the message says why in one line."""
+    """A request the engine cannot serve; the message says why in one line, ``code`` says what kind
+    (an OpenAI error code such as ``context_length_exceeded``, or None)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class EngineStats(NamedTuple):
@@ -58,6 +79,9 @@ class EngineStats(NamedTuple):
     host_tier_pages: int = 0
     disk_tier_pages: int = 0
     disk_tier_bytes: int = 0
+    snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes, and
+    snapshot_bytes: int = 0  # KV-matched tokens of finished requests recomputed for want of a snapshot
+    snapshot_cut_tokens: int = 0
 
 
 class Engine:
@@ -78,7 +102,8 @@ class Engine:
             cfg.kv_cache_memory,
             cfg.num_pages,
             cfg.attention_backend,
-            cfg.tensor_parallel_size,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            state_slots=cfg.max_running,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
@@ -87,6 +112,15 @@ class Engine:
         self.max_model_len = cfg.max_model_len or min(
             mc.max_position_embeddings, mc.sliding_window or 1 << 30
         )
+        if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
+            raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
+        if (
+            self.runner.device.type == "cuda"
+            and self.runner.backend.name == "triton"
+            and cfg.tensor_parallel_size == 1
+            and self.runner.state_pool is None
+        ):
+            self.runner.enable_decode_graphs(self.max_model_len)  # decode is launch-bound on a GPU
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
@@ -101,6 +135,7 @@ class Engine:
             tiers=tiers,
             io=self.runner.pool,
             write_through=cfg.kv_write_through,
+            states=hybrid_states(self.runner, cfg),
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
@@ -111,7 +146,8 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
-        self._totals = dict.fromkeys(("requests", "prompt"), 0)
+        self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
+        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
 
     # -- requests -----------------------------------------------------------------------
     def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -119,27 +155,39 @@ class Engine:
 
         Side-effect free, so a server can reject a request before its response starts.
         """
-        ids = (
-            self.tokenizer.encode(prompt, add_special_tokens=False)
-            if isinstance(prompt, str)
-            else list(prompt)
-        )
+        try:
+            ids = (
+                self.tokenizer.encode(prompt, add_special_tokens=False)
+                if isinstance(prompt, str)
+                else list(prompt)
+            )
+        except Exception as e:  # e.g. a lone surrogate: the tokenizer's TypeError is the caller's problem
+            raise EngineError(f"the prompt cannot be tokenised: {e}".splitlines()[0][:300]) from None
         if not ids:
             raise EngineError("the prompt is empty")
         vocab = self.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise EngineError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and not all(0 <= t < vocab for t in params.logit_bias):
+            raise EngineError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.grammar is not None:
+            try:
+                self.grammars.compiled(params.grammar)  # compiled once; later requests hit the cache
+            except GrammarError as e:
+                raise EngineError(str(e)) from None
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise EngineError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the model's context length ({self.max_model_len} tokens)"
+                f"the model's context length ({self.max_model_len} tokens)",
+                "context_length_exceeded",
             )
         pool_tokens = self.kv_capacity_tokens
         if total > pool_tokens:
             raise EngineError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the KV cache "
-                f"({pool_tokens} tokens); raise --kv-cache-memory"
+                f"({pool_tokens} tokens); raise --kv-cache-memory",
+                "context_length_exceeded",
             )
         return ids
 
@@ -157,7 +205,10 @@ class Engine:
             )
             gen = torch.Generator().manual_seed(seed)
         rid = request_id or f"req-{next(self._ids)}"
-        return Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
+        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
+        if params.grammar is not None:
+            req.matcher = self.grammars.matcher(params.grammar, params.max_tokens)
+        return req
 
     def submit(self, req: Request) -> None:
         """Thread-safe: queue a request for the next step."""
@@ -188,10 +239,20 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
-        result = self.runner.step(batch.step)
-        for s in self.scheduler.commit(batch, result.samples):
-            outputs.append(self._emit(s.req, s.token, s.finish_reason))
+        try:
+            result = self.runner.step(batch.step)
+            batch, samples, failed = _without_failed_rows(batch, result.samples)
+            outputs += [self._fail(req, e) for req, e in failed]  # only those requests: the rest commit
+            for s in self.scheduler.commit(batch, samples):
+                outputs.append(self._emit(s.req, s.token, s.finish_reason))
+        except TPError:  # a tensor-parallel rank is gone: no later step can run, the engine dies
+            raise
+        except Exception as e:  # a failed forward is not one request's: fail the batch, keep serving
+            outputs += [self._fail(c.req, e) for c in batch.chunks if c.req.request_id in self._requests]
         return outputs
+
+    def _fail(self, req: Request, e: Exception) -> RequestOutput:
+        return self.finish_request(req, "error", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outs = []
@@ -225,6 +286,7 @@ class Engine:
         """End ``req`` now (between steps: a stop, an abort, or ``reason="error"`` with ``error``), freeing
         its pages; returns its final output."""
         self.scheduler.finish(req, reason)
+        self._totals["snapshot_cut"] += req.snapshot_cut
         detok = self._detok.pop(req.request_id)
         self._requests.pop(req.request_id, None)
         return make_output(req, detok, delta + detok.flush(), new_tokens, error)
@@ -283,6 +345,7 @@ class Engine:
             waiting=len(self.scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
             tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=self.cache.page_size,
             **self._tier_fields(),
+            **self._snapshot_stats(),
         )  # fmt: skip
 
     def _tier_fields(self) -> dict:
@@ -295,6 +358,14 @@ class Engine:
             tier_load_s=ts.load_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
             disk_tier_bytes=ts.disk_bytes,
         )  # fmt: skip
+
+    def _snapshot_stats(self) -> dict[str, int]:
+        hs = self.cache.states
+        if hs is None:
+            return {}
+        snaps = hs.snapshots
+        count, nbytes = (len(snaps), snaps.nbytes) if snaps is not None else (0, 0)
+        return dict(snapshots=count, snapshot_bytes=nbytes, snapshot_cut_tokens=self._totals["snapshot_cut"])
 
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
@@ -324,3 +395,18 @@ class Engine:
         if self.scheduler.running:
             raise EngineError("cannot reset the prefix cache while requests are running")
         self.cache.reset()
+
+
+def _without_failed_rows(
+    batch: Batch, samples: SampleResult | None
+) -> tuple[Batch, SampleResult | None, list[tuple[Request, Exception]]]:
+    """The batch and samples without the requests whose sampling failed, and those requests."""
+    if samples is None or not samples.errors:
+        return batch, samples, []
+    sampled = [c for c in batch.chunks if c.sample]
+    failed = [(sampled[r].req, e) for r, e in samples.errors.items()]
+    keep = [r for r in range(len(sampled)) if r not in samples.errors]
+    bad = {id(req) for req, _ in failed}
+    chunks = [c for c in batch.chunks if id(c.req) not in bad]
+    kept = SampleResult([samples.tokens[r] for r in keep], [samples.logprobs[r] for r in keep])
+    return batch._replace(chunks=chunks), kept, failed

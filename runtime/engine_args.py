@@ -68,6 +68,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--kv-write-through", action="store_true", help="write cached pages down at once, not on eviction"
     )
+    g.add_argument(
+        "--snapshot-memory",
+        default=None,
+        help="hybrid models (Qwen3.5): budget for linear-attention state snapshots, e.g. 2G (default 1G)",
+    )
+    g.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="hybrid models: also snapshot every K pages inside a prefill chunk (default 0: chunk ends only)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,4 +101,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kv_store_size=args.kv_store_size,
         kv_host_memory=args.kv_host_memory,
         kv_write_through=args.kv_write_through,
+        snapshot_memory=args.snapshot_memory,
+        snapshot_every=args.snapshot_every,
     )

@@ -18,7 +18,9 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.constrained.matcher import Matcher
 from runtime.sampling import SamplingParams
+from runtime.state_pool import StateInput
 
 
 class SeqChunk(NamedTuple):
@@ -33,12 +35,15 @@ class StepInput(NamedTuple):
     """What the model runner runs in one step: the chunks, and how to sample the rows that end a sequence.
 
     ``params`` / ``generators`` have one entry per ``True`` in ``sample_mask``, in order.
+    ``states``: a hybrid model's state slots and snapshot captures (``runtime.state_pool.StateInput``).
     """
 
     seqs: list[SeqChunk]
     sample_mask: list[bool]
     params: list[SamplingParams]
     generators: list[torch.Generator | None]
+    states: StateInput | None = None
+    matchers: list[Matcher | None] | None = None  # grammar state per sampled row (runtime/constrained)
 
 
 class ForwardBatch(NamedTuple):

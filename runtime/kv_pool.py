@@ -36,7 +36,7 @@ class KVPool:
         shape = (self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         self.layers = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_layers)
+            for _ in range(cfg.num_attention_layers)
         ]
 
     def read_pages(self, pages: list[int]) -> torch.Tensor:

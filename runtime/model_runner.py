@@ -9,6 +9,8 @@ from typing import NamedTuple
 import torch
 
 from kernels import select_backend
+from kernels.linear_attention import select_linear_backend
+from runtime.cuda_graph import DecodeGraphRunner
 from runtime.distributed.comm import recv_batch, send_batch
 from runtime.distributed.launch import (
     Group,
@@ -20,11 +22,13 @@ from runtime.distributed.launch import (
     watch_parent,
 )
 from runtime.distributed.sharding import TPGroup, local_config, shard_into
-from runtime.forward_batch import StepInput, build_forward_batch
+from runtime.forward_batch import ForwardBatch, StepInput, build_forward_batch
 from runtime.kv_pool import KVPool
 from runtime.models import build_model
 from runtime.models.config import ModelConfig
+from runtime.models.gated_deltanet import StateBatch
 from runtime.sampler import SampleResult, sample
+from runtime.state_pool import StateInput, StatePool
 from runtime.weights import load_weights
 
 log = logging.getLogger("kvreuse.model")
@@ -52,8 +56,9 @@ def default_dtype(device: torch.device) -> str:
 
 
 class ModelRunner:
-    """Our model plus its paged KV pool on one device; with ``tensor_parallel_size > 1``, rank 0 of a
-    tensor-parallel group whose other ranks it spawns (see ``runtime/distributed``)."""
+    """Our model plus its paged KV pool on one device (and a hybrid's linear-attention state pool); with
+    ``tensor_parallel_size > 1``, rank 0 of a tensor-parallel group whose other ranks it spawns
+    (see ``runtime/distributed``)."""
 
     def __init__(
         self,
@@ -65,6 +70,7 @@ class ModelRunner:
         num_pages: int | None = None,
         attention_backend: str = "auto",
         tensor_parallel_size: int = 1,
+        state_slots: int = 64,
         tp: TPGroup | None = None,
     ) -> None:
         self.cfg = ModelConfig.from_dir(model_dir)  # the whole model's shapes, whatever this rank keeps
@@ -95,6 +101,19 @@ class ModelRunner:
         self.pool = KVPool(pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
+        hybrid = self.cfg.is_hybrid
+        self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device) if hybrid else None
+        self.linear_backend = select_linear_backend(self.device) if hybrid else None
+        self.graphs: DecodeGraphRunner | None = None
+
+    def enable_decode_graphs(self, max_seq_len: int, capture: bool | None = None) -> None:
+        """Run decode steps through static buffers: replayed CUDA graphs on a GPU (``capture=None``: when
+        the device is CUDA), the same padded forward run eagerly otherwise (how CPU tests check it)."""
+        max_pages = -(-max_seq_len // self.page_size)
+        self.graphs = DecodeGraphRunner(
+            self.model, self.pool.layers, self.backend, max_pages, capture=capture
+        )
+        self.graphs.capture_graphs()
 
     def _load(self, model_dir: Path) -> torch.nn.Module:
         if self.tp is None:
@@ -116,9 +135,32 @@ class ModelRunner:
             if self.workers is not None:
                 self.workers.check()
             send_batch(fb, self.tp.group, self.device)
-        logits = self.model(fb, self.pool.layers, self.backend)
-        samples = sample(logits, batch.params, batch.generators) if batch.params else None
+        if batch.states is not None:
+            logits = self._hybrid_forward(fb, batch.states)
+        elif self.graphs is not None and self.graphs.can_run(fb):
+            logits = self.graphs.run(fb)  # a static buffer's view: consumed before the next step
+        else:
+            logits = self.model(fb, self.pool.layers, self.backend)
+        samples = sample(logits, batch.params, batch.generators, batch.matchers) if batch.params else None
         return StepResult(logits, samples)
+
+    def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
+        """Forward over the sequences' state slots, filling the snapshots the step asked for."""
+        pool = self.state_pool
+        assert pool is not None and self.linear_backend is not None, "states given to a dense model"
+        sb = StateBatch(
+            self.linear_backend,
+            torch.tensor(st.slots, device=self.device),
+            torch.tensor(st.fresh, device=self.device),
+            fb.cu_seqlens_q.tolist(),
+            st.cuts,
+            st.inside,
+        )
+        logits = self.model(fb, self.pool.layers, self.backend, pool.layers, sb)
+        for slot, snap in zip(st.slots, st.ends):
+            if snap is not None:  # the state after the whole chunk
+                pool.copy_to(slot, snap)
+        return logits
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (no-op on one device)."""

@@ -47,4 +47,5 @@ def make_output(
         error=error,
         cached_host_tokens=req.cached_host_tokens,
         cached_disk_tokens=req.cached_disk_tokens,
+        snapshot_cut=req.snapshot_cut,
     )

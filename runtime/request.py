@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from runtime.cache_scope import PUBLIC, CacheScope
+from runtime.constrained.matcher import Matcher
 from runtime.sampling import SamplingParams
 
 
@@ -47,6 +48,7 @@ class Request:
     cached_tokens: int = -1  # -1 until first admitted
     cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens: loaded from the disk tier
+    snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
     prefilled_tokens: int = 0
     finish_reason: str | None = None
     arrival: float = field(default_factory=time.perf_counter)
@@ -55,6 +57,7 @@ class Request:
     finish_time: float | None = None
     retractions: int = 0
     logprobs: list = field(default_factory=list)
+    matcher: Matcher | None = None  # grammar state (params.grammar); advanced by the scheduler on commit
 
     def __post_init__(self) -> None:
         # one copy of the prompt shared by every output snapshot (never mutated)
@@ -101,6 +104,7 @@ class RequestOutput(NamedTuple):
     error: str | None = None
     cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
+    snapshot_cut: int = 0  # hybrids: KV-matched prompt tokens recomputed after the last state snapshot
 
     @property
     def prompt_tokens(self) -> int:

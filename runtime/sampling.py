@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runtime.constrained.spec import Grammar
+
+# Below this a temperature is greedy: fp32 logits (|x| < ~1e3) over 1e-5 stay far from overflow,
+# and the distribution is already one-hot to fp32 precision.  vLLM uses the same cut-off.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass
 class SamplingParams:
-    """What to generate and when to stop; ``temperature == 0`` means greedy."""
+    """What to generate and when to stop; ``temperature < MIN_TEMPERATURE`` (e.g. 0) means greedy."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -18,6 +26,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return per token (0 = chosen token only)
+    logit_bias: dict[int, float] | None = None  # added to the logits before sampling (token id -> bias)
+    grammar: Grammar | None = None  # constrained decoding: every output token must keep the grammar valid
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -25,7 +35,7 @@ class SamplingParams:
         self.stop = [s for s in (self.stop or []) if s]
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also rejects NaN
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
@@ -34,4 +44,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1

@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.models.decoder import CausalLM
+from runtime.models.hybrid_weights import map_hybrid_weight
 
 _FUSED = {
     "q_proj": ("qkv_proj", 0),
@@ -50,6 +51,15 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
 
 def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: set[str]) -> None:
     cfg = model.cfg
+    if cfg.is_hybrid:  # its own name map (fused linear-attention projections, gated q_proj)
+        for key, rows, part in map_hybrid_weight(cfg, name, w):
+            if key == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            if key not in params:
+                raise WeightsError(f"unexpected weight {name} for a {cfg.model_type} model")
+            _copy(params[key].data if rows is None else params[key].data[rows], part, name)
+            seen.add(key)
+        return
     if name.startswith("model."):
         short = name[len("model.") :]
     else:

@@ -32,16 +32,45 @@ def tiny(tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("cmd", [[], ["generate"], ["chat"], ["serve"], ["bench"], ["template-check"]])
+HELP_NEEDLES = {
+    (): ["generate", "chat", "serve", "bench", "template-check"],
+    ("generate",): ["--prompt", "--max-tokens", "--page-size", "--prefix-cache", "(default 16)"],
+    ("chat",): ["--system", "--chat-template", "--schedule-policy"],
+    ("serve",): ["--port", "--max-waiting", "--kv-cache-memory"],
+    ("bench",): ["patterns", "throughput", "ttft", "overhead"],
+    ("template-check",): ["--chat-template", "--keep-reasoning"],
+}
+
+
+@pytest.mark.parametrize("cmd", list(HELP_NEEDLES))
 def test_help_on_every_command(cmd):
     r = kvreuse(*cmd, "--help")
     assert r.returncode == 0, r.stderr
-    assert "usage" in (r.stdout + r.stderr).lower()
+    text = r.stdout + r.stderr
+    assert "usage" in text.lower()
+    for needle in HELP_NEEDLES[cmd]:  # each command's own options, not a generic usage line
+        assert needle in text, f"{cmd}: {needle!r} missing from help"
 
 
 def test_generate_on_tiny_model(tiny):
+    from runtime import Engine, SamplingParams
+
     r = kvreuse("generate", "--model", str(tiny), "--prompt", "hello there", "--max-tokens", "5")
     assert r.returncode == 0, r.stderr
+    # the same greedy completion, computed in-process
+    eng = Engine(model=str(tiny), kv_cache_memory="8M")  # the CLI's dtype and device defaults
+    want = eng.generate("hello there", SamplingParams(max_tokens=5))[0]
+    assert len(want.output_token_ids) == 5
+    assert r.stdout == want.text + "\n"
+
+
+def test_template_check_through_the_cli():
+    # the CLI hands template-check the embedded model (chat_templates itself knows no model source)
+    ok = kvreuse("template-check", "--chat-template", "chatml")
+    assert ok.returncode == 0, ok.stderr
+    assert "0 break(s)" in ok.stdout and "template: chatml" in ok.stdout
+    broken = kvreuse("template-check", "--chat-template", "qwen3")
+    assert broken.returncode == 1 and "BREAK at token" in broken.stdout
 
 
 def test_unknown_model_path():

@@ -134,7 +134,10 @@ def test_streamed_tool_calls_match_non_streamed(client):
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )  # fmt: skip
     plain = client.chat.completions.create(**kwargs)
-    msg, calls, last = _assemble_stream(client.chat.completions.create(**kwargs, stream=True))
+    stream = client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    msg, calls, last = _assemble_stream(iter(chunks))
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     want = [(c.function.name, c.function.arguments) for c in plain.choices[0].message.tool_calls or []]
     assert [(c["name"], c["arguments"]) for c in calls] == want
     assert msg["content"] == (plain.choices[0].message.content or "")
@@ -142,7 +145,8 @@ def test_streamed_tool_calls_match_non_streamed(client):
     assert want and want[0][0] == "get_weather"  # the forced prefix makes the model call the named tool
     json.loads(want[0][1])
     assert all(c["id"] and c["id"].startswith("call_") for c in calls)
-    assert last.choices[0].finish_reason == "tool_calls" == plain.choices[0].finish_reason
+    assert finish == ["tool_calls"] and plain.choices[0].finish_reason == "tool_calls"
+    assert last.choices == [] and sum(c.usage is not None for c in chunks) == 1
     # The same prompt a second time: all of it but the last partial page comes from the cache.
     assert last.usage.prompt_tokens_details.cached_tokens >= 0.9 * plain.usage.prompt_tokens
 
@@ -161,7 +165,8 @@ def test_diagnostic_names_changed_system_message(server):
     diag = r["kvreuse"]["cache"]
     assert diag["cause"] == "system_changed"
     assert diag["divergence"]["message_index"] == 0 and diag["divergence"]["segment"] == "system"
-    assert "10:0" in diag["divergence"]["before_text"] + diag["divergence"]["cached_text"]
+    assert "10:05:00" in diag["divergence"]["before_text"] + diag["divergence"]["new_text"]
+    assert "10:00:00" not in json.dumps(diag)  # nothing of the earlier request is shown
     assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == diag["cached_tokens"] < 40
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'kvreuse_cache_diagnosis_total{cause="system_changed"}' in metrics

@@ -89,7 +89,7 @@ def client():
     engine = Engine(None, kv_cache_memory="64M", max_model_len=256)
     aengine = AsyncEngine(engine)
     app = create_app(aengine, ServerConfig("smol", max_waiting=4), on_shutdown=aengine.shutdown)
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as c:
         yield c
 
 

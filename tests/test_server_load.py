@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 CLIENTS = 32
 DURATION_S = 60.0
 MAX_REQUESTS = 2000  # attempts (incl. refused), bounded whatever the machine's speed
+PAGE_SIZE = 16  # the server's default
 SYSTEM = "You are a load-test agent. " + " ".join(f"Rule {i}: be brief and exact." for i in range(30))
 
 
@@ -34,6 +35,7 @@ async def _client(
             "max_tokens": 4, "temperature": 0.7, "seed": k * 1000 + turn, "stream": True,
             "stream_options": {"include_usage": True},
         }  # fmt: skip
+        sent = time.monotonic()
         async with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code == 503:
                 assert "retry-after" in r.headers
@@ -49,10 +51,13 @@ async def _client(
         tally["done"] += 1
         tally["cached"] += usage["prompt_tokens_details"]["cached_tokens"]
         tally["prompt"] += usage["prompt_tokens"]
+        tally["rows"].append(
+            (sent, time.monotonic(), usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"])
+        )
 
 
 async def _load(url: str) -> dict:
-    tally = {"done": 0, "refused": 0, "cached": 0, "prompt": 0}
+    tally: dict = {"done": 0, "refused": 0, "cached": 0, "prompt": 0, "rows": []}
     budget = [MAX_REQUESTS]
     deadline = time.monotonic() + DURATION_S
     limits = httpx.Limits(max_connections=CLIENTS + 4)
@@ -81,6 +86,17 @@ def test_32_streaming_clients_for_60s(tmp_path):
             f"({(rss_after - rss_before) / 2**20:+.1f} MiB); pages {kv['pages']}"
         )
         assert tally["done"] > 0
+        # Accounting against an independent figure: every prompt starts with the same rendered system
+        # message, so once one request has finished, each later one must hit its whole pages.
+        shared = _shared_prompt_tokens()
+        floor = shared // PAGE_SIZE * PAGE_SIZE
+        first_done = min(done for _, done, _, _ in tally["rows"])
+        late = [(p, c) for sent, _, p, c in tally["rows"] if sent > first_done]
+        assert late, "no request started after the first one finished: nothing to check the hits on"
+        for prompt, cached in late:
+            assert floor <= cached <= (prompt - 1) // PAGE_SIZE * PAGE_SIZE, (prompt, cached, shared)
+        assert tally["cached"] >= floor * len(late)
+        assert tally["cached"] / tally["prompt"] >= 0.8 * floor / max(p for p, _ in late)
         assert kv["ok"] and kv["pages"]["request_pages"] == 0
         assert kv["pages"]["evictable_pages"] == kv["pages"]["tree_pages"]  # no request still locks a page
         assert kv["stats"]["running"] == 0 and kv["stats"]["waiting"] == 0
@@ -89,6 +105,21 @@ def test_32_streaming_clients_for_60s(tmp_path):
         assert "Traceback" not in server.log()
     finally:
         server.stop()
+
+
+def _shared_prompt_tokens() -> int:
+    """Tokens every load prompt shares, from the model's own chat template (not from the server)."""
+    from transformers import AutoTokenizer
+
+    from chat_templates.render import first_divergence, render
+    from runtime.model_source import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model(None)[0]))
+    a, b = (
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Client {k} turn 1: hi"}]
+        for k in (3, 17)
+    )
+    return first_divergence(render(tok, a).token_ids, render(tok, b).token_ids)
 
 
 async def _load_warmup(url: str) -> None:

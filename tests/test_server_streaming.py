@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from chat_templates.parsers import parse_full
 from runtime.request import RequestOutput
-from runtime.server.chat import ChatRun, stream_events
+from runtime.server.chat import ChatRun, complete, stream_events
 from runtime.server.protocol import ChatCompletionRequest
 from runtime.server.streaming import merge_streams
 from runtime.server.templates import TemplateInfo
+from runtime.server.usage import StreamUsage
 
 OUTPUT = (
     "Let me check.\n<tool_call>\n"
@@ -46,6 +47,9 @@ class FakeRun(ChatRun):
             token_ids=[1, 2, 3], forced_prefix="", tool_format="hermes", think_open=False
         )
         self.prompt_ids = self.prompt.token_ids
+        self.prompts = [self.prompt_ids]
+        self.fingerprint = "fp_test"
+        self.stream_usage = StreamUsage(self.req.stream_options)
         self.pieces = pieces
 
     async def _replay(self):
@@ -101,7 +105,7 @@ def test_streamed_tool_calls_assemble_like_non_streamed(cuts):
     assert finish == "tool_calls"
     assert not any("<tool_call>" in (ch["delta"].get("content") or "") for c in chunks for ch in c["choices"])
     final = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
-    assert final["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    assert not any("usage" in c for c in chunks)  # not asked for: no chunk carries usage
     assert final["kvreuse"] == {"cache": {"cause": "fake"}}
 
 
@@ -114,7 +118,41 @@ def test_include_usage_adds_a_usage_only_chunk():
     chunks = asyncio.run(_collect(FakeRun(["Hello", " there"], body)))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len("Hello there")
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
+    assert chunks[-1]["kvreuse"] == {"cache": {"cause": "fake"}}
+    assert all(c["usage"] is None and "kvreuse" not in c for c in chunks[:-1])  # exactly one usage
     assert _assemble(chunks)[0] == "Hello there" and _assemble(chunks)[2] == "stop"
+
+
+MALFORMED = [
+    'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',  # never closed
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city"}}\n</tool_call>',  # bad JSON, closed
+    '<tool_call>\n{"arguments": {"city": "Rome"}}\n</tool_call> done',  # no name
+]
+
+
+@pytest.mark.parametrize("text", MALFORMED)
+def test_malformed_tool_markup_under_auto_is_content_with_stop(text):
+    """#14 point 4: never a half-parsed call; the text as written goes to content, finish_reason stop."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [], "tool_choice": "auto"}
+    streamed = asyncio.run(_collect(FakeRun([text[:7], text[7:30], text[30:]], {**body, "stream": True})))
+    content, calls, finish = _assemble(streamed)
+    plain = asyncio.run(complete(FakeRun([text], body)))["choices"][0]
+    assert calls == [] and finish == "stop" and "tool_calls" not in plain["message"]
+    assert plain["finish_reason"] == "stop" and plain["message"]["content"] == content
+    assert content.replace("\n", "") == text.replace("\n", "").strip()
+
+
+def test_closing_tag_inside_a_json_string_is_not_the_end_of_the_call():
+    text = '<tool_call>\n{"name": "search", "arguments": {"query": "a</tool_call>b"}}\n</tool_call>'
+    chunks = asyncio.run(
+        _collect(
+            FakeRun([text[:40], text[40:]], {"messages": [{"role": "user", "content": "x"}], "stream": True})
+        )
+    )
+    content, calls, finish = _assemble(chunks)
+    assert content == "" and [c[1] for c in calls] == ["search"] and finish == "tool_calls"
+    assert json.loads(calls[0][2]) == {"query": "a</tool_call>b"}
 
 
 def test_leaving_a_merged_stream_early_closes_every_source():

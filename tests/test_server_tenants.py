@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(model_dir):
-    with TestClient(_app(model_dir), raise_server_exceptions=False) as c:
+    with TestClient(_app(model_dir), base_url="http://127.0.0.1", raise_server_exceptions=False) as c:
         yield c
 
 
@@ -60,7 +60,7 @@ def test_every_route_but_health_needs_a_key(client):
                 assert r.json()["error"]["type"] == "authentication_error"
     assert client.get("/v1/models", headers={"Authorization": "Bearer key-a"}).status_code == 200
     assert client.get("/metrics", headers={"x-api-key": "key-b"}).status_code == 200
-    r = client.post("/v1/cache/reset", headers={"Authorization": "Bearer key-a"})
+    r = client.post("/v1/cache/reset", json={}, headers={"Authorization": "Bearer key-a"})
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"  # not everyone's cache
 
 
@@ -97,7 +97,7 @@ def test_a_flooding_tenant_gets_429s_while_another_completes(model_dir):
 
     async def flood():
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=120) as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=120) as c:
 
             async def one(key, i):
                 body = {"model": "tiny", "prompt": f"{i} " + PROMPT, "max_tokens": 16, "temperature": 0}
@@ -131,7 +131,7 @@ def _chat(client, key, messages, **extra):
 
 def test_public_system_prompt_opt_in_shares_only_the_system_part(model_dir):
     app = _app(model_dir, public_system_prompt=SYSTEM)
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as c:
         sys_msg = {"role": "system", "content": SYSTEM}
         history = [sys_msg, {"role": "user", "content": "private question of A " * 20}]
         assert _chat(c, "key-a", history) == 0

@@ -37,6 +37,8 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
     """The shapes one rank's modules have; raises ValueError when the model does not split ``world`` ways."""
     if getattr(cfg, "moe", None) is not None:
         raise ValueError("tensor parallelism does not shard mixture-of-experts layers yet")
+    if getattr(cfg, "layer_types", ()):
+        raise ValueError("tensor parallelism does not shard hybrid (linear-attention) models yet")
     if cfg.num_heads % world:
         raise ValueError(f"{cfg.num_heads} attention heads do not split over {world} tensor-parallel ranks")
     if cfg.intermediate_size % world:

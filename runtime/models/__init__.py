@@ -1,4 +1,4 @@
-"""Model code: one decoder implementation, configured per architecture family."""
+"""Model code: one decoder implementation for the dense families, one for the hybrids (Qwen3.5)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,28 @@ import torch
 from runtime.models.config import SUPPORTED, ModelConfig
 from runtime.models.decoder import CausalLM
 from runtime.models.layers import RotaryEmbedding
+from runtime.models.qwen3_5 import HybridCausalLM, rotary_dim
 
 
-def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> CausalLM:
+def build_model(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype = torch.float32
+) -> CausalLM | HybridCausalLM:
     """Our module tree for any supported ``model_type``, uninitialised (weights are loaded next).
 
     Built on the meta device so no time goes into random initialisation of weights that are
     overwritten anyway; only the rotary tables are computed for real.
     """
     with torch.device("meta"):
-        model = CausalLM(cfg).to(dtype)  # allocate in the target dtype: no fp32 copy of an 8B model
+        # allocate in the target dtype: no fp32 copy of an 8B model
+        model = (HybridCausalLM if cfg.is_hybrid else CausalLM)(cfg).to(dtype)
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor
         model.lm_head.weight = model.embed_tokens.weight
     with torch.device(device):
         model.rope = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+            rotary_dim(cfg), cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
     return model
 
 
-__all__ = ["SUPPORTED", "ModelConfig", "CausalLM", "build_model"]
+__all__ = ["SUPPORTED", "ModelConfig", "CausalLM", "HybridCausalLM", "build_model"]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from runtime.models.hybrid_config import HYBRID, LinearAttnConfig, hybrid_fields, text_config
 from runtime.models.moe_config import MoEConfig
 
 SUPPORTED = {
@@ -14,11 +15,17 @@ SUPPORTED = {
     "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3",
     "qwen3_moe": "Qwen3-MoE (30B-A3B, Coder-30B-A3B)",
+    **HYBRID,
 }
 
 
 class ModelConfig(NamedTuple):
-    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE."""
+    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and the
+    hybrids.
+
+    Hybrids (Qwen3.5, Qwen3-Next) also set ``layer_types`` (which layers are Gated DeltaNet linear
+    attention), ``linear_attn`` (their shape) and ``partial_rotary_factor``.
+    """
 
     model_type: str
     vocab_size: int
@@ -39,9 +46,13 @@ class ModelConfig(NamedTuple):
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     moe: MoEConfig | None = None  # routed experts (Qwen3-MoE); None: every layer is dense
+    layer_types: tuple[str, ...] = ()
+    linear_attn: LinearAttnConfig | None = None
+    partial_rotary_factor: float = 1.0
 
     @classmethod
     def from_dict(cls, c: dict[str, Any]) -> ModelConfig:
+        c = text_config(c)
         mt = c.get("model_type", "")
         if mt not in SUPPORTED:
             names = ", ".join(SUPPORTED)
@@ -71,16 +82,28 @@ class ModelConfig(NamedTuple):
             max_position_embeddings=c.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=mt == "qwen2" or bool(c.get("attention_bias", False)),
-            qk_norm=mt in ("qwen3", "qwen3_moe"),
+            qk_norm=mt in ("qwen3", "qwen3_moe") or mt in HYBRID,
             sliding_window=c.get("sliding_window") if use_sw else None,
             eos_token_ids=eos_ids,
             bos_token_id=c.get("bos_token_id"),
-            moe=MoEConfig.from_dict(c),
+            moe=None if mt in HYBRID else MoEConfig.from_dict(c),  # hybrid MoE: refused in hybrid_fields
+            **(hybrid_fields(c) if mt in HYBRID else {}),
         )
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> ModelConfig:
         return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))
 
+    @property
+    def is_hybrid(self) -> bool:
+        return self.linear_attn is not None
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with a KV cache: all of them, or a hybrid's full-attention ones."""
+        if not self.layer_types:
+            return self.num_layers
+        return sum(t == "full_attention" for t in self.layer_types)
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes

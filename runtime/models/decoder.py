@@ -58,18 +58,27 @@ class PagedAttention(nn.Module):
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = apply_rope(self.q_norm.forward(q.view(-1, self.nh, self.hd)), ctx.cos, ctx.sin)
             k = apply_rope(self.k_norm.forward(k.view(-1, self.nkv, self.hd)), ctx.cos, ctx.sin)
-        k_cache, v_cache = kv
-        fb, backend = ctx.fb, ctx.backend
-        backend.store_kv(k_cache, v_cache, fb.slot_mapping, k, v)
-        if fb.is_decode:
-            o = backend.decode_attention(
-                q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, self.scale, plan=ctx.plan
-            )
-        else:
-            o = backend.extend_attention(
-                q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, self.scale
-            )
+        o = paged_attention(q, k, v, ctx, kv, self.scale)
         return self.o_proj.run(o.reshape(-1, self.q_size))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: StepContext,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """Store this step's k/v in the layer's pages, then attend: q [T, Hq, D] -> [T, Hq, D]."""
+    k_cache, v_cache = kv
+    fb, backend = ctx.fb, ctx.backend
+    backend.store_kv(k_cache, v_cache, fb.slot_mapping, k, v)
+    if fb.is_decode:
+        return backend.decode_attention(
+            q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, scale, plan=ctx.plan
+        )
+    return backend.extend_attention(q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, scale)
 
 
 class DecoderLayer(nn.Module):

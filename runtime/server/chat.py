@@ -9,22 +9,14 @@ from typing import Any
 
 from chat_templates.parsers import OutputParser, parse_full
 from runtime.request import RequestOutput
+from runtime.server.constraints import chat_grammar
 from runtime.server.diagnostics import HistoryEntry
-from runtime.server.params import chat_logprobs, usage
+from runtime.server.params import chat_logprobs
 from runtime.server.prompting import ChatPrompt, build_chat_prompt
 from runtime.server.protocol import ChatCompletionRequest
 from runtime.server.run import EngineRun
 from runtime.server.state import ServerState
-from runtime.server.streaming import (
-    DONE,
-    GuardedStream,
-    Once,
-    delta_messages,
-    final_outputs,
-    guarded_events,
-    join_parsed,
-    sse,
-)
+from runtime.server.streaming import DONE, delta_messages, final_outputs, join_parsed, sse
 
 log = logging.getLogger("kvreuse.server")
 
@@ -34,7 +26,8 @@ class ChatRun(EngineRun):
 
     def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
         self.prompt: ChatPrompt = build_chat_prompt(req, state.tokenizer, state.template)
-        super().__init__(state, req, "chatcmpl", self.prompt.token_ids)
+        grammar = chat_grammar(req, self.prompt.tool_format)
+        super().__init__(state, req, "chatcmpl", [self.prompt.token_ids], grammar)
 
     def parser(self, i: int) -> OutputParser:
         p = self.prompt
@@ -48,7 +41,9 @@ class ChatRun(EngineRun):
         st, p = self.state, self.prompt
         first = outs[0]
         diagnostics = st.diagnostics_for(self.scope.namespace)
-        diag = diagnostics.diagnose(p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens)
+        diag = diagnostics.diagnose(
+            p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens, first.snapshot_cut
+        )
         diagnostics.record(
             HistoryEntry(
                 list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools
@@ -97,7 +92,7 @@ async def complete(run: ChatRun) -> dict[str, Any]:
     return {
         **run.head("chat.completion"),
         "choices": choices,
-        "usage": usage(len(run.prompt_ids), ordered),
+        "usage": run.usage(ordered),
         "kvreuse": run.finish(ordered),
     }
 
@@ -107,15 +102,17 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
     parsers = [run.parser(i) for i in range(n)]
     calls = [0] * n
     finals: dict[int, RequestOutput] = {}
+    rule = run.stream_usage
 
     def chunk(
         i: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
     ) -> dict[str, Any]:
         c = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return {**run.head("chat.completion.chunk"), "choices": [c]}
+        return rule.chunk({**run.head("chat.completion.chunk"), "choices": [c]})
 
     for i in range(n):
         yield sse(chunk(i, {"role": "assistant", "content": ""}))
+    extension: dict[str, Any] = {}
     async with aclosing(run.streams()) as outputs:
         async for i, out in outputs:
             parsed = parsers[i].feed(out.delta)
@@ -132,17 +129,11 @@ async def stream_events(run: ChatRun) -> AsyncIterator[str]:
                 finals[i] = out
                 last = chunk(i, {}, run.finish_reason(out, calls[i]))
                 if len(finals) == n:
-                    ordered = [finals[k] for k in range(n)]
-                    last["usage"] = usage(len(run.prompt_ids), ordered)
-                    last["kvreuse"] = run.finish(ordered)
+                    extension = {"kvreuse": run.finish([finals[k] for k in range(n)])}
+                    if not rule.include:  # the extension rides the last chunk; usage never does
+                        last.update(extension)
                 yield sse(last)
-    if run.req.stream_options and run.req.stream_options.include_usage:
-        ordered = [finals[k] for k in range(n)]
-        yield sse(
-            {**run.head("chat.completion.chunk"), "choices": [], "usage": usage(len(run.prompt_ids), ordered)}
-        )
+    final = rule.final(run.head("chat.completion.chunk"), run.usage([finals[k] for k in range(n)]), extension)
+    if final is not None:
+        yield sse(final)
     yield DONE
-
-
-def stream_response(run: ChatRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -35,6 +36,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--diagnostics-history", type=int, default=64, help="earlier requests kept for cache-miss diagnosis"
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default=None,
+        help="comma-separated Host header names served (default: localhost, 127.0.0.1, ::1 and --host; "
+        "'*' = any). Guards a loopback server against DNS rebinding from web pages",
+    )
+    p.add_argument(
+        "--cors-allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN (e.g. http://localhost:3000; repeatable) call the API; default: CORS closed",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 << 20,
+        help="largest request body accepted, refused with 413 before it is read (default 8 MiB)",
     )
     p.add_argument(
         "--api-key",
@@ -71,14 +91,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _DrainingServer(uvicorn.Server):
-    """Stops admission (new requests get 503) as soon as a shutdown signal arrives."""
+    """Stops admission (new requests get 503) as soon as a shutdown signal arrives, and after
+    ``cut_after`` seconds ends what still runs through ``cut`` (so streams end with an error event
+    and ``[DONE]`` rather than a dropped connection when uvicorn's own timeout cancels them)."""
 
-    def __init__(self, config: uvicorn.Config, on_signal) -> None:
+    def __init__(self, config: uvicorn.Config, on_signal, cut, cut_after: float) -> None:
         super().__init__(config)
-        self._on_signal = on_signal
+        self._on_signal, self._cut, self._cut_after = on_signal, cut, cut_after
+        self._timer: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame) -> None:
         self._on_signal()
+        if self._timer is None:
+            self._timer = threading.Timer(self._cut_after, self._cut)
+            self._timer.daemon = True
+            self._timer.start()
         super().handle_exit(sig, frame)
 
 
@@ -106,6 +133,7 @@ def main(argv: list[str]) -> int:
     from runtime.async_engine import AsyncEngine
     from runtime.engine import Engine
     from runtime.server.app import create_app
+    from runtime.server.guard import LOOPBACK_HOSTS
     from runtime.server.state import ServerConfig
     from runtime.server.tenants import load_keys
 
@@ -115,14 +143,30 @@ def main(argv: list[str]) -> int:
             "binding %s without --api-key: anyone who can reach it can use it and time its cache", args.host
         )
     engine = Engine(args.model, **engine_kwargs(args))
-    aengine = AsyncEngine(engine)
+    died: list[BaseException] = []
+    server: _DrainingServer | None = None
+
+    def on_death(e: BaseException) -> None:  # engine thread: every stream has its error already
+        died.append(e)
+        if server is not None:
+            server.should_exit = True
+
+    aengine = AsyncEngine(engine, on_death=on_death)
     name = args.served_model_name or engine.model_name
+    hosts = (
+        tuple(h for h in args.allowed_hosts.split(",") if h.strip())
+        if args.allowed_hosts is not None
+        else (*LOOPBACK_HOSTS, args.host)
+    )
     config = ServerConfig(
         served_model_name=name,
         chat_template=args.chat_template,
         max_waiting=args.max_waiting,
         diagnostics_history=args.diagnostics_history,
         shutdown_timeout_s=args.shutdown_timeout,
+        allowed_hosts=hosts,
+        cors_origins=tuple(args.cors_allow_origin),
+        max_request_bytes=args.max_request_bytes,
         api_keys=api_keys,
         tenant_max_requests=args.tenant_max_requests,
         public_system_prompt=None
@@ -144,15 +188,22 @@ def main(argv: list[str]) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        timeout_graceful_shutdown=int(max(1, args.shutdown_timeout)),
+        # uvicorn's own deadline comes after our cut, which ends streams cleanly first
+        timeout_graceful_shutdown=int(max(1, args.shutdown_timeout)) + 3,
         access_log=False,
     )
-    server = _DrainingServer(uv_config, lambda: setattr(state, "draining", True))
+    cut = lambda: aengine.shutdown(timeout=2.0, reason="the server shut down (--shutdown-timeout)")  # noqa: E731
+    server = _DrainingServer(uv_config, lambda: setattr(state, "draining", True), cut, args.shutdown_timeout)
+    if died:  # the engine died while the server was being set up
+        server.should_exit = True
     # uvicorn re-raises the captured signal after its graceful shutdown, so the handlers in place
     # then decide the exit status: ours ignore it, and we return 0 after a clean drain.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if died:  # non-zero, so a supervisor restarts us
+        print(f"kvreuse serve: error: the engine stopped: {died[0]}", file=sys.stderr)
+        return 3
     if not server.started:
         print(f"kvreuse serve: error: could not listen on {url}", file=sys.stderr)
         return 2

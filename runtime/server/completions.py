@@ -1,4 +1,4 @@
-"""``POST /v1/completions``: a text or token-id prompt, no chat template."""
+"""``POST /v1/completions``: text or token-id prompts (one or a batch), no chat template."""
 
 from __future__ import annotations
 
@@ -8,65 +8,88 @@ from contextlib import aclosing
 from typing import Any
 
 from runtime.request import RequestOutput
-from runtime.server.params import completion_logprobs, usage
+from runtime.scoring import prompt_logprobs
+from runtime.server.params import completion_logprobs
+from runtime.server.prompting import encode_text
 from runtime.server.protocol import CompletionRequest
 from runtime.server.run import EngineRun
 from runtime.server.state import ServerState
-from runtime.server.streaming import DONE, GuardedStream, Once, final_outputs, guarded_events, sse
+from runtime.server.streaming import DONE, final_outputs, sse
 
 log = logging.getLogger("kvreuse.server")
 
 
 class CompletionRun(EngineRun):
-    """One completion request: tokenised prompt, per-choice params and the response shapes."""
+    """One completion request: tokenised prompts, per-choice params and the response shapes."""
 
     def __init__(self, state: ServerState, req: CompletionRequest) -> None:
-        prompt = req.prompt
         # tokenised once here; the engine streams get the ids
-        ids = (
-            list(prompt)
-            if isinstance(prompt, list)
-            else state.tokenizer.encode(prompt, add_special_tokens=False)
-        )
+        ids = [
+            list(p) if isinstance(p, list) else encode_text(state.tokenizer, p, "prompt")
+            for p in req.prompts()
+        ]
         super().__init__(state, req, "cmpl", ids)
-        self.prompt_text = prompt if isinstance(prompt, str) else state.tokenizer.decode(self.prompt_ids)
+        self.prompt_texts = [
+            p if isinstance(p, str) else state.tokenizer.decode(t)
+            for p, t in zip(req.prompts(), self.prompts)
+        ]
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {**self.head("text_completion"), "choices": choices}
 
+    def echo_text(self, index: int) -> str:
+        return self.prompt_texts[index // self.req.n] if self.req.echo else ""
+
+    async def echo_logprobs(self) -> list[dict[str, Any] | None]:
+        """Per prompt: its tokens' logprobs (``echo`` with ``logprobs``), else None."""
+        if not (self.req.echo and self.req.logprobs is not None):
+            return [None] * len(self.prompts)
+        tok, top = self.state.tokenizer, self.req.logprobs
+        out = []
+        for ids in self.prompts:
+            entries = await self.state.on_engine(lambda e, ids=ids: prompt_logprobs(e, ids, top))
+            out.append(completion_logprobs(tok, entries))
+        return out
+
     def observe(self, outs: list[RequestOutput]) -> None:
         super().observe(outs)
-        log.info("completion %s prompt=%d cached=%d", self.id, len(self.prompt_ids), outs[0].cached_tokens)
+        cached = sum(o.cached_tokens for o in outs[:: self.req.n])
+        log.info("completion %s prompt=%d cached=%d", self.id, sum(map(len, self.prompts)), cached)
+
+
+def _join(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    """Prompt logprobs followed by the generated ones (offsets already absolute)."""
+    return b if a is None else {k: a[k] + b[k] for k in b}
 
 
 async def complete(run: CompletionRun) -> dict[str, Any]:
+    echoed = await run.echo_logprobs()
     ordered = await final_outputs(run.streams())
-    echo = run.prompt_text if run.req.echo else ""
-    tok = run.state.tokenizer
-    choices = [
-        {
-            "index": i,
-            "text": echo + o.text,
-            "logprobs": completion_logprobs(tok, o.logprobs, len(echo))
-            if run.req.logprobs is not None
-            else None,
-            "finish_reason": o.finish_reason,
-        }
-        for i, o in enumerate(ordered)
-    ]
+    tok, n = run.state.tokenizer, run.req.n
+    choices = []
+    for i, o in enumerate(ordered):
+        echo = run.echo_text(i)
+        lp = None
+        if run.req.logprobs is not None:
+            lp = _join(echoed[i // n], completion_logprobs(tok, o.logprobs, len(echo)))
+        choices.append({"index": i, "text": echo + o.text, "logprobs": lp, "finish_reason": o.finish_reason})
     run.observe(ordered)
-    return {**run.chunk(choices), "usage": usage(len(run.prompt_ids), ordered)}
+    return {**run.chunk(choices), "usage": run.usage(ordered)}
 
 
 async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
-    n = run.req.n
+    k = run.num_choices
     finals: dict[int, RequestOutput] = {}
-    offsets = [len(run.prompt_text) if run.req.echo else 0] * n
+    offsets = [len(run.echo_text(i)) for i in range(k)]
+    rule = run.stream_usage
+
+    def chunk(i: int, text: str, lp: Any, reason: str | None) -> dict[str, Any]:
+        return rule.chunk(run.chunk([{"index": i, "text": text, "logprobs": lp, "finish_reason": reason}]))
+
     if run.req.echo:
-        for i in range(n):
-            yield sse(
-                run.chunk([{"index": i, "text": run.prompt_text, "logprobs": None, "finish_reason": None}])
-            )
+        echoed = await run.echo_logprobs()
+        for i in range(k):
+            yield sse(chunk(i, run.echo_text(i), echoed[i // run.req.n], None))
     async with aclosing(run.streams()) as outputs:
         async for i, out in outputs:
             lp = None
@@ -76,18 +99,12 @@ async def stream_events(run: CompletionRun) -> AsyncIterator[str]:
             reason = out.finish_reason if out.finished else None
             if not (out.delta or lp or out.finished):
                 continue
-            c = run.chunk([{"index": i, "text": out.delta, "logprobs": lp, "finish_reason": reason}])
             if out.finished:
                 finals[i] = out
-                if len(finals) == n:
-                    ordered = [finals[k] for k in range(n)]
-                    c["usage"] = usage(len(run.prompt_ids), ordered)
-                    run.observe(ordered)
-            yield sse(c)
-    if run.req.stream_options and run.req.stream_options.include_usage:
-        yield sse({**run.chunk([]), "usage": usage(len(run.prompt_ids), [finals[k] for k in range(n)])})
+                if len(finals) == k:
+                    run.observe([finals[j] for j in range(k)])
+            yield sse(chunk(i, out.delta, lp, reason))
+    final = rule.final(run.head("text_completion"), run.usage([finals[j] for j in range(k)]), {})
+    if final is not None:
+        yield sse(final)
     yield DONE
-
-
-def stream_response(run: CompletionRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release)

@@ -4,6 +4,10 @@ We keep the last requests (prompt + generated token ids, their messages, tools a
 earlier request sharing the longest token prefix with a new one is what the radix cache most
 likely holds; the first differing token is located in the new rendering (message, tools, think
 block, generation prompt) and the two message lists are compared to name a likely cause.
+
+Privacy: the earlier request may be another user's.  Everything a diagnosis shows is the
+requester's own prompt (its message, segment, token index and text); of the earlier request it
+says only that it differed there, never what it held.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 from collections import deque
 from typing import Any, NamedTuple
 
-from chat_templates.render import RenderedPrompt, first_divergence, locate
+from chat_templates.render import RenderedPrompt, describe, first_divergence, locate
 
 CONTEXT_TOKENS = 16
 CONTEXT_CHARS = 60
@@ -38,14 +42,6 @@ class HistoryEntry(NamedTuple):
     num_prompt: int
     messages: list[dict]
     tools: list[dict] | None
-
-
-def _describe(kind: str, index: int | None, messages: list[dict]) -> str:
-    if kind in ("message", "system") and index is not None:
-        return f"message {index} ({messages[index].get('role')})"
-    if kind == "think":
-        return f"think block (message {index})" if index is not None else "think block"
-    return {"template": "template glue", "generation_prompt": "generation prompt"}.get(kind, kind)
 
 
 def _canon(x: Any) -> str:
@@ -86,8 +82,9 @@ class CacheDiagnostics:
         tools: list[dict] | None,
         prompt_ids: list[int],
         cached_tokens: int,
+        snapshot_cut: int = 0,
     ) -> dict[str, Any]:
-        """The ``kvreuse.cache`` object of a response."""
+        """The ``kvreuse.cache`` object of a response (``snapshot_cut``: see ``Request.snapshot_cut``)."""
         entry, common = self.best_match(prompt_ids)
         out: dict[str, Any] = {
             "prompt_tokens": len(prompt_ids),
@@ -104,6 +101,16 @@ class CacheDiagnostics:
         out["cause"], out["detail"] = self._cause(
             entry, messages, tools, common, cached_tokens, out["divergence"]
         )
+        if snapshot_cut and common <= cached_tokens + snapshot_cut + self.page_size:
+            out["snapshot_cut_tokens"] = snapshot_cut
+            out["cause"], out["detail"] = (
+                "snapshot_cut",
+                (
+                    f"the KV pages matched {cached_tokens + snapshot_cut} tokens but the last linear-attention "
+                    f"state snapshot ended at {cached_tokens}: {snapshot_cut} tokens were recomputed "
+                    "(raise --snapshot-memory, or --snapshot-every for snapshots inside long prompts)"
+                ),
+            )
         return out
 
     def _divergence(
@@ -111,7 +118,7 @@ class CacheDiagnostics:
     ) -> dict[str, Any]:
         seg = locate(rendered, at) if at < len(rendered.token_ids) else None
         index = seg.message_index if seg else None
-        where = _describe(seg.kind, index, messages) if seg else "forced tool-call prefix"
+        where = describe(seg, messages) if seg else "forced tool-call prefix"
         if seg is not None and seg.kind == "template":
             # Glue (role headers, separators) is attributed to the message it introduces.
             nxt = next(
@@ -125,7 +132,7 @@ class CacheDiagnostics:
             if nxt is not None:
                 index, where = (
                     nxt.message_index,
-                    f"template glue before {_describe(nxt.kind, nxt.message_index, messages)}",
+                    f"template glue before {describe(nxt, messages)}",
                 )
         dec = self.tokenizer.decode
         return {
@@ -134,9 +141,10 @@ class CacheDiagnostics:
             "segment": seg.kind if seg else "generation_prompt",
             "where": where,
             "in_generated_part": at >= entry.num_prompt,
+            # only this request's own tokens: what the earlier request had here is not ours to show
             "before_text": dec(ids[max(0, at - CONTEXT_TOKENS) : at])[-CONTEXT_CHARS:],
-            "cached_text": dec(entry.token_ids[at : at + CONTEXT_TOKENS])[:CONTEXT_CHARS],
             "new_text": dec(ids[at : at + CONTEXT_TOKENS])[:CONTEXT_CHARS],
+            "earlier_request": "differed from this token on",
         }
 
     def _cause(
@@ -170,7 +178,7 @@ class CacheDiagnostics:
             a, b = _system(old), _system(new)
             at = first_divergence(a, b)
             return "system_changed", (
-                f"content changed inside the system message at char {at} ({a[at : at + 20]!r} -> "
+                f"the system message differs from an earlier request's from char {at} on (here: "
                 f"{b[at : at + 20]!r}), e.g. a timestamp: keep the system prompt constant"
             )
         old_body, new_body = _body(old), _body(new)

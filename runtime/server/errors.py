@@ -7,8 +7,10 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.async_engine import EngineDead, RequestFailed
 from runtime.engine import EngineError
 
 log = logging.getLogger("kvreuse.server")
@@ -45,12 +47,21 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _union_tag(part: object) -> bool:
+    """pydantic names the member of a union that failed in the error location (``constrained-str``,
+    ``list[int]``); the client's field path is the rest."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or not part.isidentifier())
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', 'invalid JSON')}", None
@@ -73,9 +84,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
-        return error_response(
-            bad_request(str(exc), code="context_length_exceeded" if "exceeds" in str(exc) else None)
-        )
+        return error_response(bad_request(str(exc), code=exc.code))
+
+    @app.exception_handler(RequestFailed)
+    async def _request_failed(_: Request, exc: RequestFailed) -> JSONResponse:
+        log.error("%s", exc)  # our fault, not the client's, but only this request's
+        return error_response(APIError(500, str(exc), type="server_error", code="request_failed"))
+
+    @app.exception_handler(EngineDead)
+    async def _engine_dead(_: Request, exc: EngineDead) -> JSONResponse:
+        return error_response(APIError(503, str(exc), type="server_error", code="engine_dead"))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -91,3 +109,76 @@ def install_error_handlers(app: FastAPI) -> None:
         # Only our own bugs land here; log them with the traceback, tell the client little.
         log.exception("internal error: %s", exc)
         return JSONResponse(error_body("internal server error", "server_error"), status_code=500)
+
+
+class _ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx body this server sends."""
+
+    error: _ErrorDetail
+
+
+_ERRORS = {
+    "400": "invalid request (malformed JSON, a field of the wrong type or out of range, a prompt "
+    "that does not fit, a Host header not allowed)",
+    "404": "unknown model",
+    "409": "the engine is busy (cache reset while requests run)",
+    "413": "request body larger than --max-request-bytes",
+    "415": "POST body not sent as application/json",
+    "500": "the engine failed this request (a bug, never bad input)",
+    "503": "overloaded (Retry-After), shutting down, or the engine stopped",
+}
+
+
+def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> None:
+    """The OpenAPI schema lists the statuses the server really returns: FastAPI's default 422
+    (validation) becomes our 400, every route documents the error body, and ``bodies`` (request
+    models the routes parse themselves) get their schemas."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = default_openapi()
+        ref = {"$ref": "#/components/schemas/ErrorResponse"}
+        defs = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        comps.update(defs.pop("$defs", {}))
+        comps["ErrorResponse"] = defs
+        for model in bodies:
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(body.pop("$defs", {}))
+            comps[model.__name__] = body
+        for name in ("HTTPValidationError", "ValidationError"):
+            comps.pop(name, None)
+        for path, ops in schema.get("paths", {}).items():
+            for method, op in ops.items():
+                responses = op.setdefault("responses", {})
+                responses.pop("422", None)
+                codes = ["400", "500", "503"]
+                if method == "post":
+                    codes += ["413", "415"]
+                if path in ("/v1/chat/completions", "/v1/completions"):
+                    codes.append("404")
+                if path == "/v1/cache/reset":
+                    codes.append("409")
+                for code in sorted(codes):
+                    responses[code] = {
+                        "description": _ERRORS[code],
+                        "content": {"application/json": {"schema": ref}},
+                    }
+                if path == "/health":  # a health body, not an error body: {"status": "error", ...}
+                    responses["503"]["content"]["application/json"]["schema"] = {"type": "object"}
+                if path in ("/v1/chat/completions", "/v1/completions"):
+                    ok = responses.setdefault("200", {"description": "OK"}).setdefault("content", {})
+                    ok["text/event-stream"] = {"schema": {"type": "string"}}  # "stream": true
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

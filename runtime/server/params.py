@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.engine import Engine
-from runtime.request import RequestOutput
 from runtime.sampling import SamplingParams
 from runtime.server.errors import bad_request
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -56,24 +55,23 @@ def chat_logprobs(tokenizer: Any, entries: list) -> dict[str, Any]:
 
 
 def completion_logprobs(tokenizer: Any, entries: list, offset: int = 0) -> dict[str, Any]:
+    """Legacy completions logprobs; ``top_logprobs`` holds the chosen token too (so ``logprobs=0``
+    gives one entry, the chosen token).  An entry ``(tid, None)`` is a token without a logprob (the
+    first token of an echoed prompt): null in both lists."""
     tokens, lps, tops, offsets = [], [], [], []
     pos = offset
-    for tid, (lp, alts) in entries:
+    for tid, info in entries:
         text = _token_text(tokenizer, tid)
         tokens.append(text)
-        lps.append(lp)
-        tops.append({_token_text(tokenizer, a): alp for a, alp in alts})
         offsets.append(pos)
         pos += len(text)
+        if info is None:
+            lps.append(None)
+            tops.append(None)
+            continue
+        lp, alts = info
+        lps.append(lp)
+        top = {_token_text(tokenizer, a): alp for a, alp in alts}
+        top.setdefault(text, lp)
+        tops.append(top)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
-
-def usage(prompt_tokens: int, outs: list[RequestOutput]) -> dict[str, Any]:
-    completion = sum(len(o.output_token_ids) for o in outs)
-    cached = outs[0].cached_tokens if outs else 0
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": int(cached or 0)},
-    }

@@ -74,9 +74,17 @@ def build_chat_prompt(req: ChatCompletionRequest, tokenizer: Any, template: Temp
     prefix = forced_tool_prefix(tool_format, forced)
     ids = list(rendered.token_ids)
     if prefix:
-        ids += tokenizer.encode(prefix, add_special_tokens=False)
+        ids += encode_text(tokenizer, prefix, "tool_choice")
     think_open = template.reasoning and rendered.text.rstrip().endswith("<think>")
     return ChatPrompt(messages, tools, rendered, ids, prefix, tool_format, think_open)
+
+
+def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
+    """Token ids of ``text``; a string the tokenizer cannot take (a lone surrogate, ...) is a 400."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except Exception as e:  # tokenizers raises TypeError for unencodable str, others their own
+        raise bad_request(f"{param} cannot be tokenised: {_one_line(e)}", param) from None
 
 
 def _one_line(e: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -12,7 +13,8 @@ from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineStats
 from runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
 from runtime.server.diagnostics import CacheDiagnostics
-from runtime.server.errors import APIError
+from runtime.server.errors import APIError, bad_request
+from runtime.server.guard import LOOPBACK_HOSTS
 from runtime.server.metrics import ServerMetrics
 from runtime.server.templates import TemplateInfo, resolve_template
 from runtime.server.tenants import Tenants
@@ -30,11 +32,18 @@ class ServerConfig:
     retry_after_s: int = 1
     diagnostics_history: int = 64
     shutdown_timeout_s: float = 10.0
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS  # Host header values served ("*": any)
+    cors_origins: tuple[str, ...] = ()  # origins a browser page may call us from (none: CORS closed)
+    max_request_bytes: int = 8 << 20  # bodies above this are refused before they are read whole
+    prep_threads: int = 2  # renders / tokenisations running at once, off the event loop
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant; empty: no authentication
     tenant_max_requests: int = 32  # running + waiting per tenant before 429s
     public_system_prompt: str | None = None  # the system prompt all tenants may share (opt-in)
     keep_billing_header: bool = False  # Anthropic: keep Claude Code's per-request nonce system block
     model_aliases: tuple[str, ...] = ("claude-*",)  # Anthropic model names served by this model
+
+
+MODEL_NAME_SHOWN = 64  # characters of a client's model value echoed back in a 404
 
 
 class ServerState:
@@ -59,12 +68,23 @@ class ServerState:
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
+        self.prep = ThreadPoolExecutor(config.prep_threads, thread_name_prefix="kvreuse-prep")
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in (self.config.served_model_name, self.engine.model_name):
+            shown = name if len(name) <= MODEL_NAME_SHOWN else f"{name[:MODEL_NAME_SHOWN]}..."
             raise APIError(
-                404, f"model {name!r} does not exist; this server serves {self.config.served_model_name!r}",
+                404, f"model {shown!r} does not exist; this server serves {self.config.served_model_name!r}",
                 type="not_found_error", param="model", code="model_not_found",
+            )  # fmt: skip
+
+    def check_messages(self, count: int) -> None:
+        """Refuse before rendering what cannot fit: every message renders to at least one token."""
+        limit = self.engine.max_model_len
+        if count > limit:
+            raise bad_request(
+                f"{count} messages cannot fit the model's context length ({limit} tokens)",
+                "messages", "context_length_exceeded",
             )  # fmt: skip
 
     def admit(self, slots: int = 1) -> None:
@@ -72,6 +92,11 @@ class ServerState:
         if self.draining:
             self.metrics.rejected.inc()
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if slots > self.capacity:  # waiting would not help: it can never be admitted
+            raise bad_request(
+                f"n = {slots} exceeds what this server ever runs at once ({self.capacity}: "
+                "--max-running + --max-waiting)", "n",
+            )  # fmt: skip
         if self.in_flight + slots > self.capacity:
             self.metrics.rejected.inc()
             raise APIError(
@@ -85,9 +110,8 @@ class ServerState:
         self.in_flight -= slots
 
     async def on_engine(self, fn: Callable[[Any], T], timeout: float = 30.0) -> T:
-        """Run ``fn(engine)`` on the engine thread, between steps, without blocking the event loop."""
-        if self.aengine.error is not None:
-            raise APIError(500, f"the engine stopped: {self.aengine.error}", type="server_error")
+        """Run ``fn(engine)`` on the engine thread, between steps, without blocking the event loop
+        (EngineDead, a 503, when the engine loop has stopped)."""
         return await asyncio.wait_for(asyncio.to_thread(self.aengine.run_idle, fn), timeout)
 
     def diagnostics_for(self, namespace: Any) -> CacheDiagnostics:

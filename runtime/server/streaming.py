@@ -13,6 +13,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from chat_templates.tool_calls import ParsedDelta
+from runtime.async_engine import EngineDead, RequestFailed
 from runtime.request import RequestOutput
 
 DONE = "data: [DONE]\n\n"
@@ -93,7 +94,8 @@ async def merge_streams(
 
 
 def openai_error_events(e: Exception) -> list[str]:
-    return [sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}}), DONE]
+    code = {EngineDead: "engine_dead", RequestFailed: "request_failed"}.get(type(e))
+    return [sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": code}}), DONE]
 
 
 def guarded_events(
@@ -111,7 +113,10 @@ def guarded_events(
                 async for event in it:
                     yield event
         except Exception as e:
-            log.exception("stream %s failed", request_id)
+            if isinstance(e, EngineDead | RequestFailed):
+                log.error("stream %s ended: %s", request_id, e)
+            else:
+                log.exception("stream %s failed", request_id)
             for err in error_events(e):
                 yield err
         finally:

@@ -12,7 +12,7 @@ class TemplateInfo(NamedTuple):
 
     name: str
     source: str
-    tool_format: str | None  # "hermes" | "llama3" | None (no tool support)
+    tool_format: str | None  # "hermes" | "qwen_xml" | "llama3" | None (no tool support)
     reasoning: bool
 
 
@@ -23,7 +23,9 @@ def resolve_template(tokenizer: Any, name: str | None) -> TemplateInfo:
     label = name or "model"
     if name is None and "tools" not in source and "<|im_start|>" in source:
         source, label = load_template("chatml", tokenizer), "chatml (bundled; the model's own has no tools)"
-    if "<tool_call>" in source:
+    if "<tool_call>" in source and "<function=" in source:
+        tool_format = "qwen_xml"  # Qwen3.5 / Qwen3-Coder: XML function and parameter tags
+    elif "<tool_call>" in source:
         tool_format = "hermes"
     elif "<|python_tag|>" in source or "ipython" in source:
         tool_format = "llama3"
@@ -41,6 +43,8 @@ def forced_tool_prefix(tool_format: str | None, choice: str | None) -> str:
     """
     if choice is None or tool_format is None:
         return ""
+    if tool_format == "qwen_xml":
+        return "<tool_call>\n<function=" if choice == "required" else f"<tool_call>\n<function={choice}>\n"
     if tool_format == "hermes":
         head = '<tool_call>\n{"name": "'
         return head if choice == "required" else f'{head}{choice}", "arguments": '

@@ -207,9 +207,9 @@ async def stream_events(run: MessagesRun) -> AsyncIterator[str]:
                 yield event("message_stop", {})
 
 
-def _error_events(e: Exception) -> list[str]:
+def error_events(e: Exception) -> list[str]:
     return [f"event: error\ndata: {json.dumps(error_object(500, str(e)))}\n\n"]
 
 
 def stream_response(run: MessagesRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release, _error_events)
+    return guarded_events(stream_events(run), run.id, release, error_events)

@@ -75,8 +75,10 @@ def install_anthropic_routes(app: FastAPI, state: ServerState, generate: Generat
     async def create(request: Request) -> Response:
         body: MessagesRequest = await _body(request, MessagesRequest)
         check_model(state, body.model)
-        run = messages.MessagesRun(state, body, convert(body, state.config.keep_billing_header))
-        return await generate(state, request, run, 1, body.stream, messages)
+        conv = convert(body, state.config.keep_billing_header)
+        return await generate(
+            state, request, lambda: messages.MessagesRun(state, body, conv), 1, body.stream, messages
+        )
 
     async def count(request: Request) -> Response:
         body: CountTokensRequest = await _body(request, CountTokensRequest)

@@ -1,0 +1,138 @@
+"""The checks every HTTP request passes before routing, as one pure ASGI middleware.
+
+Pure ASGI rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware`` hands the
+app a receive channel of its own, so ``request.is_disconnected()`` never sees the client leave
+and a non-streamed generation would run to the end for nobody.
+
+* Host allow-list: a web page can point a DNS name it controls at 127.0.0.1 (DNS rebinding); the
+  browser then sends that name as ``Host``, which a loopback server must refuse.
+* POST bodies to our POST routes must be ``application/json``: browsers send ``text/plain`` / form posts cross-origin
+  without a preflight, so requiring JSON means no web page can change state (cache reset) or
+  spend compute; CORS stays closed unless ``--cors-allow-origin`` opens it.
+* ``--max-request-bytes``: a body larger than this is refused before it is read whole.
+* API keys (``--api-key``): the caller's tenant goes into ``request.state.tenant``, or a 401.
+* Per-path, per-status request counts for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def _host_name(value: str) -> str:
+    """``Host`` header without port: ``[::1]:8000`` -> ``::1``, ``localhost:80`` -> ``localhost``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class RequestGuard:
+    """ASGI middleware: host, content type and size checks, then counts ``/v1/`` responses."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        allowed_hosts: Iterable[str],
+        max_request_bytes: int,
+        json_paths: Iterable[str],
+        authenticate: Callable[[str, Headers], str | None],
+        on_error: Callable[[Exception], ASGIApp],
+        count: Callable[[str, int], None],
+    ) -> None:
+        self.app = app
+        hosts = {h.strip().lower().strip("[]") for h in allowed_hosts}
+        self.any_host = "*" in hosts
+        self.allowed_hosts = hosts
+        self.max_request_bytes = max_request_bytes
+        self.json_paths = frozenset(json_paths)  # POST routes; other paths answer 404/405 as usual
+        self.authenticate, self.on_error = authenticate, on_error  # tenant from the API key (tenants.py)
+        self.count = count
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path = scope["path"]
+        status = [500]
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if (refusal := self._host_refusal(headers)) is not None:
+                await _error(counted_send, *refusal)
+                return
+            try:  # request.state.tenant, read by the routes; a 401 before any other complaint
+                scope.setdefault("state", {})["tenant"] = self.authenticate(path, Headers(scope=scope))
+            except Exception as e:  # APIError 401
+                await self.on_error(e)(scope, receive, counted_send)
+                return
+            if (refusal := self._body_refusal(scope, headers)) is not None:
+                await _error(counted_send, *refusal)
+                return
+            limit, seen = self.max_request_bytes, [0]
+
+            async def limited_receive() -> Message:
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen[0] += len(message.get("body", b""))
+                    if seen[0] > limit:  # a chunked body with no Content-Length; FastAPI re-raises this
+                        raise HTTPException(413, self._too_large()[1])
+                return message
+
+            await self.app(scope, limited_receive, counted_send)
+        finally:
+            if path.startswith("/v1/"):
+                self.count(path, status[0])
+
+    def _too_large(self) -> tuple[int, str, str]:
+        return (
+            413,
+            f"request body larger than {self.max_request_bytes} bytes (--max-request-bytes)",
+            "too_large",
+        )
+
+    def _host_refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        host = _host_name(headers.get("host", ""))
+        if not self.any_host and host not in self.allowed_hosts:
+            return 400, "Host header not allowed (see --allowed-hosts)", "invalid_host"
+        return None
+
+    def _body_refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, str] | None:
+        if scope["method"] == "POST" and scope["path"] in self.json_paths:
+            ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype != "application/json":
+                return (
+                    415,
+                    "POST bodies must be sent with Content-Type: application/json",
+                    "unsupported_media_type",
+                )
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > self.max_request_bytes:
+                return self._too_large()
+        return None
+
+
+async def _error(send: Send, status: int, message: str, code: str) -> None:
+    body = json.dumps(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,153 @@
+"""Prefix reuse for a hybrid model: KV pages plus linear-attention state snapshots.
+
+* with-cache == without-cache on random conversation trees (tokens identical, logits 1e-4), with
+  eviction, retraction and a snapshot budget small enough to evict snapshots, integrity after
+  every step (pages, state slots, snapshot bytes, no snapshot without its KV pages);
+* an append-only 10-turn conversation reuses everything but the new tokens and the distance to
+  the last snapshot, which page arithmetic gives independently of the cache;
+* a KV match longer than the last snapshot is cut back to it, and says so.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.engine import Engine
+from tests.engine_drive import (
+    assert_logits_close,
+    assert_no_request_pages,
+    greedy,
+    random_ids,
+    run_checked,
+    tiny_engine,
+)
+from tests.hybrid_models import make_tiny_hybrid
+from tests.test_prefix_cache_equivalence import _draw_prompt
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_hybrid(tmp_path_factory.mktemp("hyb") / "m", "gqa-3to1-untied")
+
+
+def _engine(d, **kw) -> Engine:
+    return tiny_engine(d, **{"page_size": 4, "num_pages": 512, "record_logits": True, **kw})
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir) -> dict:
+    snap = _engine(model_dir).runner.state_pool.snapshot_bytes
+    out = {"off": _engine(model_dir, prefix_cache="off")}
+    for ps in (4, 16):
+        for small in (False, True):
+            # small: 96 KV tokens (eviction + retraction) and room for 3 snapshots (snapshot eviction)
+            out[(ps, small)] = _engine(
+                model_dir, page_size=ps, num_pages=(96 if small else 2048) // ps, chunk_size=24,
+                snapshot_memory=3 * snap if small else None, snapshot_every=2 if ps == 4 else 0,
+            )  # fmt: skip
+    return out
+
+
+def _run(eng: Engine, prompts, max_tokens):
+    reqs = [eng.make_request(p, greedy(m)) for p, m in zip(prompts, max_tokens)]
+    run_checked(eng, reqs)
+    return reqs
+
+
+@pytest.mark.parametrize("ps", (4, 16))
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(data=st.data())
+def test_cache_matches_off_on_random_conversation_trees(engines, ps, data):
+    small = data.draw(st.booleans(), label="small_pool")
+    eng, off = engines[(ps, small)], engines["off"]
+    eng.reset_prefix_cache()
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="token_seed"))
+    history: list[list[int]] = []
+    prompts_so_far: list[list[int]] = []
+    for _ in range(data.draw(st.integers(1, 3), label="waves")):
+        n = data.draw(st.integers(1, 3), label="wave_size")
+        prompts = [_draw_prompt(data, gen, history, prompts_so_far) for _ in range(n)]
+        max_tokens = [data.draw(st.integers(1, 6), label="max_tokens") for _ in range(n)]
+        cached, naive = _run(eng, prompts, max_tokens), _run(off, prompts, max_tokens)
+        for a, b in zip(cached, naive):
+            assert a.output_ids == b.output_ids
+            assert_logits_close(a, b)
+        history += [list(r.tokens) for r in cached]
+        prompts_so_far += prompts
+        assert_no_request_pages(eng)
+
+
+def test_append_only_conversation_reuses_up_to_the_last_snapshot(model_dir):
+    """Turn t's prompt is turn t-1's prompt + output + new tokens.  The previous turn computed all
+    but its last sampled token, so its last snapshot sits at the page boundary at or below that:
+    cached = floor((len(prev) - 1) / ps) * ps, prefilled = new + (len(prev) - cached)."""
+    ps = 4
+    eng = _engine(model_dir, page_size=ps, chunk_size=64)
+    off = _engine(model_dir, page_size=ps, chunk_size=64, prefix_cache="off")
+    gen = torch.Generator().manual_seed(7)
+    prev: list[int] = []
+    rows = []
+    for turn in range(10):
+        new = random_ids(gen, 5 + 7 * turn % 23)
+        prompt = prev + new
+        (req,) = _run(eng, [prompt], [6])
+        (ref,) = _run(off, [prompt], [6])
+        assert req.output_ids == ref.output_ids
+        snap = (len(prev) - 1) // ps * ps if prev else 0
+        distance = len(prev) - snap
+        rows.append((turn, len(prompt), len(new), distance, req.prefilled_tokens))
+        assert req.cached_tokens == snap, rows
+        assert req.prefilled_tokens == len(new) + distance, rows
+        assert distance <= ps
+        prev = list(req.tokens)
+    eng.check_integrity()
+    assert eng.stats().snapshots > 0
+
+
+def test_kv_match_past_the_last_snapshot_is_cut_back(model_dir):
+    """A prompt sharing 30 tokens with an earlier 40-token one: the KV matches 28 (whole pages), but
+    the earlier prompt's snapshots sit at its chunk ends 24 and 40, so 24 are reused and 4 recomputed."""
+    eng = _engine(model_dir, page_size=4, chunk_size=24)
+    gen = torch.Generator().manual_seed(3)
+    a = random_ids(gen, 40)
+    _run(eng, [a], [1])
+    b = a[:30] + random_ids(gen, 10)
+    assert eng.cache.prefix.peek_len(b[:-1]) == 28
+    (req,) = _run(eng, [b], [1])
+    assert req.cached_tokens == 24
+    assert req.snapshot_cut == 4
+    assert req.prefilled_tokens == len(b) - 24
+    assert eng.stats().snapshot_cut_tokens == 4
+    eng.check_integrity()
+
+
+def test_snapshots_go_with_their_pages(model_dir):
+    """Evicting the tree's pages drops the snapshots at their ends (checked by the integrity check too)."""
+    eng = _engine(model_dir, page_size=4, num_pages=30, chunk_size=64)
+    gen = torch.Generator().manual_seed(5)
+    _run(eng, [random_ids(gen, 60)], [2])
+    held = eng.stats().snapshots
+    assert held > 0
+    _run(eng, [random_ids(gen, 100)], [2])  # needs the pages of the first prompt
+    s = eng.cache.states.snapshots.stats()
+    assert s.dropped >= held
+    eng.check_integrity()
+
+
+def test_snapshot_budget_evicts_lru(model_dir):
+    eng = _engine(model_dir, page_size=4, chunk_size=64, snapshot_memory=2 * _snap_bytes(model_dir))
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(4):
+        _run(eng, [random_ids(gen, 30)], [1])
+    s = eng.cache.states.snapshots.stats()
+    assert s.count <= 2 and s.bytes <= s.budget_bytes and s.evicted >= 2
+    eng.check_integrity()
+
+
+def _snap_bytes(d) -> int:
+    return _engine(d, prefix_cache="off").runner.state_pool.snapshot_bytes
