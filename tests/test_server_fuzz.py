@@ -17,11 +17,12 @@ from runtime.server.state import ServerConfig
 
 pytestmark = pytest.mark.timeout(300)
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens")
 KEYS = (
     "model", "messages", "prompt", "tools", "tool_choice", "stream", "stream_options", "max_tokens",
     "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "logprobs", "top_logprobs",
     "chat_template_kwargs", "echo", "stop_token_ids", "ignore_eos",
+    "system", "stop_sequences", "metadata", "thinking", "cache_control",  # Anthropic's
 )  # fmt: skip
 
 json_values = st.recursive(
@@ -33,6 +34,14 @@ json_values = st.recursive(
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
     max_leaves=12,
 )
+block_types = st.sampled_from(
+    ["text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document", "x"]
+)
+anthropic_blocks = st.fixed_dictionaries(
+    {"type": block_types},
+    optional={k: json_values | st.text(max_size=8) for k in
+              ("text", "id", "name", "input", "tool_use_id", "content", "is_error", "thinking", "cache_control")},
+)  # fmt: skip
 roles = st.sampled_from(["system", "user", "assistant", "tool", "developer", "bot", "", None])
 messages = st.lists(
     st.fixed_dictionaries(
@@ -40,7 +49,8 @@ messages = st.lists(
         optional={
             "content": st.none()
             | st.text(max_size=30)
-            | st.lists(st.dictionaries(st.sampled_from(["type", "text"]), json_values)),
+            | st.lists(st.dictionaries(st.sampled_from(["type", "text"]), json_values))
+            | st.lists(anthropic_blocks, max_size=3),
             "tool_calls": json_values,
             "tool_call_id": st.text(max_size=5) | st.integers(),
             "reasoning_content": st.text(max_size=10) | st.integers(),
@@ -83,17 +93,20 @@ def client():
         yield c
 
 
-def _check(resp) -> None:
-    assert resp.status_code < 500, resp.text
+def _check(resp, path: str = "") -> None:
+    assert resp.status_code < 500 or (resp.status_code == 529 and path.startswith("/v1/messages")), resp.text
     if resp.status_code >= 400:
-        err = resp.json()["error"]
+        body = resp.json()
+        if path.startswith("/v1/messages"):  # Anthropic's shape
+            assert body["type"] == "error", body
+        err = body["error"]
         assert isinstance(err["message"], str) and err["message"] and "type" in err
 
 
 @settings(max_examples=1000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=st.binary(max_size=64) | st.text(max_size=64).map(str.encode), path=st.sampled_from(ENDPOINTS))
 def test_raw_garbage_bodies(client, raw, path):
-    _check(client.post(path, content=raw, headers={"content-type": "application/json"}))
+    _check(client.post(path, content=raw, headers={"content-type": "application/json"}), path)
 
 
 @settings(max_examples=1000, deadline=20000, suppress_health_check=[HealthCheck.too_slow])
@@ -101,7 +114,7 @@ def test_raw_garbage_bodies(client, raw, path):
 def test_structured_malformed_bodies(client, body, path):
     if body.get("stream") is True:
         body["stream"] = False  # a streamed 200 is still checked below by the valid-request test
-    _check(client.post(path, content=json.dumps(body), headers={"content-type": "application/json"}))
+    _check(client.post(path, content=json.dumps(body), headers={"content-type": "application/json"}), path)
 
 
 def test_still_serves_and_no_pages_leak(client):
@@ -110,5 +123,10 @@ def test_still_serves_and_no_pages_leak(client):
         json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0},
     )
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+    ok = client.post(
+        "/v1/messages",
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0},
+    )
+    assert ok.status_code == 200 and ok.json()["usage"]["output_tokens"] >= 1
     kv = client.get("/debug/kv").json()
     assert kv["ok"] and kv["pages"]["request_pages"] == 0 and kv["in_flight"] == 0

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
 from runtime.server import chat, completions
+from runtime.server.anthropic.routes import install_anthropic_routes, models_page
 from runtime.server.cache_routes import install_cache_routes
 from runtime.server.errors import (
     APIError,
@@ -28,7 +29,7 @@ from runtime.server.errors import (
 from runtime.server.guard import RequestGuard
 from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
-from runtime.server.streaming import Once, guarded_events
+from runtime.server.streaming import Once, guarded_events, openai_error_events
 
 DISCONNECT_POLL_S = 0.25
 # bodiless POSTs still say application/json (see guard.py); the body itself is ignored
@@ -110,7 +111,9 @@ async def _generate(
     session = getattr(run.req, "user", None) or request.headers.get("x-session-id")
     run.scope = state.tenants.scope(tenant, session, state.tenants.public_len(getattr(run, "prompt", None)))
     if stream:
-        return guarded_events(module.stream_events(run), run.id, release)
+        return guarded_events(
+            module.stream_events(run), run.id, release, getattr(module, "error_events", openai_error_events)
+        )
     try:
         body = await _unless_disconnected(request, module.complete(run))
     finally:
@@ -154,7 +157,9 @@ def create_app(
         return await _generate(state, request, run, choices, body.stream, completions)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        if "anthropic-version" in request.headers:  # the anthropic SDK's models.list()
+            return models_page(state)
         card = {
             "id": config.served_model_name, "object": "model", "created": state.created, "owned_by": "kvreuse",
             "max_model_len": state.engine.max_model_len,
@@ -201,6 +206,7 @@ def create_app(
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
     install_cache_routes(app, state)
+    install_anthropic_routes(app, state, _generate)
     app.add_middleware(
         RequestGuard,
         allowed_hosts=config.allowed_hosts,
@@ -215,7 +221,13 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Content-Type", "Authorization"],
+            allow_headers=[
+                "Content-Type",
+                "Authorization",
+                "x-api-key",
+                "anthropic-version",
+                "anthropic-beta",
+            ],
         )
     document_errors(app, (ChatCompletionRequest, CompletionRequest))
     return app

@@ -76,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="file with a system prompt whose cache all tenants share (opt-in; nothing else is shared)",
     )
+    p.add_argument(
+        "--keep-billing-header", action="store_true",
+        help="Anthropic API: keep a system block starting 'x-anthropic-billing-header:' (Claude Code's "
+        "per-request nonce) in the prompt; by default it is left out so the prefix cache keeps hitting",
+    )  # fmt: skip
+    p.add_argument(
+        "--model-alias", action="append", default=None, metavar="PATTERN",
+        help="Anthropic API: model names (globs) answered by the served model (default: claude-*)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
     return p
@@ -163,6 +172,8 @@ def main(argv: list[str]) -> int:
         public_system_prompt=None
         if args.public_system_prompt is None
         else Path(args.public_system_prompt).read_text(),
+        keep_billing_header=args.keep_billing_header,
+        model_aliases=tuple(args.model_alias) if args.model_alias is not None else ("claude-*",),
     )
     app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
     state = app.state.kv

@@ -39,6 +39,8 @@ class ServerConfig:
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant; empty: no authentication
     tenant_max_requests: int = 32  # running + waiting per tenant before 429s
     public_system_prompt: str | None = None  # the system prompt all tenants may share (opt-in)
+    keep_billing_header: bool = False  # Anthropic: keep Claude Code's per-request nonce system block
+    model_aliases: tuple[str, ...] = ("claude-*",)  # Anthropic model names served by this model
 
 
 MODEL_NAME_SHOWN = 64  # characters of a client's model value echoed back in a 404

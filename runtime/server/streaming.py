@@ -93,9 +93,19 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def guarded_events(events: AsyncIterator[str], request_id: str, release: Callable[[], None]) -> GuardedStream:
-    """Stream ``events``; an error after the headers went out is reported in-band, the way OpenAI
-    streams do, and ``release`` runs however the stream ends."""
+def openai_error_events(e: Exception) -> list[str]:
+    code = {EngineDead: "engine_dead", RequestFailed: "request_failed"}.get(type(e))
+    return [sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": code}}), DONE]
+
+
+def guarded_events(
+    events: AsyncIterator[str],
+    request_id: str,
+    release: Callable[[], None],
+    error_events: Callable[[Exception], list[str]] = openai_error_events,
+) -> GuardedStream:
+    """Stream ``events``; an error after the headers went out is reported in-band (as the
+    protocol's ``error_events`` say; OpenAI's by default), and ``release`` runs however the stream ends."""
 
     async def body() -> AsyncIterator[str]:
         try:
@@ -107,9 +117,8 @@ def guarded_events(events: AsyncIterator[str], request_id: str, release: Callabl
                 log.error("stream %s ended: %s", request_id, e)
             else:
                 log.exception("stream %s failed", request_id)
-            code = {EngineDead: "engine_dead", RequestFailed: "request_failed"}.get(type(e))
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": code}})
-            yield DONE
+            for err in error_events(e):
+                yield err
         finally:
             release()
 

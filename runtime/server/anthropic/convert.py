@@ -1,0 +1,186 @@
+"""An Anthropic request as the shared chat core sees it: template messages, tools, tool choice, sampling.
+
+Anthropic's ``system`` becomes the first system message (text blocks joined by a blank line);
+user ``tool_result`` blocks become ``tool`` messages (in block order, before the user's text);
+assistant ``thinking`` becomes the template's reasoning, ``tool_use`` its tool calls.
+``redacted_thinking`` has no text a local model could read, so it renders as nothing.
+
+The Claude Code nonce: recent builds put ``x-anthropic-billing-header: ...cch=<nonce>`` in the
+first system block, different on every request, which would make every prompt miss the prefix
+cache from token 0.  It carries nothing for the model, so it is left out unless the server keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+from runtime.server.anthropic.protocol import (
+    CountTokensRequest,
+    MessagesRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UnsupportedBlock,
+)
+from runtime.server.errors import bad_request
+from runtime.server.protocol import ChatCompletionRequest
+
+NONCE_PREFIX = "x-anthropic-billing-header:"
+SYSTEM_SEP = "\n\n"
+
+
+class Breakpoint(NamedTuple):
+    """A ``cache_control`` mark: the prefix ends after ``message`` (a chat message index, or
+    ``"tools"``, or ``"end"`` for the top-level automatic form), kept for ``ttl`` seconds."""
+
+    message: int | str
+    ttl: float
+
+
+class SystemBlock(NamedTuple):
+    """Where a system block's text sits in the joined system message (for diagnostics)."""
+
+    index: int
+    char_start: int
+    char_end: int
+    nonce: bool
+
+
+class Converted(NamedTuple):
+    chat: ChatCompletionRequest
+    breakpoints: list[Breakpoint]
+    system_blocks: list[SystemBlock]
+    dropped_nonce: bool
+
+
+def _system(
+    req: CountTokensRequest, keep_nonce: bool
+) -> tuple[str | None, list[SystemBlock], bool, float | None]:
+    if req.system is None:
+        return None, [], False, None
+    blocks = [TextBlock(type="text", text=req.system)] if isinstance(req.system, str) else req.system
+    parts: list[str] = []
+    spans: list[SystemBlock] = []
+    dropped, ttl, pos = False, None, 0
+    for i, b in enumerate(blocks):
+        nonce = b.text.startswith(NONCE_PREFIX)
+        if nonce and not keep_nonce:
+            dropped = True
+            continue
+        if parts:
+            pos += len(SYSTEM_SEP)
+        spans.append(SystemBlock(i, pos, pos + len(b.text), nonce))
+        parts.append(b.text)
+        pos += len(b.text)
+        if b.cache_control is not None:
+            ttl = max(ttl or 0.0, b.cache_control.seconds)
+    return SYSTEM_SEP.join(parts), spans, dropped, ttl
+
+
+def _call(b: ToolUseBlock) -> dict[str, Any]:
+    return {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+
+
+def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
+    """Raises a 400 (``APIError``) for content a text model cannot take; chat validation does the rest."""
+    system, spans, dropped, sys_ttl = _system(req, keep_nonce)
+    msgs: list[dict[str, Any]] = []
+    marks: list[Breakpoint] = []
+    used: set[str] = set()
+    if system is not None:
+        msgs.append({"role": "system", "content": system})
+        if sys_ttl is not None:
+            marks.append(Breakpoint(0, sys_ttl))
+    for i, m in enumerate(req.messages):
+        blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        text: list[str] = []
+        reasoning: list[str] = []
+        calls: list[dict[str, Any]] = []
+        ttl: float | None = None
+        for j, b in enumerate(blocks):
+            if isinstance(b, UnsupportedBlock):
+                raise bad_request(
+                    f"messages[{i}].content[{j}]: {b.type} blocks are not supported by this text-only "
+                    "local model; send text", f"messages.{i}.content.{j}.type",
+                )  # fmt: skip
+            if b.cache_control is not None:
+                ttl = max(ttl or 0.0, b.cache_control.seconds)
+            if isinstance(b, ToolResultBlock):
+                if m.role != "user":
+                    raise bad_request(f"messages[{i}]: tool_result blocks belong in user messages")
+                if b.tool_use_id not in used:
+                    raise bad_request(
+                        f"messages[{i}].content[{j}]: tool_result answers tool_use_id {b.tool_use_id!r}, "
+                        "which no earlier tool_use block has", f"messages.{i}.content.{j}.tool_use_id",
+                    )  # fmt: skip
+                body = b.text()
+                msgs.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": body if not b.is_error
+                             else f"Error: {body}"})  # fmt: skip
+            elif isinstance(b, ToolUseBlock):
+                if m.role != "assistant":
+                    raise bad_request(f"messages[{i}]: tool_use blocks belong in assistant messages")
+                calls.append(_call(b))
+                used.add(b.id)
+            elif b.type == "thinking":
+                reasoning.append(b.thinking)
+            elif b.type == "text":
+                text.append(b.text)
+        if text or calls or reasoning or not isinstance(m.content, list):
+            d: dict[str, Any] = {"role": m.role, "content": "".join(text) if text or not calls else None}
+            if calls:
+                d["tool_calls"] = calls
+            if reasoning:
+                d["reasoning_content"] = "".join(reasoning)
+            msgs.append(d)
+        if ttl is not None and msgs:
+            marks.append(Breakpoint(len(msgs) - 1, ttl))
+    tools = None
+    if req.tools:
+        tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                  "parameters": t.input_schema}} for t in req.tools]  # fmt: skip
+        ttls = [t.cache_control.seconds for t in req.tools if t.cache_control is not None]
+        if ttls:
+            marks.append(Breakpoint("tools", max(ttls)))
+    if req.cache_control is not None:
+        marks.append(Breakpoint("end", req.cache_control.seconds))
+    body: dict[str, Any] = {"messages": msgs, "tools": tools, "tool_choice": _tool_choice(req)}
+    if req.thinking is not None and req.thinking.type != "adaptive":
+        body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
+    if isinstance(req, MessagesRequest):
+        body.update(
+            max_tokens=req.max_tokens,
+            stop=req.stop_sequences or None,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            user=req.metadata.user_id if req.metadata else None,
+            stream=req.stream,
+        )
+    else:
+        body["max_tokens"] = 1
+    try:
+        chat = ChatCompletionRequest.model_validate(body)
+    except ValueError as e:  # a conversion the chat core refuses (e.g. a tool_result with no tool_use)
+        raise bad_request(_first_error(e)) from None
+    return Converted(chat, marks, spans, dropped)
+
+
+def _tool_choice(req: CountTokensRequest) -> Any:
+    c = req.tool_choice
+    if c is None or not req.tools:
+        return None
+    if c.type == "any":
+        return "required"
+    if c.type == "tool":
+        return {"type": "function", "function": {"name": c.name}}
+    return c.type  # auto | none
+
+
+def _first_error(e: ValueError) -> str:
+    errors = getattr(e, "errors", None)
+    if callable(errors) and errors():
+        first = errors()[0]
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        return f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
+    return str(e)

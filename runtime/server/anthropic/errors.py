@@ -1,0 +1,35 @@
+"""Errors in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``, with its statuses."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from runtime.server.errors import APIError
+
+# Our status -> Anthropic's error type; Anthropic answers overload with 529.
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+OVERLOADED = 529
+
+
+def error_object(status: int, message: str) -> dict:
+    return {"type": "error", "error": {"type": TYPES.get(status, "api_error"), "message": message}}
+
+
+def error_response(e: APIError) -> JSONResponse:
+    status = OVERLOADED if e.status == 503 else e.status
+    return JSONResponse(error_object(status, e.message), status_code=status, headers=e.headers)
+
+
+def is_anthropic(path: str, headers) -> bool:
+    """Requests answered in Anthropic's error shape: the Messages routes, or any route the
+    Anthropic SDK calls (it always sends ``anthropic-version``)."""
+    return path.startswith("/v1/messages") or "anthropic-version" in headers
