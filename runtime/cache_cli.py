@@ -40,14 +40,15 @@ def main(argv: list[str]) -> int:
     if not args.kv_store:
         p.error("--kv-store DIR is required")
     if args.op == "inspect":
-        from runtime.kv_store import DiskStore
+        from runtime.kv_store.inspect import describe
 
-        print(json.dumps(DiskStore.describe(args.kv_store), indent=2))
+        print(json.dumps(describe(args.kv_store), indent=2))
         return 0
     if args.op == "clear":
         from runtime.kv_store.disk import DiskStore
+        from runtime.kv_store.inspect import describe
 
-        info = DiskStore.describe(args.kv_store)
+        info = describe(args.kv_store)
         store = DiskStore(args.kv_store, info["fingerprint"], 0)  # takes the lock: no server has it
         store.clear()
         store.close()

@@ -25,7 +25,9 @@ GREEDY = {"temperature": 0}  # the SDK dropped sampling arguments; the API still
 def app():
     engine = Engine(None, kv_cache_memory="128M", max_model_len=4096)
     aengine = AsyncEngine(engine)
-    app = create_app(aengine, ServerConfig(MODEL, api_keys={}, allowed_hosts=("testserver",)), on_shutdown=aengine.shutdown)
+    app = create_app(
+        aengine, ServerConfig(MODEL, api_keys={}, allowed_hosts=("testserver",)), on_shutdown=aengine.shutdown
+    )
     with TestClient(app, raise_server_exceptions=False) as http:
         app.state.http = http
         yield app
