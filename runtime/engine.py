@@ -18,6 +18,7 @@ import torch
 
 from runtime.admission import Admission, EngineError
 from runtime.cache_manager import CacheManager, CacheStats
+from runtime.cache_scope import CacheScope
 from runtime.config import EngineConfig
 from runtime.constrained import GrammarCompiler
 from runtime.detokenizer import IncrementalDetokenizer
@@ -28,10 +29,12 @@ from runtime.kv_store.open import open_tiers
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import cache_dir, resolve_model
 from runtime.outputs import make_output
+from runtime.pins import PinInfo
 from runtime.request import Request, RequestOutput
 from runtime.sampler import SampleResult
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Batch, Scheduler
+from runtime.scoring import Entry, prompt_logprobs
 from runtime.snapshot_cache import SnapshotCache
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
@@ -257,6 +260,50 @@ class Engine:
     def stats(self) -> EngineStats:
         t = self._totals
         return engine_stats(self.cache, self.scheduler, t["requests"], t["prompt"], t["snapshot_cut"])
+
+    def cache_stats(self) -> CacheStats:
+        """The pool's pages by owner (free, tree, pinned, evictable, requests'), expired pins dropped first."""
+        self.cache.pins.expire()
+        return self.cache.stats()
+
+    def pins(self) -> tuple[list[PinInfo], dict[str, int]]:
+        """The live pins (owner, tokens, TTL left) and the pins lapsed so far by cause."""
+        return self.cache.pins.info(), dict(self.cache.pins.lapsed)
+
+    def is_pinned(self, owner: object) -> bool:
+        return owner in self.cache.pins
+
+    def pin_prefix(
+        self, owner: object, ids: list[int], scope: CacheScope, ttl: float | None
+    ) -> tuple[int, bool]:
+        """Pin the cached part of ``ids`` (in ``scope``) for ``ttl`` seconds under ``owner``, within the pin
+        budget; returns (tokens the pin covers, whether it was taken)."""
+        cm = self.cache
+        handle = cm.prefix.match(ids, scope.namespace, scope.public_len).handle
+        return cm.prefix.handle_len(handle), cm.pins.pin(owner, handle, ttl)
+
+    def prompt_logprobs(self, ids: list[int], top: int) -> list[Entry]:
+        """Logprobs of a prompt's own tokens (only between steps): see ``runtime.scoring``."""
+        return prompt_logprobs(self.runner, self.cache, self.config.chunk_size, ids, top)
+
+    # -- instrumentation for benchmarks: read-only views, and one knob ------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """The loaded ``CausalLM``: for parameter counts, or wrapping its forward to time it; never drive it."""
+        return self.runner.model
+
+    @property
+    def model_config(self):
+        """The architecture (``runtime.models.config.ModelConfig``) of the loaded model."""
+        return self.runner.cfg
+
+    @property
+    def attention_backend(self) -> str:
+        return self.runner.backend.name
+
+    def set_chunk_size(self, tokens: int) -> None:
+        """Prefill token budget per step from the next step on (benchmarks sweep it in one engine)."""
+        self.scheduler.chunk_size = tokens
 
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
