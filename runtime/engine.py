@@ -112,6 +112,7 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
+        self._closed = False
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
         self.admission = Admission(
             self.tokenizer, mc.vocab_size, self.max_model_len, self.runner.pool.num_tokens,
@@ -134,6 +135,8 @@ class Engine:
 
     def submit(self, req: Request) -> None:
         """Thread-safe: queue a request for the next step."""
+        if self._closed:
+            raise EngineError("the engine is closed")
         self._inbox.put(("add", req))
 
     def abort(self, request_id: str) -> None:
@@ -154,6 +157,8 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """inbox -> schedule -> forward + sample -> commit -> detokenise -> outputs."""
+        if self._closed:  # its store is released and its ranks are gone: nothing may run on them
+            raise EngineError("the engine is closed")
         outputs = self._drain_inbox()
         if self.cache.tiers is not None and time.monotonic() >= self._next_persist:
             self._next_persist = time.monotonic() + self.config.kv_store_sync_s
@@ -320,7 +325,8 @@ class Engine:
 
     def close(self) -> None:
         """Persist the cache to the disk tier, release the store (its lock) and stop the other
-        tensor-parallel ranks; idempotent."""
+        tensor-parallel ranks; idempotent.  A closed engine refuses new requests and steps."""
+        self._closed = True
         self.cache.close()
         self.runner.close()
 

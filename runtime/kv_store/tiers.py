@@ -110,7 +110,7 @@ class LowerTiers:
                         break
                     run.append(t)
             if run:
-                parts.append(torch.stack(run))
+                parts.append(_rows(run))
                 i += len(run)
                 continue
             j = i  # the longest run the disk itself must serve
@@ -241,3 +241,16 @@ class LowerTiers:
             disk_pages=ds.pages if ds else 0,
             disk_bytes=ds.nbytes if ds else 0,
         )
+
+
+def _rows(pages: list[torch.Tensor]) -> torch.Tensor:
+    """Pages stacked ``[n, ...]``: a view when they are consecutive rows of one tensor (the pages of
+    a group read ahead together), a copy otherwise."""
+    first, step = pages[0], pages[0].numel()
+    base = first.untyped_storage().data_ptr()
+    if first.is_contiguous() and all(
+        p.untyped_storage().data_ptr() == base and p.storage_offset() == first.storage_offset() + i * step
+        for i, p in enumerate(pages)
+    ):
+        return first.as_strided((len(pages), *first.shape), (step, *first.stride()))
+    return torch.stack(pages)
