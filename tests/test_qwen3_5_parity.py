@@ -55,7 +55,11 @@ def _all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_logits_match_transformers(hybrid_models, shape):
-    d = hybrid_models[shape]
+    check_logits_match(hybrid_models[shape], shape)
+
+
+def check_logits_match(d, shape: str) -> None:
+    """Every position's logits of one prefill against transformers' forward, at each of ``LENGTHS``."""
     hf = load_hf(d)
     eng = _engine(d, num_pages=128, page_size=16)
     g = torch.Generator().manual_seed(1)
@@ -77,8 +81,11 @@ def _prompts(seed: int, lengths=(5, 77, 150)) -> list[list[int]]:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_greedy_matches_generate(hybrid_models, shape):
+    check_greedy_matches_generate(hybrid_models[shape])
+
+
+def check_greedy_matches_generate(d) -> None:
     """Batched greedy decode over chunked prefill, token-identical to transformers' generate."""
-    d = hybrid_models[shape]
     hf = load_hf(d)
     hf.generation_config.eos_token_id = None
     eng = _engine(d, chunk_size=64)
@@ -93,9 +100,12 @@ def test_greedy_matches_generate(hybrid_models, shape):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_chunked_prefill_identical_to_unchunked(hybrid_models, shape):
+    check_chunked_identical_to_unchunked(hybrid_models[shape])
+
+
+def check_chunked_identical_to_unchunked(d) -> None:
     """Chunk sizes 1, 2, 3, 5 split the conv window (K-1 = 2-3 inputs) at every offset; 63/65 split the
     delta rule's 64-token chunks.  Same logits (1e-5) and the same greedy tokens."""
-    d = hybrid_models[shape]
     prompt = _prompts(3, (130,))[0]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     base = _engine(d, chunk_size=4096, record_logits=True, prefix_cache="off")
@@ -120,7 +130,11 @@ def _first_logits(eng: Engine, prompt: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("shape", ["gqa-3to1-untied", "odd-heads-1to1-tied"])
 def test_batched_identical_to_alone(hybrid_models, shape):
-    d = hybrid_models[shape]
+    check_batched_identical_to_alone(hybrid_models[shape])
+
+
+def check_batched_identical_to_alone(d) -> None:
+    """Five streams of mixed lengths prefilled and decoded together == each alone."""
     prompts = _prompts(4, (3, 40, 97, 150, 9))
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     alone = [_engine(d, prefix_cache="off").generate([p], params)[0].output_token_ids for p in prompts]
@@ -132,7 +146,7 @@ def test_batched_identical_to_alone(hybrid_models, shape):
 
 def test_qwen3_next_dense_layers_match_transformers(tmp_path):
     """Qwen3-Next shares the blocks; its checkpoints group q/k/v/z (and b/a) per key head, regrouped at load.
-    Dense layers only (``num_experts=0``): its mixture-of-experts MLP belongs to the MoE work."""
+    Dense layers only (``num_experts=0``); its sparse MoE layers: ``tests/test_moe_hybrid_parity.py``."""
     d = make_tiny_model(
         tmp_path / "next", "qwen3_next", False, initializer_range=0.1, num_experts=0, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
@@ -153,13 +167,3 @@ def test_qwen3_next_dense_layers_match_transformers(tmp_path):
     with torch.no_grad():
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=0)
     assert out.output_token_ids == ref[0, len(ids) :].tolist()
-
-
-def test_qwen3_next_experts_are_refused_clearly():
-    from runtime.models.config import ModelConfig
-
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        ModelConfig.from_dict({
-            "model_type": "qwen3_next", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "num_experts": 4, "decoder_sparse_step": 1,
-        })  # fmt: skip

@@ -16,7 +16,7 @@ from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
-from runtime.models.moe import feed_forward
+from runtime.models.moe import Experts, feed_forward
 from runtime.models.summary import ParamCounts, count_parameters
 
 
@@ -119,10 +119,11 @@ class CausalLM(nn.Module):
 
         Decode on CPU streams every weight once per step; the packed layout streams it up to ~2.5x
         faster for 1-8 rows (figures in ``runtime/models/linear.py``).  A tied LM head gets its own
-        packed copy, the embedding table keeps the dense one.  GPUs need none of this.
+        packed copy, the embedding table keeps the dense one.  Routed experts are re-laid out for their
+        grouped GEMMs (``Experts.pack_for_cpu``).  GPUs need none of this.
         """
         for m in self.modules():
-            if isinstance(m, Linear):
+            if isinstance(m, (Linear, Experts)):
                 m.pack_for_cpu()
 
     def parameter_counts(self) -> ParamCounts:
