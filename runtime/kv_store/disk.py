@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
 from runtime.kv_store import group_file
 from runtime.kv_store.fingerprint import FORMAT_VERSION
 
