@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.server.protocol import MAX_STOP, _check_schema
+from runtime.server.core.validation import MAX_STOP, check_object_schema
 
 
 class _Body(BaseModel):
@@ -85,10 +85,7 @@ class ToolDef(_Body):
     @field_validator("input_schema")
     @classmethod
     def _valid_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if v.get("type", "object") != "object":
-            raise ValueError("input_schema must be a JSON Schema of type 'object'")
-        _check_schema(v, "input_schema", 0)
-        return v
+        return check_object_schema(v, "input_schema", "input_schema")
 
 
 class ToolChoice(_Body):
