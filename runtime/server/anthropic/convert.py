@@ -148,5 +148,8 @@ def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
         kwargs = {"enable_thinking": req.thinking.type == "enabled"}
     choice = req.tool_choice.type if req.tool_choice is not None and req.tools else None
     name = req.tool_choice.name if choice == "tool" else None
-    chat = ChatInput(msgs, tools, {"any": "required"}.get(choice, choice), name, kwargs)
+    budget = (
+        req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
+    )
+    chat = ChatInput(msgs, tools, {"any": "required"}.get(choice, choice), name, kwargs, budget)
     return Converted(chat, marks, spans, dropped)

@@ -4,6 +4,7 @@ bookkeeping at the end (cache diagnosis, metrics, the log line) that builds the 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from chat_templates.parsers import OutputParser, parse_full
@@ -12,7 +13,9 @@ from runtime.constrained import Grammar
 from runtime.request import RequestOutput
 from runtime.server.core.constraints import tool_grammar
 from runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt
+from runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
 from runtime.server.core.run import EngineRun, MakeParams
+from runtime.server.core.streaming import merge_streams
 from runtime.server.diagnostics import HistoryEntry, cached_by_tier
 from runtime.server.state import ServerState
 
@@ -36,6 +39,15 @@ class ChatRun(EngineRun):
         self.prompt: ChatPrompt = build_chat_prompt(chat, state.tokenizer, state.template)
         grammar = tool_grammar(chat, self.prompt.tool_format) or grammar
         super().__init__(state, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session)
+        self.budget_reports: dict[int, BudgetReport] = {}
+
+    def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        budget = self.prompt.reasoning_budget
+        if budget is None:
+            return super().streams()
+        return merge_streams(
+            [budgeted_stream(self, i, p, budget, self.budget_reports) for i, p in enumerate(self.params)]
+        )
 
     def parser(self, i: int) -> OutputParser:
         p = self.prompt
@@ -72,4 +84,7 @@ class ChatRun(EngineRun):
             self.id, diag["prompt_tokens"], diag["cached_tokens"], diag["reusable_tokens"], diag["cause"],
             div.get("token_index"), div.get("where"),
         )  # fmt: skip
-        return {"cache": diag}
+        ext: dict[str, Any] = {"cache": diag}
+        if self.budget_reports:
+            ext["reasoning"] = [self.budget_reports[i]._asdict() for i in sorted(self.budget_reports)]
+        return ext

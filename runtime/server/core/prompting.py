@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from chat_templates.parsers import THINK_OPEN
 from chat_templates.render import RenderedPrompt, render
 from runtime.server.core.errors import bad_request
 from runtime.server.core.templates import TemplateInfo, forced_tool_prefix
@@ -17,6 +18,8 @@ class ChatInput(NamedTuple):
     ``{"type": "function", "function": {name, description, parameters}}`` as templates expect.
     ``tool_choice``: None or "auto" (free), "none" (no tool calls parsed), "required" (some tool),
     "tool" (the tool ``tool_name``): the last two are enforced by a grammar (``constraints.py``).
+    ``reasoning_budget``: with a template that has reasoning, the reasoning is opened by the prompt
+    (if the template did not) and closed after that many tokens (``reasoning_budget.py``).
     """
 
     messages: list[dict]
@@ -24,6 +27,7 @@ class ChatInput(NamedTuple):
     tool_choice: str | None = None
     tool_name: str | None = None
     template_kwargs: dict[str, Any] | None = None
+    reasoning_budget: int | None = None
 
 
 class ChatPrompt(NamedTuple):
@@ -36,6 +40,7 @@ class ChatPrompt(NamedTuple):
     forced_prefix: str  # already part of token_ids; the parser sees it before the output
     tool_format: str | None  # None: tool calls are not parsed (no tools, or tool_choice "none")
     think_open: bool
+    reasoning_budget: int | None = None  # reasoning tokens before it is closed (reasoning_budget.py)
 
 
 def forced_tool(chat: ChatInput) -> str | None:
@@ -58,11 +63,17 @@ def build_chat_prompt(chat: ChatInput, tokenizer: Any, template: TemplateInfo) -
         ) from None
     tool_format = template.tool_format if tools and chat.tool_choice != "none" else None
     prefix = forced_tool_prefix(tool_format, forced_tool(chat))
+    think_open = template.reasoning and rendered.text.rstrip().endswith(THINK_OPEN)
+    budget = chat.reasoning_budget if template.reasoning else None
+    if budget is not None:
+        if prefix:
+            raise bad_request("a reasoning budget cannot be combined with a tool choice that forces a call")
+        if not think_open:
+            prefix = THINK_OPEN + "\n"  # how reasoning models open it; the parser reads it as reasoning
     ids = list(rendered.token_ids)
     if prefix:
-        ids += encode_text(tokenizer, prefix, "tool_choice")
-    think_open = template.reasoning and rendered.text.rstrip().endswith("<think>")
-    return ChatPrompt(messages, tools, rendered, ids, prefix, tool_format, think_open)
+        ids += encode_text(tokenizer, prefix, "tool_choice" if budget is None else "thinking")
+    return ChatPrompt(messages, tools, rendered, ids, prefix, tool_format, think_open, budget)
 
 
 def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
