@@ -35,7 +35,7 @@ class ErrorResponse(BaseModel):
 _ERRORS = {
     "400": "invalid request (malformed JSON, a field of the wrong type or out of range, a prompt "
     "that does not fit, a Host header not allowed)",
-    "404": "unknown model",
+    "404": "unknown model (the request's, or the one looked up)",
     "409": "the engine is busy (cache reset while requests run)",
     "413": "request body larger than --max-request-bytes",
     "415": "POST body not sent as application/json",
@@ -72,7 +72,7 @@ def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> N
                 codes = ["400", "500", "503"]
                 if method == "post":
                     codes += ["413", "415"]
-                if path in ("/v1/chat/completions", "/v1/completions"):
+                if path in ("/v1/chat/completions", "/v1/completions") or path.startswith("/v1/models/"):
                     codes.append("404")
                 if path == "/v1/cache/reset":
                     codes.append("409")
