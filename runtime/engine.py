@@ -76,9 +76,12 @@ class Engine:
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_ids = frozenset(eos_token_ids(self.model_dir, self.runner.cfg, self.tokenizer))
         mc = self.runner.cfg
-        self.max_model_len = cfg.max_model_len or min(
-            mc.max_position_embeddings, mc.sliding_window or 1 << 30
-        )
+        model_len = min(mc.max_position_embeddings, mc.sliding_window or 1 << 30)
+        if cfg.max_model_len is not None and cfg.max_model_len > model_len:  # positions past it have no rope
+            raise EngineError(
+                f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
+            )
+        self.max_model_len = cfg.max_model_len or model_len
         if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
             raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
         if (
