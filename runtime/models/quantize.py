@@ -24,7 +24,14 @@ import torch
 
 from runtime.models.decoder import CausalLM
 from runtime.models.linear import Linear
-from runtime.models.quant_linear import GROUP, QuantLinear, int4_from_grid, quantize_int4, quantize_int8
+from runtime.models.quant_linear import (
+    GROUP,
+    DequantScratch,
+    QuantLinear,
+    int4_from_grid,
+    quantize_int4,
+    quantize_int8,
+)
 
 MODES = ("none", "int8", "int4", "gguf")
 _PARTS = {  # GGUF tensor -> (our module, its slot in the fused weight)
@@ -43,6 +50,8 @@ def _decoder_linears(model: CausalLM) -> dict[str, Linear]:
 
 
 def _install(model: CausalLM, name: str, q: QuantLinear) -> None:
+    scratch = next((m.scratch for m in model.modules() if isinstance(m, QuantLinear)), None)
+    q.scratch = scratch or DequantScratch()
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent), attr, q)
 
