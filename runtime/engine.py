@@ -71,6 +71,7 @@ class Engine:
             tensor_parallel_size=cfg.tensor_parallel_size,
             state_slots=cfg.max_running,
             quantize=cfg.quantize,
+            compile_decode=cfg.compile_decode,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
