@@ -8,9 +8,10 @@ each grammar once and hands every request its own ``Matcher``, ``masking`` appli
 from runtime.constrained.compiler import GrammarCompiler, GrammarError
 from runtime.constrained.masking import apply_constraints
 from runtime.constrained.matcher import Matcher
-from runtime.constrained.spec import Grammar, json_object, json_schema, tool_call
+from runtime.constrained.spec import CALL_FORMATS, Grammar, json_object, json_schema, tool_call
 
 __all__ = [
+    "CALL_FORMATS",
     "Grammar",
     "GrammarCompiler",
     "GrammarError",

@@ -7,7 +7,8 @@ keeps the tools in the prompt (so the cached prefix is the same) but parses no c
 
 from __future__ import annotations
 
-from runtime.constrained import Grammar, tool_call
+from runtime.constrained import CALL_FORMATS, Grammar, tool_call
+from runtime.server.core.errors import bad_request
 from runtime.server.core.prompting import ChatInput, forced_tool
 
 
@@ -15,5 +16,11 @@ def tool_grammar(chat: ChatInput, tool_format: str | None) -> Grammar | None:
     forced = forced_tool(chat)
     if tool_format is None or forced is None:
         return None
+    if tool_format not in CALL_FORMATS:  # e.g. qwen_xml: arguments as XML parameters, no grammar yet
+        raise bad_request(
+            f"tool_choice {forced!r} needs a tool-call grammar, which this model's tool format "
+            f"({tool_format}) does not have yet; use tool_choice \"auto\"",
+            "tool_choice",
+        )
     tools = [(t["function"]["name"], t["function"].get("parameters")) for t in chat.tools or []]
     return tool_call(tools, tool_format, None if forced == "required" else forced)
