@@ -109,6 +109,12 @@ class TieredRadixCache(RadixCache):
             return None
         return self.tiers.prefetch(self._keys(tokens, namespace, public_len)[first:])
 
+    def reset(self) -> None:
+        """Drop the tree and what the tiers below it hold: a reset cache serves nothing (the naive
+        baseline of a benchmark resets between requests, so a tier must not answer for the pool)."""
+        super().reset()
+        self.tiers.clear()
+
     def _room_for(self, n: int) -> int:
         short = n - self.allocator.num_free
         if short > 0:

@@ -137,3 +137,18 @@ def test_cache_cli_save_inspect_load_clear(model, tmp_path, capsys):
     assert "loaded 60 tokens (15 pages)" in capsys.readouterr().out
     assert main(["clear", "--kv-store", store]) == 0
     assert "cleared 15 pages" in capsys.readouterr().out
+
+
+def test_reset_empties_the_tiers_too(model, tmp_path):
+    eng = tiny_engine(model, page_size=PS, num_pages=24, kv_store=str(tmp_path), kv_host_memory="1M")
+    gen = torch.Generator().manual_seed(5)
+    prompts = [random_ids(gen, 40) for _ in range(3)]  # 3 x 10 pages over a 24-page pool: some go down
+    for p in prompts:
+        _run(eng, p)
+    eng.persist_cache()
+    assert eng.tier_stats().disk_pages > 0
+    eng.reset_prefix_cache()
+    ts = eng.tier_stats()
+    assert (ts.host_pages, ts.disk_pages) == (0, 0)
+    assert [_run(eng, p).cached_tokens for p in prompts] == [0, 0, 0]  # nothing answers for the pool
+    eng.close()

@@ -40,6 +40,11 @@ class HostStore:
     def __len__(self) -> int:
         return len(self._pages)
 
+    def clear(self) -> None:
+        """Forget every page (no eviction callback: they are not written anywhere)."""
+        self._pages.clear()
+        self.nbytes = 0
+
     def __contains__(self, key: bytes) -> bool:
         return key in self._pages
 

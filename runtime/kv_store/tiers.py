@@ -206,6 +206,17 @@ class LowerTiers:
         if self._writer is not None:
             self._queue.join()
 
+    def clear(self) -> None:
+        """Drop every page of every lower tier (after the queued writes land, so none arrives later)."""
+        self.flush()
+        with self._mu:
+            self._staged.clear()
+            self._staged_bytes = 0
+        if self.host is not None:
+            self.host.clear()
+        if self.disk is not None:
+            self.disk.clear()
+
     def close(self) -> None:
         if self._reader is not None:
             self._reader.shutdown(wait=True)
