@@ -19,7 +19,7 @@ def tool_grammar(chat: ChatInput, tool_format: str | None) -> Grammar | None:
     if tool_format not in CALL_FORMATS:  # e.g. qwen_xml: arguments as XML parameters, no grammar yet
         raise bad_request(
             f"tool_choice {forced!r} needs a tool-call grammar, which this model's tool format "
-            f"({tool_format}) does not have yet; use tool_choice \"auto\"",
+            f'({tool_format}) does not have yet; use tool_choice "auto"',
             "tool_choice",
         )
     tools = [(t["function"]["name"], t["function"].get("parameters")) for t in chat.tools or []]
