@@ -32,19 +32,19 @@ from runtime.request import Request, RequestOutput
 from runtime.sampler import SampleResult
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Batch, Scheduler
-from runtime.snapshot_cache import SnapshotCache
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
 DEFAULT_SNAPSHOT_BYTES = 1 << 30
 
 
-def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> HybridStates | None:
-    """A hybrid model's state slots and snapshot store (snapshots only with a prefix cache)."""
+def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
+    """A hybrid model's state slots, and the byte budget of the snapshots on the prefix cache's nodes
+    (None for dense models; snapshots are taken only when a prefix cache keeps them)."""
     if runner.state_pool is None:
-        return None
+        return None, None
     budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
-    snaps = SnapshotCache(cfg.page_size, budget) if cfg.prefix_cache == "radix" else None
-    return HybridStates(runner.state_pool, cfg.page_size, snaps, cfg.snapshot_every)
+    keep = cfg.prefix_cache == "radix"
+    return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
 
 
 class EngineError(ValueError):
@@ -126,6 +126,7 @@ class Engine:
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
         )  # fmt: skip
+        states, state_budget = hybrid_states(self.runner, cfg)
         self.cache = CacheManager(
             self.runner.pool.num_pages,
             cfg.page_size,
@@ -136,7 +137,8 @@ class Engine:
             tiers=tiers,
             io=self.runner.pool,
             write_through=cfg.kv_write_through,
-            states=hybrid_states(self.runner, cfg),
+            states=states,
+            state_budget=state_budget,
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
@@ -361,12 +363,12 @@ class Engine:
         )  # fmt: skip
 
     def _snapshot_stats(self) -> dict[str, int]:
-        hs = self.cache.states
-        if hs is None:
-            return {}
-        snaps = hs.snapshots
-        count, nbytes = (len(snaps), snaps.nbytes) if snaps is not None else (0, 0)
-        return dict(snapshots=count, snapshot_bytes=nbytes, snapshot_cut_tokens=self._totals["snapshot_cut"])
+        ps = self.cache.prefix.stats()
+        return dict(
+            snapshots=ps.states,
+            snapshot_bytes=ps.state_bytes,
+            snapshot_cut_tokens=self._totals["snapshot_cut"],
+        )
 
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""

@@ -25,6 +25,7 @@ from tests.engine_drive import (
     tiny_engine,
 )
 from tests.hybrid_models import make_tiny_hybrid
+from tests.radix_checks import tree_pages
 from tests.test_prefix_cache_equivalence import _draw_prompt
 
 
@@ -111,18 +112,24 @@ def test_append_only_conversation_reuses_up_to_the_last_snapshot(model_dir):
 
 def test_kv_match_past_the_last_snapshot_is_cut_back(model_dir):
     """A prompt sharing 30 tokens with an earlier 40-token one: the KV matches 28 (whole pages), but
-    the earlier prompt's snapshots sit at its chunk ends 24 and 40, so 24 are reused and 4 recomputed."""
+    the earlier prompt's snapshots sit at its chunk ends 24 and 40, so 24 are reused and 4 recomputed.
+    Recomputing them leaves a snapshot at 28, where the two diverge: a third prompt diverging there
+    reuses all 28."""
     eng = _engine(model_dir, page_size=4, chunk_size=24)
     gen = torch.Generator().manual_seed(3)
     a = random_ids(gen, 40)
     _run(eng, [a], [1])
     b = a[:30] + random_ids(gen, 10)
-    assert eng.cache.prefix.peek_len(b[:-1]) == 28
+    assert tuple(b[:28]) in tree_pages(eng.cache.prefix) and tuple(b[:32]) not in tree_pages(eng.cache.prefix)
+    assert eng.cache.match_len(b) == 24
     (req,) = _run(eng, [b], [1])
     assert req.cached_tokens == 24
     assert req.snapshot_cut == 4
     assert req.prefilled_tokens == len(b) - 24
     assert eng.stats().snapshot_cut_tokens == 4
+    c = a[:29] + random_ids(gen, 12)
+    (req,) = _run(eng, [c], [1])
+    assert (req.cached_tokens, req.snapshot_cut) == (28, 0)
     eng.check_integrity()
 
 
@@ -134,7 +141,7 @@ def test_snapshots_go_with_their_pages(model_dir):
     held = eng.stats().snapshots
     assert held > 0
     _run(eng, [random_ids(gen, 100)], [2])  # needs the pages of the first prompt
-    s = eng.cache.states.snapshots.stats()
+    s = eng.cache.prefix.states.stats()
     assert s.dropped >= held
     eng.check_integrity()
 
@@ -144,7 +151,7 @@ def test_snapshot_budget_evicts_lru(model_dir):
     gen = torch.Generator().manual_seed(6)
     for _ in range(4):
         _run(eng, [random_ids(gen, 30)], [1])
-    s = eng.cache.states.snapshots.stats()
+    s = eng.cache.prefix.states.stats()
     assert s.count <= 2 and s.bytes <= s.budget_bytes and s.evicted >= 2
     eng.check_integrity()
 
