@@ -20,6 +20,7 @@ class Measured(NamedTuple):
     ttft_s: float
     prefill_s: float | None
     decode_s: float | None
+    snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
 
 
 class InProcessTarget:
@@ -34,6 +35,8 @@ class InProcessTarget:
         self.tokenizer = engine.tokenizer
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.reset_note = ""
+        # hybrids: where the engine takes state snapshots, so the runner can predict the reuse
+        self.snapshot_policy = getattr(engine, "snapshot_policy", None)
 
     def reset(self) -> None:
         self.engine.reset_prefix_cache()
@@ -58,6 +61,7 @@ class InProcessTarget:
             out.ttft_s,
             out.prefill_s,
             out.decode_s,
+            getattr(out, "snapshot_cut", 0),
         )
 
 

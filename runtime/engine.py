@@ -321,6 +321,15 @@ class Engine:
         return self.cache.page_size
 
     @property
+    def snapshot_policy(self) -> tuple[int, int, int] | None:
+        """A hybrid's snapshot placement ``(page_size, chunk_size, every_pages)`` (runtime/hybrid_states.py);
+        None for dense models or without a prefix cache."""
+        cfg = self.config
+        if self.runner.state_pool is None or cfg.prefix_cache != "radix":
+            return None
+        return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
+
+    @property
     def vocab_size(self) -> int:
         return self.runner.cfg.vocab_size
 

@@ -158,3 +158,29 @@ def test_snapshot_budget_evicts_lru(model_dir):
 
 def _snap_bytes(d) -> int:
     return _engine(d, prefix_cache="off").runner.state_pool.snapshot_bytes
+
+
+@pytest.mark.parametrize("every", (0, 2))
+def test_snapshot_policy_replayed_predicts_the_engines_reuse(model_dir, every):
+    """benchmarks/patterns/snapshots.py derives, from the documented policy alone, what a hybrid reuses;
+    the pattern checks rely on it, so it must agree with the engine request by request: prompts that
+    share a system prompt and diverge at one point (a timestamp), then extend each other."""
+    from benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
+
+    eng = _engine(model_dir, page_size=4, chunk_size=24, snapshot_every=every)
+    assert eng.snapshot_policy == (4, 24, every)
+    gen = torch.Generator().manual_seed(11)
+    system = random_ids(gen, 37)
+    prompts = [system + random_ids(gen, 9) for _ in range(3)]
+    prompts += [prompts[0] + random_ids(gen, 5), system[:21] + random_ids(gen, 30), prompts[1] + [7]]
+    prompts, outputs, measured = list(prompts), [], []
+    for i, p in enumerate(prompts):
+        if i == 3:  # continue request 0's conversation: its output is part of the prefix
+            prompts[3] = p = prompts[0] + outputs[0] + p[len(prompts[0]) :]
+        (req,) = _run(eng, [p], [3])
+        outputs.append(list(req.output_ids))
+        measured.append((req.cached_tokens + req.snapshot_cut, req.cached_tokens, req.snapshot_cut))
+    expected = expected_reuse(SnapshotPolicy(*eng.snapshot_policy), prompts, outputs)
+    assert measured == [tuple(e) for e in expected], (measured, expected)
+    assert any(e.cut for e in expected) and any(e.cached for e in expected), expected  # both cases occur
+    eng.check_integrity()
