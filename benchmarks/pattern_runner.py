@@ -271,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
                  "wall_s": time.perf_counter() - t0, "tokens_s": tokens_s, "threads": args.threads,
                  "machine": machine, "load_average_end": machine_info()["load_average"],
                  "stacks": {k: s.note for k, s in STACKS.items()}})  # fmt: skip
+    if args.model and any(j.stack == "smollm2" for j in tokens):
+        meta.setdefault("notes", []).append(
+            f"Token-exact jobs of stack `smollm2` ran on `--model {Path(args.model).name}` itself ({args.page_size}-token "
+            f"pages, --snapshot-every {args.snapshot_every} for hybrids), not on a tiny real-vocabulary model."
+        )
     results = {"meta": meta, "runs": runs, "timed": timed_runs, "curve": curve}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))

@@ -59,8 +59,9 @@ def token_jobs(full: bool, quick: bool, stacks: tuple[str, ...] = REAL_STACKS) -
     jobs = [
         Job(w, "default", s, p, "cached") for w, ps in groups for s in stacks for p in ps if _applies(s, w, p)
     ]
-    jobs += [Job("coding", "default", "qwen3-append", p, "replayed") for p in ("append_only", "status_replace",
-                                                                              "status_append")]  # fmt: skip
+    if "qwen3-append" in stacks:
+        jobs += [Job("coding", "default", "qwen3-append", p, "replayed") for p in ("append_only", "status_replace",
+                                                                                  "status_append")]  # fmt: skip
     return jobs
 
 
