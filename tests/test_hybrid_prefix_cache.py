@@ -16,17 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.engine import Engine
-from tests.engine_drive import (
-    assert_logits_close,
-    assert_no_request_pages,
-    greedy,
-    random_ids,
-    run_checked,
-    tiny_engine,
-)
-from tests.hybrid_models import make_tiny_hybrid
+from tests.conversation_trees import check_conversation_tree
+from tests.conversation_trees import run_all as _run
+from tests.engine_drive import random_ids, tiny_engine
+from tests.helpers import make_tiny_hybrid
 from tests.radix_checks import tree_pages
-from tests.test_prefix_cache_equivalence import _draw_prompt
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +46,6 @@ def engines(model_dir) -> dict:
     return out
 
 
-def _run(eng: Engine, prompts, max_tokens):
-    reqs = [eng.make_request(p, greedy(m)) for p, m in zip(prompts, max_tokens)]
-    run_checked(eng, reqs)
-    return reqs
-
-
 @pytest.mark.parametrize("ps", (4, 16))
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -65,22 +53,7 @@ def _run(eng: Engine, prompts, max_tokens):
 @given(data=st.data())
 def test_cache_matches_off_on_random_conversation_trees(engines, ps, data):
     small = data.draw(st.booleans(), label="small_pool")
-    eng, off = engines[(ps, small)], engines["off"]
-    eng.reset_prefix_cache()
-    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="token_seed"))
-    history: list[list[int]] = []
-    prompts_so_far: list[list[int]] = []
-    for _ in range(data.draw(st.integers(1, 3), label="waves")):
-        n = data.draw(st.integers(1, 3), label="wave_size")
-        prompts = [_draw_prompt(data, gen, history, prompts_so_far) for _ in range(n)]
-        max_tokens = [data.draw(st.integers(1, 6), label="max_tokens") for _ in range(n)]
-        cached, naive = _run(eng, prompts, max_tokens), _run(off, prompts, max_tokens)
-        for a, b in zip(cached, naive):
-            assert a.output_ids == b.output_ids
-            assert_logits_close(a, b)
-        history += [list(r.tokens) for r in cached]
-        prompts_so_far += prompts
-        assert_no_request_pages(eng)
+    check_conversation_tree(data, engines[(ps, small)], engines["off"], max_out=6)
 
 
 def test_append_only_conversation_reuses_up_to_the_last_snapshot(model_dir):

@@ -11,13 +11,11 @@ import pytest
 import torch
 
 from runtime.engine import Engine
-from runtime.forward_batch import build_forward_batch
-from runtime.models.gated_deltanet import StateBatch
-from runtime.request import Request
 from runtime.sampling import SamplingParams
 from tests.engine_drive import tiny_engine
-from tests.helpers import load_hf, make_tiny_model
-from tests.hybrid_models import SHAPES, make_tiny_hybrid
+from tests.helpers import HYBRID_SHAPES as SHAPES
+from tests.helpers import load_hf, make_tiny_hybrid, make_tiny_model
+from tests.parity import assert_greedy_matches_generate, assert_logits_match
 
 LENGTHS = [1, 2, 3, 7, 64, 65, 129, 300]
 
@@ -32,42 +30,13 @@ def _engine(d, **kw) -> Engine:
     return tiny_engine(d, **{"num_pages": 256, "page_size": 4, **kw})
 
 
-def _all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
-    """Logits of every position from one unchunked prefill."""
-    r = eng.runner
-    req = Request("x", list(ids), len(ids), SamplingParams(), frozenset())
-    eng.cache.admit(req)
-    assert eng.cache.reserve(req, len(ids))
-    fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
-    fb = fb._replace(logits_rows=torch.arange(len(ids)))
-    sb = StateBatch(
-        r.linear_backend,
-        torch.tensor([eng.cache.states.slot(req)]),
-        torch.tensor([True]),
-        [0, len(ids)],
-        [[]],
-        [],
-    )
-    logits = r.model(fb, r.pool.layers, r.backend, r.state_pool.layers, sb)
-    eng.cache.release(req, cache=False)
-    return logits
-
-
 @pytest.mark.parametrize("shape", SHAPES)
 def test_logits_match_transformers(hybrid_models, shape):
     d = hybrid_models[shape]
-    hf = load_hf(d)
     eng = _engine(d, num_pages=128, page_size=16)
-    g = torch.Generator().manual_seed(1)
-    for n in LENGTHS:
-        ids = torch.randint(3, 512, (n,), generator=g).tolist()
-        ours = _all_logits(eng, ids)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].float()
-        assert ref.abs().max() > 0.5  # the tolerance is relative to O(1) logits
-        err = (ours - ref).abs().max().item()
-        assert err < 1e-4, f"{shape} len={n}: max abs err {err}"
-    eng.check_integrity()
+    assert_logits_match(
+        eng, load_hf(d), LENGTHS, label=shape, min_scale=0.5
+    )  # O(1) logits: 1e-4 means something
 
 
 def _prompts(seed: int, lengths=(5, 77, 150)) -> list[list[int]]:
@@ -79,16 +48,7 @@ def _prompts(seed: int, lengths=(5, 77, 150)) -> list[list[int]]:
 def test_greedy_matches_generate(hybrid_models, shape):
     """Batched greedy decode over chunked prefill, token-identical to transformers' generate."""
     d = hybrid_models[shape]
-    hf = load_hf(d)
-    hf.generation_config.eos_token_id = None
-    eng = _engine(d, chunk_size=64)
-    prompts = _prompts(2)
-    outs = eng.generate(prompts, SamplingParams(max_tokens=64, ignore_eos=True))
-    for ids, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)
-        assert out.output_token_ids == ref[0, len(ids) :].tolist()
-    eng.check_integrity()
+    assert_greedy_matches_generate(_engine(d, chunk_size=64), load_hf(d), _prompts(2))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -138,21 +98,10 @@ def test_qwen3_next_dense_layers_match_transformers(tmp_path):
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
         linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=4,
     )  # fmt: skip
-    hf = load_hf(d)
     eng = _engine(d, num_pages=64, page_size=16)
-    g = torch.Generator().manual_seed(5)
-    for n in (1, 9, 70, 200):
-        ids = torch.randint(3, 512, (n,), generator=g).tolist()
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].float()
-        err = (_all_logits(eng, ids) - ref).abs().max().item()
-        assert err < 1e-4, f"len={n}: max abs err {err}"
-    hf.generation_config.eos_token_id = None
-    ids = torch.randint(3, 512, (40,), generator=g).tolist()
-    out = eng.generate([ids], SamplingParams(max_tokens=32, ignore_eos=True))[0]
-    with torch.no_grad():
-        ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=0)
-    assert out.output_token_ids == ref[0, len(ids) :].tolist()
+    hf = load_hf(d)
+    assert_logits_match(eng, hf, (1, 9, 70, 200), seed=5, label="qwen3_next")
+    assert_greedy_matches_generate(eng, hf, _prompts(6, (40,)), max_new=32)
 
 
 def test_qwen3_next_experts_are_refused_clearly():
