@@ -182,12 +182,13 @@ def tiny_model_dir(family: str) -> Path:
     fam = FAMILIES[family]
     tok_dir = tokenizer_dir(family)
     tok = load_tokenizer(family)
-    cfg = AutoConfig.for_model(
-        fam.arch, vocab_size=fam.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    kw = dict(
+        vocab_size=fam.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=262144,
         tie_word_embeddings=True, eos_token_id=tok.convert_tokens_to_ids(fam.eos),
-        bos_token_id=tok.bos_token_id, pad_token_id=tok.convert_tokens_to_ids(fam.eos), **dict(fam.tiny),
+        bos_token_id=tok.bos_token_id, pad_token_id=tok.convert_tokens_to_ids(fam.eos),
     )  # fmt: skip
+    cfg = AutoConfig.for_model(fam.arch, **{**kw, **dict(fam.tiny)})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     tmp = Path(tempfile.mkdtemp(dir=vocab_root()))
