@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
     alone: dict[int, list[float]] = {c: [] for c in chunks}
     for _ in range(n_reps):
         for c in chunks:
-            drv.engine.scheduler.chunk_size = c
+            drv.engine.set_chunk_size(c)
             # The slowest chunk alone (the last: it attends to the whole prefix) is what a decode can
             # be stalled by; the mean chunk understates late chunks by up to ~2x at 4K tokens.
             alone[c].append(max(drv.prefill_alone(args.long_prompt)))

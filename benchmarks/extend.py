@@ -101,7 +101,7 @@ def grid(args: argparse.Namespace, runs: dict[str, Runs], n_reps: int) -> list[d
             progress(f"round {r} N={n} done")
     points = []
     for dt, run in runs.items():
-        cfg = run.engine.runner.cfg
+        cfg = run.engine.model_config
         for p in args.prefix:
             for n in args.new:
                 t = {v: median([s[0] for s in samples[(dt, v, p if v != "cold_n" else 0, n)]])

@@ -106,15 +106,15 @@ def first_logits_check(eng: Engine, model, n: int, vocab: int) -> dict:
     """Last-position logits of one prompt from both implementations (same weights): how close they are."""
     ids = prompt(n, 0, vocab)
     req = eng.make_request(ids, SamplingParams(max_tokens=1, ignore_eos=True))
-    step, results = eng.runner.step, []  # the one request's last step samples its only row
-    eng.runner.step = lambda batch: results.append(step(batch)) or results[-1]
+    forward, results = eng.model.forward, []  # the one request's last forward has its only logits row
+    eng.model.forward = lambda *a, **k: results.append(forward(*a, **k)) or results[-1]
     try:
         eng.submit(req)
         while eng.has_work():
             eng.step()
     finally:
-        eng.runner.step = step
-    ours = results[-1].logits[0].float().cpu()
+        del eng.model.forward  # the instance attribute goes; the class's forward is back
+    ours = results[-1][0].float().cpu()
     with torch.inference_mode():
         dev = next(model.parameters()).device
         ref = model(torch.tensor([ids], device=dev), logits_to_keep=1).logits[0, -1].float().cpu()
@@ -145,14 +145,16 @@ def bench_model(
             model_dir=tmp, dtype=dtype, device=str(device), attention_backend=args.attention_backend,
             kv_cache_memory=kv, chunk_size=args.chunk_size, max_running=max(sizes["batches"]),
         ))  # fmt: skip
-        entry["engine"] = {"load_s": t, "backend": eng.runner.backend.name, "kv_pool_tokens": eng.runner.pool.num_tokens,
+        entry["engine"] = {"load_s": t, "backend": eng.attention_backend, "kv_pool_tokens": eng.kv_capacity_tokens,
                            "chunk_size": args.chunk_size}  # fmt: skip
         entry["kvreuse"] = bench_engine(eng, sizes, reps, vocab)
         entry["check"] = first_logits_check(eng, model, sizes["prefill"][0], vocab)
         checkpoint()
-        entry["cuda_graphs"] = graph_section(eng, sizes)
-        checkpoint()
+        backend, max_len = eng.attention_backend, eng.max_model_len
         del eng
+        release(device)
+        entry["cuda_graphs"] = graph_section(Path(tmp), dtype, device, backend, max_len, sizes)
+        checkpoint()
         release(device)
         entry["transformers"] = bench_hf(model, sizes, reps, vocab)
         ours, theirs = entry["kvreuse"]["decode"][0], entry["transformers"]["decode"][0]
@@ -161,14 +163,19 @@ def bench_model(
         release(device)
 
 
-def graph_section(eng: Engine, sizes: dict) -> dict:
-    """Eager vs CUDA-graph decode forward; a failure is recorded, not fatal: later sections still run."""
-    if eng.device.type != "cuda" or eng.runner.backend.name != "triton":
+def graph_section(
+    model_dir: Path, dtype: str, device: torch.device, backend: str, max_model_len: int, sizes: dict
+) -> dict:
+    """Eager vs CUDA-graph decode forward on a model runner of its own (the engine is gone by then);
+    a failure is recorded, not fatal: later sections still run."""
+    if device.type != "cuda" or backend != "triton":
         return {"skipped": "needs CUDA and the triton attention backend"}
     from benchmarks.graph_bench import bench_decode_graphs
 
     try:
-        return bench_decode_graphs(eng, sizes["batches"], sizes["decode_ctx"])
+        return bench_decode_graphs(
+            model_dir, dtype, device, max_model_len, sizes["batches"], sizes["decode_ctx"]
+        )
     except Exception as e:  # noqa: BLE001 (one broken section must not lose the rest of a GPU lease)
         return {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
 

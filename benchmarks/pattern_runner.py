@@ -104,6 +104,8 @@ def run_pattern(
                "prefilled_tokens": m.prefilled_tokens, "generated_tokens": len(m.output_token_ids),
                "ttft_s": m.ttft_s, "prefill_s": m.prefill_s, "decode_s": m.decode_s,
                "snapshot_cut": m.snapshot_cut}  # fmt: skip
+        if m.cached_host_tokens or m.cached_disk_tokens:  # where the hit came from (KV tiers)
+            row.update(cached_host_tokens=m.cached_host_tokens, cached_disk_tokens=m.cached_disk_tokens)
         row.update(divergence(rendered, traj, k))
         prev = (traj.thread_turns(k)[:-1] or list(range(k)) or [None])[-1]
         row["change_start"] = (
@@ -213,6 +215,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-tokens", type=int, default=1, help="tokens generated per timed request (replies replayed)"
     )
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument(
+        "--kv-cache-memory", help="in-process engine: KV pool size (e.g. 64M: smaller than the work)"
+    )
+    ap.add_argument("--kv-host-memory", help="in-process engine: a host-memory KV tier below the pool")
+    ap.add_argument("--kv-store", help="in-process engine: a disk KV tier (directory) below the pool")
     ap.add_argument(
         "--snapshot-every",
         type=int,

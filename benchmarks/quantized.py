@@ -58,21 +58,11 @@ def chat_ids(tok, text: str) -> list[int]:
 
 
 def perplexity(engine, ids: list[int]) -> float:
-    """exp(mean NLL) of ``ids[1:]`` given their prefixes: one forward with logits for every row.
-
-    Runs on the engine's runner with the engine idle and its prefix cache reset, so the first pages of
-    the pool are free scratch space for this forward.
-    """
-    from runtime.forward_batch import build_forward_batch
-
-    engine.reset_prefix_cache()
-    runner = engine.runner
-    pages = list(range((len(ids) + runner.page_size - 1) // runner.page_size))
-    fb = build_forward_batch([(ids, 0, pages)], [True], runner.page_size, runner.device)
-    fb = fb._replace(logits_rows=torch.arange(len(ids) - 1))
-    logits = runner.model(fb, runner.pool.layers, runner.backend).float()
-    nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]))
-    return math.exp(nll.item())
+    """exp(mean NLL) of ``ids[1:]`` given their prefixes, from the engine's prompt scoring (every row's
+    logits, chunk by chunk, on scratch pages: the same path as ``echo`` with ``logprobs``)."""
+    entries = engine.prompt_logprobs(ids, 0)
+    nll = -sum(lp for _, e in entries[1:] for lp in (e[0],)) / (len(ids) - 1)
+    return math.exp(nll)
 
 
 def ours(engine, prompts: list[list[int]], new: int) -> list[dict]:

@@ -20,6 +20,8 @@ class Measured(NamedTuple):
     ttft_s: float
     prefill_s: float | None
     decode_s: float | None
+    cached_host_tokens: int | None = None  # of cached_tokens: loaded back from the host / disk tier
+    cached_disk_tokens: int | None = None  # (None: the target does not say)
     snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
 
 
@@ -61,6 +63,8 @@ class InProcessTarget:
             out.ttft_s,
             out.prefill_s,
             out.decode_s,
+            out.cached_host_tokens,
+            out.cached_disk_tokens,
             getattr(out, "snapshot_cut", 0),
         )
 
@@ -140,7 +144,7 @@ class ServerTarget:
             self.reset()
         t0 = time.perf_counter()
         ttft = None
-        usage = None
+        usage, tiers = None, {}
         stream = self.client.chat.completions.create(
             model=self.model,
             messages=request.messages,
@@ -156,14 +160,17 @@ class ServerTarget:
                 ttft = time.perf_counter() - t0
             if chunk.usage is not None:
                 usage = chunk.usage
+                ext = (chunk.model_extra or {}).get("kvreuse") or {}  # a kvreuse server's cache diagnosis
+                tiers = (ext.get("cache") or {}).get("cached_by_tier") or {}
         total = time.perf_counter() - t0
         ttft = total if ttft is None else ttft
         prompt = usage.prompt_tokens if usage else len(token_ids)
         details = getattr(usage, "prompt_tokens_details", None) if usage else None
         cached = getattr(details, "cached_tokens", None) if details else None
         return Measured(
-            prompt, cached, None if cached is None else prompt - cached, [], ttft, None, total - ttft
-        )
+            prompt, cached, None if cached is None else prompt - cached, [], ttft, None, total - ttft,
+            tiers.get("host"), tiers.get("disk"),
+        )  # fmt: skip
 
 
 def _has_output(delta: Any) -> bool:

@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> dict:
     print(table)
     results["table"] = table
     results["targets"] = {"prefill_ratio": PREFILL_TARGET, "decode_ratio": DECODE_TARGET}
+    results["dtype"] = "float32"  # both implementations, whatever the CPU's default
     return results
 
 

@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> dict:
     print(summary)
     snaps = engines["radix"].stats()
     return {"turns": turns, "table": table, "summary": summary, "targets_met": met, "model": args.model,
+            "dtype": str(engines["radix"].dtype).removeprefix("torch."),
             "snapshots": {"count": snaps.snapshots, "bytes": snaps.snapshot_bytes, "cut_tokens": snaps.snapshot_cut_tokens},
             "targets": {"speedup": SPEEDUP_TARGET, "radix_over_limit": LIMIT_TARGET}}  # fmt: skip
 

@@ -100,7 +100,9 @@ class CacheManager:
         self.live.add(req)
         if req.scope.session is not None:
             self.pins.touch(req.scope.session)  # the session is back: its TTL starts again
+        t0 = time.perf_counter()
         m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope.namespace, req.scope.public_len)
+        load_s = time.perf_counter() - t0 if m.host_len or m.disk_len else 0.0  # a tier's pages copied in
         self.prefix.lock(m.handle)
         req.handle, req.pages = m.handle, list(m.pages)
         req.num_tree_pages = len(req.pages)
@@ -110,6 +112,7 @@ class CacheManager:
             req.cached_tokens = m.cached_len
             req.cached_host_tokens, req.cached_disk_tokens = m.host_len, m.disk_len
             req.snapshot_cut = m.cut_len
+            req.tier_load_s = load_s
 
     def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
         return self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)

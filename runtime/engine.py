@@ -9,29 +9,32 @@ methods and properties here, never the runner, cache manager or scheduler direct
 
 from __future__ import annotations
 
-import itertools
 import queue
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
+from runtime.admission import Admission, EngineError
 from runtime.cache_manager import CacheManager, CacheStats
+from runtime.cache_scope import CacheScope
 from runtime.config import EngineConfig
-from runtime.constrained import GrammarCompiler, GrammarError
+from runtime.constrained import GrammarCompiler
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.distributed.launch import TPError
+from runtime.engine_stats import EngineStats, engine_stats
 from runtime.hybrid_states import HybridStates
 from runtime.kv_store.open import open_tiers
 from runtime.model_runner import ModelRunner, default_dtype
 from runtime.model_source import cache_dir, resolve_model
 from runtime.outputs import make_output
+from runtime.pins import PinInfo
 from runtime.request import Request, RequestOutput
 from runtime.sampler import SampleResult
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Batch, Scheduler
+from runtime.scoring import Entry, prompt_logprobs
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
 DEFAULT_SNAPSHOT_BYTES = 1 << 30
@@ -45,43 +48,6 @@ def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates 
     budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
     keep = cfg.prefix_cache == "radix"
     return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
-
-
-class EngineError(ValueError):
-    """A request the engine cannot serve; the message says why in one line, ``code`` says what kind
-    (an OpenAI error code such as ``context_length_exceeded``, or None)."""
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class EngineStats(NamedTuple):
-    """Totals since start (counters) and the pool right now (gauges)."""
-
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    prefilled_tokens: int
-    generated_tokens: int
-    evicted_pages: int
-    retractions: int
-    running: int
-    waiting: int
-    total_pages: int
-    free_pages: int
-    tree_pages: int
-    request_pages: int
-    page_size: int
-    host_loaded_tokens: int = 0  # cached tokens loaded back from the host tier
-    disk_loaded_tokens: int = 0  # cached tokens loaded back from the disk tier
-    tier_load_s: float = 0.0  # time spent loading them
-    host_tier_pages: int = 0
-    disk_tier_pages: int = 0
-    disk_tier_bytes: int = 0
-    snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes, and
-    snapshot_bytes: int = 0  # KV-matched tokens of finished requests recomputed for want of a snapshot
-    snapshot_cut_tokens: int = 0
 
 
 class Engine:
@@ -147,10 +113,12 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
-        self._ids = itertools.count()
-        self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
+        self.admission = Admission(
+            self.tokenizer, mc.vocab_size, self.max_model_len, self.runner.pool.num_tokens,
+            self.eos_ids, self.grammars, cfg.seed,
+        )  # fmt: skip
 
     # -- requests -----------------------------------------------------------------------
     def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
@@ -158,60 +126,13 @@ class Engine:
 
         Side-effect free, so a server can reject a request before its response starts.
         """
-        try:
-            ids = (
-                self.tokenizer.encode(prompt, add_special_tokens=False)
-                if isinstance(prompt, str)
-                else list(prompt)
-            )
-        except Exception as e:  # e.g. a lone surrogate: the tokenizer's TypeError is the caller's problem
-            raise EngineError(f"the prompt cannot be tokenised: {e}".splitlines()[0][:300]) from None
-        if not ids:
-            raise EngineError("the prompt is empty")
-        vocab = self.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise EngineError(f"prompt token ids must be in [0, {vocab})")
-        if params.logit_bias and not all(0 <= t < vocab for t in params.logit_bias):
-            raise EngineError(f"logit_bias token ids must be in [0, {vocab})")
-        if params.grammar is not None:
-            try:
-                self.grammars.compiled(params.grammar)  # compiled once; later requests hit the cache
-            except GrammarError as e:
-                raise EngineError(str(e)) from None
-        total = len(ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise EngineError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds "
-                f"the model's context length ({self.max_model_len} tokens)",
-                "context_length_exceeded",
-            )
-        pool_tokens = self.kv_capacity_tokens
-        if total > pool_tokens:
-            raise EngineError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) = {total} exceeds the KV cache "
-                f"({pool_tokens} tokens); raise --kv-cache-memory",
-                "context_length_exceeded",
-            )
-        return ids
+        return self.admission.validate(prompt, params)
 
     def make_request(
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> Request:
         """A validated request, its sampling generator seeded; raises EngineError like :meth:`validate`."""
-        ids = self.validate(prompt, params)
-        gen = None
-        if not params.greedy:
-            seed = (
-                params.seed
-                if params.seed is not None
-                else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-            )
-            gen = torch.Generator().manual_seed(seed)
-        rid = request_id or f"req-{next(self._ids)}"
-        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
-        if params.grammar is not None:
-            req.matcher = self.grammars.matcher(params.grammar, params.max_tokens)
-        return req
+        return self.admission.make(prompt, params, request_id)
 
     def submit(self, req: Request) -> None:
         """Thread-safe: queue a request for the next step."""
@@ -348,28 +269,13 @@ class Engine:
         self._inbox.put(("call", fn))
 
     def stats(self) -> EngineStats:
-        cs = self.cache.stats()
-        t, st = self._totals, self.scheduler.totals
-        return EngineStats(
-            requests=t["requests"], prompt_tokens=t["prompt"], cached_tokens=st.cached,
-            prefilled_tokens=st.prefilled, generated_tokens=st.generated, evicted_pages=cs.evicted_pages,
-            retractions=self.scheduler.num_retractions, running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
-            tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=self.cache.page_size,
-            **self._tier_fields(),
-            **self._snapshot_stats(),
-        )  # fmt: skip
+        t = self._totals
+        return engine_stats(self.cache, self.scheduler, t["requests"], t["prompt"], t["snapshot_cut"])
 
-    def _tier_fields(self) -> dict:
-        ts = self.cache.tier_stats()
-        if ts is None:
-            return {}
-        ps = self.page_size
-        return dict(
-            host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
-            tier_load_s=ts.load_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
-            disk_tier_bytes=ts.disk_bytes,
-        )  # fmt: skip
+    def cache_stats(self) -> CacheStats:
+        """The pool's pages by owner (free, tree, pinned, evictable, requests'), expired pins dropped first."""
+        self.cache.pins.expire()
+        return self.cache.stats()
 
     def _snapshot_stats(self) -> dict[str, int]:
         ps = self.cache.prefix.stats()
@@ -378,6 +284,45 @@ class Engine:
             snapshot_bytes=ps.state_bytes,
             snapshot_cut_tokens=self._totals["snapshot_cut"],
         )
+
+    def pins(self) -> tuple[list[PinInfo], dict[str, int]]:
+        """The live pins (owner, tokens, TTL left) and the pins lapsed so far by cause."""
+        return self.cache.pins.info(), dict(self.cache.pins.lapsed)
+
+    def is_pinned(self, owner: object) -> bool:
+        return owner in self.cache.pins
+
+    def pin_prefix(
+        self, owner: object, ids: list[int], scope: CacheScope, ttl: float | None
+    ) -> tuple[int, bool]:
+        """Pin the cached part of ``ids`` (in ``scope``) for ``ttl`` seconds under ``owner``, within the pin
+        budget; returns (tokens the pin covers, whether it was taken)."""
+        cm = self.cache
+        handle = cm.prefix.match(ids, scope.namespace, scope.public_len).handle
+        return cm.prefix.handle_len(handle), cm.pins.pin(owner, handle, ttl)
+
+    def prompt_logprobs(self, ids: list[int], top: int) -> list[Entry]:
+        """Logprobs of a prompt's own tokens (only between steps): see ``runtime.scoring``."""
+        return prompt_logprobs(self.runner, self.cache, self.config.chunk_size, ids, top)
+
+    # -- instrumentation for benchmarks: read-only views, and one knob ------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """The loaded ``CausalLM``: for parameter counts, or wrapping its forward to time it; never drive it."""
+        return self.runner.model
+
+    @property
+    def model_config(self):
+        """The architecture (``runtime.models.config.ModelConfig``) of the loaded model."""
+        return self.runner.cfg
+
+    @property
+    def attention_backend(self) -> str:
+        return self.runner.backend.name
+
+    def set_chunk_size(self, tokens: int) -> None:
+        """Prefill token budget per step from the next step on (benchmarks sweep it in one engine)."""
+        self.scheduler.chunk_size = tokens
 
     def check_integrity(self) -> CacheStats:
         """Every page is free, cached, or one request's own; raises AssertionError on a leak."""

@@ -47,5 +47,6 @@ def make_output(
         error=error,
         cached_host_tokens=req.cached_host_tokens,
         cached_disk_tokens=req.cached_disk_tokens,
+        tier_load_s=req.tier_load_s,
         snapshot_cut=req.snapshot_cut,
     )

@@ -48,6 +48,7 @@ class Request:
     cached_tokens: int = -1  # -1 until first admitted
     cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens: loaded from the disk tier
+    tier_load_s: float = 0.0  # engine-thread time copying those pages into the pool (read-ahead excluded)
     snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
     prefilled_tokens: int = 0
     finish_reason: str | None = None
@@ -104,6 +105,9 @@ class RequestOutput(NamedTuple):
     error: str | None = None
     cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
+    tier_load_s: float = (
+        0.0  # time the engine spent loading them into the pool (background read-ahead excluded)
+    )
     snapshot_cut: int = 0  # hybrids: KV-matched prompt tokens recomputed after the last state snapshot
 
     @property

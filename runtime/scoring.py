@@ -1,7 +1,7 @@
 """Logprobs of a prompt's own tokens (``echo`` with ``logprobs``): one forward over the prompt, all rows.
 
-Runs on the engine thread between steps (``AsyncEngine.run_idle``), on pages reserved for the call and
-freed after it, so the prefix cache and running requests are untouched.  The first token has no
+Runs on the engine thread between steps (``Engine.prompt_logprobs``, called through ``AsyncEngine.run_idle``),
+on pages reserved for the call and freed after it, so the prefix cache and running requests are untouched.  The first token has no
 logprob (nothing precedes it): its entry is None.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine import Engine, EngineError
+from runtime.admission import EngineError
+from runtime.cache_manager import CacheManager
 from runtime.forward_batch import build_forward_batch
+from runtime.model_runner import ModelRunner
 from runtime.request import Request
 from runtime.sampling import SamplingParams
 
@@ -18,15 +20,16 @@ Entry = tuple[int, tuple[float, list[tuple[int, float]]] | None]
 
 
 @torch.inference_mode()
-def prompt_logprobs(engine: Engine, ids: list[int], top: int) -> list[Entry]:
+def prompt_logprobs(
+    runner: ModelRunner, cache: CacheManager, chunk_size: int, ids: list[int], top: int
+) -> list[Entry]:
     """``[(token, (logprob, top alternatives) | None)]`` for every prompt token, in order."""
-    runner, cache = engine.runner, engine.cache
     scratch = Request("score", list(ids), len(ids), SamplingParams(max_tokens=1), frozenset())
     if not cache.reserve(scratch, len(ids)):
         raise EngineError("not enough free KV pages to score the prompt now; retry shortly")
     entries: list[Entry] = [(ids[0], None)]
     try:
-        step = engine.config.chunk_size
+        step = chunk_size
         for start in range(0, len(ids) - 1, step):
             chunk = ids[start : start + step]
             fb = build_forward_batch([(chunk, start, scratch.pages)], [True], runner.page_size, runner.device)

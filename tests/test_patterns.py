@@ -225,7 +225,8 @@ class FakeEngine:
         out = list(params.forced_tokens) or [7] * params.max_tokens
         self.pages.update(k for _, k in self._keys(list(ids) + out[:-1]))  # the last token has no KV
         return [SimpleNamespace(prompt_token_ids=list(ids), output_token_ids=out, cached_tokens=cached,
-                                prefilled_tokens=len(ids) - cached, ttft_s=0.01, prefill_s=0.01, decode_s=0.0)]  # fmt: skip
+                                prefilled_tokens=len(ids) - cached, ttft_s=0.01, prefill_s=0.01, decode_s=0.0,
+                                cached_host_tokens=0, cached_disk_tokens=0)]  # fmt: skip
 
 
 def run_all(engine, names, traj, replies="cached"):

@@ -23,7 +23,11 @@ def engine_for(family: str | None, args: argparse.Namespace) -> Any:
     from runtime.engine import Engine
 
     if family is None:
-        return Engine(args.model, page_size=args.page_size, snapshot_every=getattr(args, "snapshot_every", 0))
+        tiers = {k: getattr(args, k, None) for k in ("kv_cache_memory", "kv_host_memory", "kv_store")}
+        return Engine(
+            args.model, page_size=args.page_size, snapshot_every=getattr(args, "snapshot_every", 0),
+            **{k: v for k, v in tiers.items() if v is not None},
+        )  # fmt: skip
     from benchmarks.real_vocab import tiny_model_dir
 
     # one long chunk: a 1-layer model's step cost is mostly per-step overhead

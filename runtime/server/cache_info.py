@@ -20,17 +20,16 @@ class CacheSnapshot(NamedTuple):
 
 
 def cache_snapshot(engine) -> CacheSnapshot | None:
-    cm = engine.cache
     if engine.config.prefix_cache == "off":
         return None
-    cm.pins.expire()
-    s = cm.stats()
+    s = engine.cache_stats()
     pages = {
         "total": s.total_pages, "free": s.free_pages, "tree": s.tree_pages, "pinned": s.pinned_pages,
         "evictable": s.evictable_pages, "in_use": s.request_pages, "evicted_total": s.evicted_pages,
     }  # fmt: skip
-    pins = [(p.owner, p.tokens, p.ttl_left) for p in cm.pins.info()]
-    return CacheSnapshot(pages, cm.page_size, engine.config.eviction_policy, pins, dict(cm.pins.lapsed))
+    live, lapsed = engine.pins()
+    pins = [(p.owner, p.tokens, p.ttl_left) for p in live]
+    return CacheSnapshot(pages, engine.page_size, engine.config.eviction_policy, pins, lapsed)
 
 
 def describe(snap: CacheSnapshot | None, tenant: str | None) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def install_cache_routes(app: FastAPI, state: ServerState) -> None:
                 state.release(1)
         finally:
             state.tenants.release(tenant, 1)
-        pinned = await state.on_engine(lambda e: run.scope.session in e.cache.pins)
+        pinned = await state.on_engine(lambda e: e.is_pinned(run.scope.session))
         ps = state.engine.page_size
         return {
             "object": "cache.prewarm", "id": digest, "prompt_tokens": len(run.prompt_ids),

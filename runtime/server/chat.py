@@ -10,7 +10,7 @@ from typing import Any
 from chat_templates.parsers import OutputParser, parse_full
 from runtime.request import RequestOutput
 from runtime.server.constraints import chat_grammar
-from runtime.server.diagnostics import HistoryEntry
+from runtime.server.diagnostics import HistoryEntry, cached_by_tier
 from runtime.server.params import chat_logprobs
 from runtime.server.prompting import ChatPrompt, build_chat_prompt
 from runtime.server.protocol import ChatCompletionRequest
@@ -49,6 +49,7 @@ class ChatRun(EngineRun):
                 list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools
             )
         )
+        diag["cached_by_tier"] = cached_by_tier(first)
         st.metrics.cache_miss.labels(diag["cause"]).inc()
         self.observe(outs)
         div = diag["divergence"] or {}

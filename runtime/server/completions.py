@@ -8,7 +8,6 @@ from contextlib import aclosing
 from typing import Any
 
 from runtime.request import RequestOutput
-from runtime.scoring import prompt_logprobs
 from runtime.server.params import completion_logprobs
 from runtime.server.prompting import encode_text
 from runtime.server.protocol import CompletionRequest
@@ -47,7 +46,7 @@ class CompletionRun(EngineRun):
         tok, top = self.state.tokenizer, self.req.logprobs
         out = []
         for ids in self.prompts:
-            entries = await self.state.on_engine(lambda e, ids=ids: prompt_logprobs(e, ids, top))
+            entries = await self.state.on_engine(lambda e, ids=ids: e.prompt_logprobs(ids, top))
             out.append(completion_logprobs(tok, entries))
         return out
 

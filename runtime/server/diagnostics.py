@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from chat_templates.render import RenderedPrompt, describe, first_divergence, locate
+from runtime.request import RequestOutput
 
 CONTEXT_TOKENS = 16
 CONTEXT_CHARS = 60
@@ -33,6 +34,14 @@ CAUSES = (
     "template_rerendered",
     "evicted",
 )
+
+
+def cached_by_tier(out: RequestOutput) -> dict[str, Any]:
+    """Where a request's cached tokens came from: the pool, or loaded back from the host / disk tier
+    (``load_ms``: the engine's time copying them in); pool + host + disk == ``cached_tokens``."""
+    host, disk = out.cached_host_tokens, out.cached_disk_tokens
+    return {"pool": out.cached_tokens - host - disk, "host": host, "disk": disk,
+            "load_ms": round(out.tier_load_s * 1e3, 3)}  # fmt: skip
 
 
 class HistoryEntry(NamedTuple):

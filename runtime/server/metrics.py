@@ -40,6 +40,30 @@ class _EngineCollector(Collector):
         )
         for name, value, doc in gauges:
             yield GaugeMetricFamily(f"kvreuse_{name}", doc, value=value)
+        yield from _tier_families(s)
+
+
+def _tier_families(s: EngineStats) -> Iterator:
+    """Where cached tokens came from (pool / host tier / disk tier), the time loading them, and the
+    lower tiers' size; the three tiers' counters add up to ``kvreuse_cached_tokens``."""
+    by_tier = CounterMetricFamily(
+        "kvreuse_cached_tokens_by_tier", "Prompt tokens served from the cache, by the tier they were in",
+        labels=["tier"],
+    )  # fmt: skip
+    pool = s.cached_tokens - s.host_loaded_tokens - s.disk_loaded_tokens
+    for tier, value in (("pool", pool), ("host", s.host_loaded_tokens), ("disk", s.disk_loaded_tokens)):
+        by_tier.add_metric([tier], value)
+    yield by_tier
+    yield CounterMetricFamily(
+        "kvreuse_kv_tier_load_seconds", "Time spent loading cached pages from the host/disk tiers",
+        value=s.tier_load_s,
+    )  # fmt: skip
+    pages = GaugeMetricFamily("kvreuse_kv_tier_pages", "KV pages held by each lower tier", labels=["tier"])
+    pages.add_metric(["host"], s.host_tier_pages)
+    pages.add_metric(["disk"], s.disk_tier_pages)
+    yield pages
+    yield GaugeMetricFamily("kvreuse_kv_disk_tier_bytes", "Bytes of the disk tier's page files",
+                            value=s.disk_tier_bytes)  # fmt: skip
 
 
 class ServerMetrics:

@@ -104,14 +104,13 @@ class MessagesRun(ChatRun):
         marks = [(self.breakpoint_end(bp), bp.ttl) for bp in self.conv.breakpoints]
 
         def pin(engine: Any) -> list[dict[str, Any]]:
-            cm, out = engine.cache, []
+            out = []
             for end, ttl in marks:
                 if end <= 0:
                     continue
                 digest = hashlib.sha256(repr(ids[:end]).encode()).hexdigest()[:16]
-                handle = cm.prefix.match(ids[:end], scope.namespace, scope.public_len).handle
-                ok = cm.pins.pin((scope.namespace, "breakpoint", digest), handle, ttl)
-                out.append({"tokens": cm.prefix.handle_len(handle), "ttl_s": ttl, "pinned": ok})
+                tokens, ok = engine.pin_prefix((scope.namespace, "breakpoint", digest), ids[:end], scope, ttl)
+                out.append({"tokens": tokens, "ttl_s": ttl, "pinned": ok})
             return out
 
         return await self.state.on_engine(pin)
