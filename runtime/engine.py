@@ -277,14 +277,6 @@ class Engine:
         self.cache.pins.expire()
         return self.cache.stats()
 
-    def _snapshot_stats(self) -> dict[str, int]:
-        ps = self.cache.prefix.stats()
-        return dict(
-            snapshots=ps.states,
-            snapshot_bytes=ps.state_bytes,
-            snapshot_cut_tokens=self._totals["snapshot_cut"],
-        )
-
     def pins(self) -> tuple[list[PinInfo], dict[str, int]]:
         """The live pins (owner, tokens, TTL left) and the pins lapsed so far by cause."""
         return self.cache.pins.info(), dict(self.cache.pins.lapsed)
