@@ -145,7 +145,7 @@ def contention(args: argparse.Namespace, runs: dict[str, Runs], n_reps: int) -> 
         for p, n in args.contention_points:
             for dt, run in runs.items():
                 cached, cold = [], []
-                for _ in range(n_reps):
+                for _ in range(max(n_reps, 3)):  # a busy neighbour makes single samples noisy
                     cached.append(run.cached(p, n)[0])
                     cold.append(run.cold(p + n)[0])
                 rows.append({"dtype": dt, "prefix": p, "new": n, "cached_s": median(cached),

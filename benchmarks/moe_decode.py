@@ -15,7 +15,12 @@ For each of two shapes, random-weight models built in a temporary directory (fp3
 With several streams the MoE reads the union of the experts its tokens picked, so its ratio to the
 dense model falls with the streams by design; the 1.5x goal is for one stream.
 
-Decode tokens/s after a short prompt, for 1 and 8 streams.  Ours: ``(n - 1) / decode_s`` per stream
+Decode tokens/s after a short prompt, for 1 and 8 streams; prefill tokens/s of one longer prompt (ours:
+the engine's whole ``generate`` of one token; transformers: one forward with ``logits_to_keep=1``, so
+neither side computes logits it does not sample).  Also the real Qwen3-30B-A3B and Qwen3-Next-80B-A3B
+shapes from their configs alone (``benchmarks/moe_shapes.py``: total vs active parameters, no weights).
+
+Decode tokens/s, for 1 and 8 streams.  Ours: ``(n - 1) / decode_s`` per stream
 (the first token comes from prefill) times the streams, all streams prefilled in one step.
 transformers: ``generate`` with ``min_new_tokens = max_new_tokens = n`` minus a prefill forward timed in
 the same round.  Variants alternate within each round; tok/s are medians over rounds; targets are
@@ -67,10 +72,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=32, help="tokens generated per stream")
     p.add_argument("--decode-prompt", type=int, default=32, help="prompt length per stream")
     p.add_argument("--streams", default="1,8", help="comma-separated stream counts")
+    p.add_argument("--prefill-prompt", type=int, default=256, help="prompt length of the prefill measurement")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of: {', '.join(SHAPES)}")
     args = p.parse_args(argv)
     if args.quick:
-        args.decode_tokens, args.decode_prompt, args.streams = 6, 8, "1,2"
+        args.decode_tokens, args.decode_prompt, args.streams, args.prefill_prompt = 6, 8, "1,2", 32
     return args
 
 
@@ -106,6 +112,7 @@ class Sides:
         moe_dir = save_random(root / "moe", "qwen3_moe", shape, intermediate_size=active, **moe)
         dense_dir = save_random(root / "dense", "qwen3", shape, intermediate_size=active)
         opts = dict(dtype="float32", prefix_cache="off", chunk_size=max_prompt * max_streams, num_pages=512)
+        opts["chunk_size"] = max(opts["chunk_size"], 512)  # one prefill step for the prefill prompt
         self.ours = {
             "moe": Engine(model_dir=str(moe_dir), **opts),
             "dense": Engine(model_dir=str(dense_dir), **opts),
@@ -114,6 +121,7 @@ class Sides:
         # one transformers model (memory: the box is shared), its experts implementation switched per run
         self.hf_model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
         default = self.hf_model.config._experts_implementation_internal
+        self.hf_default = default
         self.hf = {f"transformers-{impl}": impl for impl in dict.fromkeys((default, "eager"))}
         self.seed = 0
 
@@ -129,6 +137,18 @@ class Sides:
         )
         assert all(len(o.output_token_ids) == n for o in outs)
         return max(o.decode_s for o in outs)
+
+    def ours_prefill(self, which: str, prompt: int) -> float:
+        from runtime.sampling import SamplingParams
+
+        ids = self.prompts(prompt, 1)
+        return timed(lambda: self.ours[which].generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))[0]
+
+    def hf_prefill(self, which: str, prompt: int) -> float:
+        model, ids = self.hf_model, torch.tensor(self.prompts(prompt, 1))
+        model.set_experts_implementation(self.hf[which])
+        with torch.inference_mode():
+            return timed(lambda: model(ids, logits_to_keep=1))[0]
 
     def hf_decode(self, which: str, prompt: int, n: int, streams: int) -> float:
         model, ids = self.hf_model, torch.tensor(self.prompts(prompt, streams))
@@ -146,7 +166,11 @@ class Sides:
 
 def run(args: argparse.Namespace) -> dict:
     streams = [int(s) for s in args.streams.split(",") if s]
-    results: dict = {"dtype": "float32", "common": COMMON, "shapes": {}}
+    from benchmarks.moe_shapes import shape_figures
+
+    results: dict = {"dtype": "float32", "common": COMMON, "shapes": {}, "real_shapes": shape_figures()}
+    for name, fig in results["real_shapes"].items():
+        print(f"{name} ({fig['dtype']}): {fig['log']}")
     rows, names = [], []
     for shape_name in [s for s in args.shapes.split(",") if s]:
         with tempfile.TemporaryDirectory() as tmp:
@@ -154,6 +178,8 @@ def run(args: argparse.Namespace) -> dict:
             res, shape_rows = run_shape(args, sides, streams)
         names = [*sides.ours, *sides.hf]
         res["config"] = SHAPES[shape_name]
+        res["transformers_default_experts_implementation"] = sides.hf_default
+        print(f"{shape_name}: transformers' default experts implementation {sides.hf_default!r}")
         results["shapes"][shape_name] = res
         rows += [(shape_name, *r) for r in shape_rows]
         del sides
@@ -215,7 +241,32 @@ def run_shape(args: argparse.Namespace, sides: Sides, streams: list[int]) -> tup
         rows.append((f"{s} stream(s)", *(tok_s[k] for k in names), entry["moe_vs_dense"], paired_dense,
                      paired_dense >= DENSE_TARGET, entry["moe_vs_best_transformers"], paired_hf,
                      paired_hf >= HF_TARGET))  # fmt: skip
+    res["prefill"] = run_prefill(args, sides)
+    pf = res["prefill"]
+    rows.append((f"prefill {pf['prompt_tokens']}", *(pf["tok_s"][k] for k in names), pf["moe_vs_dense"],
+                 pf["moe_vs_dense_paired"], "", pf["moe_vs_best_transformers"], pf["moe_vs_best_transformers_paired"],
+                 pf["moe_vs_best_transformers_paired"] >= HF_TARGET))  # fmt: skip
     return res, rows
+
+
+def run_prefill(args: argparse.Namespace, sides: Sides) -> dict:
+    """One prompt's prefill tokens/s, every variant interleaved within each round."""
+    n = args.prefill_prompt
+    variants = {k: (lambda r, k=k: sides.ours_prefill(k, n)) for k in sides.ours}
+    variants |= {k: (lambda r, k=k: sides.hf_prefill(k, n)) for k in sides.hf}
+    t = interleave(variants, reps(args, 5), warmup=True)
+    tok_s = {k: n / median(v) for k, v in t.items()}
+    hf_best = max((k for k in t if k.startswith("transformers")), key=lambda k: tok_s[k])
+    return {
+        "prompt_tokens": n,
+        "tok_s": tok_s,
+        "moe_vs_dense": tok_s["moe"] / tok_s["dense"],
+        "moe_vs_dense_paired": median([b / a for a, b in zip(t["moe"], t["dense"])]),
+        "best_transformers": hf_best,
+        "moe_vs_best_transformers": tok_s["moe"] / tok_s[hf_best],
+        "moe_vs_best_transformers_paired": median([b / a for a, b in zip(t["moe"], t[hf_best])]),
+        "times_s": t,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

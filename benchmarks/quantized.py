@@ -7,8 +7,9 @@ Run from the repository root: ``python -m benchmarks.quantized [--quick] [--llam
   equal position by position, and the length of the common prefix (quantized arithmetic differs, so an
   early near-tie sends the two down different continuations; both are reported);
 * perplexity of a fixed text (every row's logits in one forward), gguf vs the dequantized fp32 model;
-* decode tokens/s of one stream (after a short prompt), prefill tokens/s of a fresh 1,000-token prompt:
-  gguf, bf16, fp32 and llama.cpp (same thread count), rounds interleaved, medians.
+* decode tokens/s of one stream after a short prompt and after a ``--long``-token one (the agent
+  workload's context), prefill tokens/s of a fresh 1,000-token prompt: gguf, gguf with
+  ``--compile-decode``, bf16, fp32 and llama.cpp (same thread count), rounds interleaved, medians.
 
 llama.cpp runs in its own interpreter (``benchmarks/llamacpp_side.py``): a prebuilt CPU build from the
 ``llama-cpp-cffi`` wheel, never a kvreuse dependency; without ``--llamacpp-python`` it is skipped.
@@ -98,27 +99,38 @@ def run(args: argparse.Namespace) -> dict:
     from runtime.model_source import embedded_gguf_path
 
     args.gguf = embedded_gguf_path()
-    variants = {"gguf": ("bfloat16", "gguf"), "bf16": ("bfloat16", "none"), "fp32": ("float32", "none")}
-    engines = {k: Engine(dtype=dt, quantize=q, kv_cache_memory="160M") for k, (dt, q) in variants.items()}
+    variants = {"gguf": ("bfloat16", "gguf", False), "gguf+compile": ("bfloat16", "gguf", True),
+                "bf16": ("bfloat16", "none", False), "fp32": ("float32", "none", False)}  # fmt: skip
+    engines = {k: Engine(dtype=dt, quantize=q, compile_decode=c, kv_cache_memory="160M")
+               for k, (dt, q, c) in variants.items()}  # fmt: skip
+    progress(
+        f"threads {torch.get_num_threads()}; "
+        + ", ".join(f"{k}: {v[1]} weights, {v[0]}" for k, v in variants.items())
+    )
     tok = engines["gguf"].tokenizer
     chats = [chat_ids(tok, p) for p in PROMPTS[: 2 if args.quick else 5]]
     text = tok.encode(TEXT, add_special_tokens=False)
-    out: dict = {"weights": {k: f"{q} ({dt} activations, KV cache {dt})" for k, (dt, q) in variants.items()}}
+    out: dict = {"threads": torch.get_num_threads(),
+                 "weights": {k: f"{q} ({dt} activations, KV cache {dt}{', compiled decode' if c else ''})"
+                             for k, (dt, q, c) in variants.items()}}  # fmt: skip
     out["perplexity"] = {k: perplexity(engines[k], text) for k in ("gguf", "fp32", "bf16")}
     out["perplexity"]["gguf_over_fp32"] = out["perplexity"]["gguf"] / out["perplexity"]["fp32"]
     progress(f"perplexity {out['perplexity']}")
     decode_prompt = chats[:1]
-    for e in engines.values():  # warm-up
+    for e in engines.values():  # warm-up (and the compiled variant's compilation)
         ours(e, [decode_prompt[0][:16]], 4)
+    long_prompt = synthetic_prompt(args.long, 99)
     samples: dict[str, dict[str, list[float]]] = {}
     greedy: dict[str, list] = {}
     have_lcp = bool(args.llamacpp_python)
     for r in range(reps(args, 2)):
         for k, e in engines.items():
             res = ours(e, decode_prompt, args.new)
-            samples.setdefault(k, {"decode": [], "prefill": []})["decode"].append(
+            samples.setdefault(k, {"decode": [], "decode_long": [], "prefill": []})["decode"].append(
                 (args.new - 1) / res[0]["decode_s"]
             )
+            res_l = ours(e, [long_prompt], args.new)
+            samples[k]["decode_long"].append((args.new - 1) / res_l[0]["decode_s"])
             e.reset_prefix_cache()
             p = synthetic_prompt(args.prefill, 7000 + r)
             res_p = ours(e, [p], 1)
@@ -127,16 +139,20 @@ def run(args: argparse.Namespace) -> dict:
                 f"round {r} {k}: decode {samples[k]['decode'][-1]:.1f} tok/s, prefill {samples[k]['prefill'][-1]:.0f} tok/s"
             )
         if have_lcp:
-            lr = llamacpp(args, decode_prompt + [synthetic_prompt(args.prefill, 7000 + r)], args.new)
-            d = samples.setdefault("llama.cpp", {"decode": [], "prefill": []})
+            lr = llamacpp(
+                args, decode_prompt + [long_prompt, synthetic_prompt(args.prefill, 7000 + r)], args.new
+            )
+            d = samples.setdefault("llama.cpp", {"decode": [], "decode_long": [], "prefill": []})
             d["decode"].append((args.new - 1) / lr["results"][0]["decode_s"])
-            d["prefill"].append(args.prefill / lr["results"][1]["prefill_s"])
+            d["decode_long"].append((args.new - 1) / lr["results"][1]["decode_s"])
+            d["prefill"].append(args.prefill / lr["results"][2]["prefill_s"])
             out["llamacpp_system_info"] = lr["system_info"]
             progress(
                 f"round {r} llama.cpp: decode {d['decode'][-1]:.1f} tok/s, prefill {d['prefill'][-1]:.0f} tok/s"
             )
     greedy["gguf"] = [x["tokens"] for x in ours(engines["gguf"], chats, args.new)]
     greedy["fp32"] = [x["tokens"] for x in ours(engines["fp32"], chats, args.new)]
+    greedy["gguf+compile"] = [x["tokens"] for x in ours(engines["gguf+compile"], chats, args.new)]
     if have_lcp:
         greedy["llama.cpp"] = [x["tokens"] for x in llamacpp(args, chats, args.new)["results"]]
     out["agreement"] = {}
@@ -147,13 +163,24 @@ def run(args: argparse.Namespace) -> dict:
                                                 "mean_same_fraction": sum(p[0] for p in pairs) / len(pairs)}  # fmt: skip
     med = {k: {m: median(v) for m, v in d.items()} for k, d in samples.items()}
     out["tokens_per_s"], out["samples"], out["greedy"] = med, samples, greedy
-    rows = [(k, med[k]["decode"], med[k]["prefill"], med[k]["decode"] / med["bf16"]["decode"],
+    rows = [(k, med[k]["decode"], med[k]["decode_long"], med[k]["prefill"], med[k]["decode"] / med["bf16"]["decode"],
              med[k]["prefill"] / med["bf16"]["prefill"]) for k in med]  # fmt: skip
     out["table"] = format_table(
-        ["weights", "decode tok/s", "prefill tok/s", "decode x bf16", "prefill x bf16"], rows
+        [
+            "weights",
+            "decode tok/s",
+            f"decode at {args.long}",
+            "prefill tok/s",
+            "decode x bf16",
+            "prefill x bf16",
+        ],
+        rows,
     )
     if "llama.cpp" in med:
-        out["gguf_decode_over_llamacpp"] = med["gguf"]["decode"] / med["llama.cpp"]["decode"]
+        for k in ("gguf", "gguf+compile"):
+            out[f"{k}_decode_over_llamacpp"] = {
+                m: med[k][m] / med["llama.cpp"][m] for m in ("decode", "decode_long")
+            }
     print(out["table"])
     print(json.dumps({k: out[k] for k in ("perplexity", "agreement")}, indent=1))
     return out
@@ -163,12 +190,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = base_parser("quantized", __doc__.splitlines()[0])
     p.add_argument("--new", type=int, default=64, help="greedy tokens per prompt")
     p.add_argument("--prefill", type=int, default=1000, help="prompt tokens of the prefill run")
+    p.add_argument("--long", type=int, default=2000, help="prompt tokens before the long-context decode")
     p.add_argument("--llamacpp-python", default=None, help="interpreter with numpy + cffi for llama.cpp")
     p.add_argument("--llamacpp-module", default=None, help="folder holding the _llama_cpp_cpu CFFI module")
     p.add_argument("--llamacpp-preload", default=None, help="LD_PRELOAD for that module (a libstdc++ shim)")
     args = p.parse_args(argv)
     if args.quick:
-        args.new, args.prefill = 16, 200
+        args.new, args.prefill, args.long = 16, 200, 300
     return args
 
 

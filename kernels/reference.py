@@ -66,10 +66,25 @@ def _attend_cpu_extend(
         pad = qt.new_zeros(qt.shape[0], qt.shape[1], prefix, qt.shape[3])
         return _sdpa(torch.cat((pad, qt), dim=2), kt, vt, scale, True)[:, :, prefix:]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    o_p, lse_p = flash(qt, kt[:, :, :prefix], vt[:, :, :prefix], scale=scale)
+    o_p, lse_p = _flash_gqa_folded(qt, kt[:, :, :prefix], vt[:, :, :prefix], scale)
     o_c, lse_c = flash(qt, kt[:, :, prefix:], vt[:, :, prefix:], is_causal=True, scale=scale)
     w = torch.sigmoid(lse_p - lse_c)[..., None]  # share of the softmax mass on the prefix, fp32
     return torch.lerp(o_c.float(), o_p.float(), w).to(qt.dtype)
+
+
+def _flash_gqa_folded(
+    qt: torch.Tensor, kt: torch.Tensor, vt: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked flash attention with the query heads of a KV group folded into the query axis.
+
+    Exact (every query row sees the same keys), and CPU flash's own GQA handling is slower: at P=3584
+    keys, 512 queries, 9 q / 3 kv heads, 2 threads, 41 -> 29 ms in bf16, 28 -> 26 ms in fp32.
+    """
+    b, hq, lq, d = qt.shape
+    hkv = kt.shape[1]
+    qg = qt.reshape(b, hkv, (hq // hkv) * lq, d)  # query head h reads kv head h // group
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qg, kt, vt, scale=scale)
+    return o.reshape(b, hq, lq, d), lse.reshape(b, hq, lq)
 
 
 # Pad when prefix**2 <= _PAD_LIMIT * q_len: a flash call over a few keys still walks every query

@@ -219,7 +219,7 @@ class CacheManager:
         return self.prefix.load_stored() if isinstance(self.prefix, TieredRadixCache) else 0
 
     def close(self) -> None:
-        """Persist and close the lower tiers (shutdown); the pool's cache stays usable in memory."""
+        """Persist and close the lower tiers (shutdown); the engine runs nothing after this."""
         if self.tiers is not None:
             self.persist()
             self.tiers.close()

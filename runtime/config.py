@@ -30,6 +30,7 @@ class EngineConfig:
     # none | int8 | int4 | gguf (a GGUF's own blocks). Dense by default: quantized decodes faster but
     # prefills slower (benchmarks/results/quantized.json)
     quantize: str = "none"
+    compile_decode: bool = False  # torch.compile decode steps' layers (CPU dispatch-bound); see decoder.py
     seed: int = 0
     tensor_parallel_size: int = 1  # ranks on torch.distributed (gloo on CPU, NCCL on GPUs); rank 0 schedules
     kv_store: str | None = None  # directory of the disk tier (KV pages that outlive eviction and restarts)

@@ -71,14 +71,18 @@ class Engine:
             tensor_parallel_size=cfg.tensor_parallel_size,
             state_slots=cfg.max_running,
             quantize=cfg.quantize,
+            compile_decode=cfg.compile_decode,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_ids = frozenset(eos_token_ids(self.model_dir, self.runner.cfg, self.tokenizer))
         mc = self.runner.cfg
-        self.max_model_len = cfg.max_model_len or min(
-            mc.max_position_embeddings, mc.sliding_window or 1 << 30
-        )
+        model_len = min(mc.max_position_embeddings, mc.sliding_window or 1 << 30)
+        if cfg.max_model_len is not None and cfg.max_model_len > model_len:  # positions past it have no rope
+            raise EngineError(
+                f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
+            )
+        self.max_model_len = cfg.max_model_len or model_len
         if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
             raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
         if (
@@ -114,6 +118,7 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
+        self._closed = False
         self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
         self.admission = Admission(
             self.tokenizer, mc.vocab_size, self.max_model_len, self.runner.pool.num_tokens,
@@ -136,6 +141,8 @@ class Engine:
 
     def submit(self, req: Request) -> None:
         """Thread-safe: queue a request for the next step."""
+        if self._closed:
+            raise EngineError("the engine is closed")
         self._inbox.put(("add", req))
 
     def abort(self, request_id: str) -> None:
@@ -156,6 +163,8 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """inbox -> schedule -> forward + sample -> commit -> detokenise -> outputs."""
+        if self._closed:  # its store is released and its ranks are gone: nothing may run on them
+            raise EngineError("the engine is closed")
         outputs = self._drain_inbox()
         if self.cache.tiers is not None and time.monotonic() >= self._next_persist:
             self._next_persist = time.monotonic() + self.config.kv_store_sync_s
@@ -331,7 +340,8 @@ class Engine:
 
     def close(self) -> None:
         """Persist the cache to the disk tier, release the store (its lock) and stop the other
-        tensor-parallel ranks; idempotent."""
+        tensor-parallel ranks; idempotent.  A closed engine refuses new requests and steps."""
+        self._closed = True
         self.cache.close()
         self.runner.close()
 

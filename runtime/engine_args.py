@@ -61,6 +61,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default="none",
         help="weight-only quantized linears on CPU; gguf = a GGUF model's own blocks (default none)",
     )
+    g.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="torch.compile decode steps' layers (faster CPU decode; compiles at the first step)",
+    )
     g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
     g.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="shard the model over N ranks (torch.distributed)"
@@ -102,6 +107,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         schedule_policy=args.schedule_policy,
         attention_backend=args.attention_backend,
         quantize=args.quantize,
+        compile_decode=args.compile_decode,
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
         kv_store=args.kv_store,

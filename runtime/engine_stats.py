@@ -28,7 +28,8 @@ class EngineStats(NamedTuple):
     page_size: int
     host_loaded_tokens: int = 0  # cached tokens loaded back from the host tier
     disk_loaded_tokens: int = 0  # cached tokens loaded back from the disk tier
-    tier_load_s: float = 0.0  # time spent loading them
+    tier_load_s: float = 0.0  # time spent loading them (the engine thread's part)
+    tier_read_ahead_s: float = 0.0  # background disk reads of them, overlapping other requests' compute
     host_tier_pages: int = 0
     disk_tier_pages: int = 0
     disk_tier_bytes: int = 0
@@ -59,7 +60,7 @@ def _tier_fields(cache: CacheManager) -> dict:
     ps = cache.page_size
     return dict(
         host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
-        tier_load_s=ts.load_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
+        tier_load_s=ts.load_seconds, tier_read_ahead_s=ts.read_ahead_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
         disk_tier_bytes=ts.disk_bytes,
     )  # fmt: skip
 

@@ -74,6 +74,7 @@ class ModelRunner:
         state_slots: int = 64,
         quantize: str = "none",
         tp: TPGroup | None = None,
+        compile_decode: bool = False,
     ) -> None:
         self.cfg = ModelConfig.from_dir(model_dir)  # the whole model's shapes, whatever this rank keeps
         self.workers: Workers | None = None
@@ -100,6 +101,12 @@ class ModelRunner:
         self.quantize = quantize
         self.model.prepare()
         self.model.eval()
+        if compile_decode:
+            if not hasattr(self.model, "compile_decode"):
+                raise ValueError(
+                    f"--compile-decode supports the dense decoder models, not {self.cfg.model_type}"
+                )
+            self.model.compile_decode()
         log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
         pool_cfg = local_config(self.cfg, tp.world) if tp else self.cfg
         self.pool = KVPool(pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)

@@ -19,8 +19,11 @@ _FUSED = {
     "up_proj": ("gate_up_proj", 1),
 }
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(self_attn|mlp|mlp\.shared_expert)\.(\w+)\.(weight|bias)$")
-# one routed expert's matrix -> its slot in the layer's fused [E, ...] tensors
-_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+# one routed expert's matrix -> its slot in the layer's fused [E, ...] tensors (a multimodal Qwen3.5-MoE
+# checkpoint nests its text model under model.language_model.)
+_EXPERT = re.compile(
+    r"^model\.(?:language_model\.)?layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$"
+)
 
 
 class WeightsError(Exception):
@@ -51,6 +54,10 @@ def load_weights(model: CausalLM, model_dir: Path) -> None:
 
 def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: set[str]) -> None:
     cfg = model.cfg
+    e = _EXPERT.match(name)
+    if e:
+        _load_expert(params, e, w, name, seen)
+        return
     if cfg.is_hybrid:  # its own name map (fused linear-attention projections, gated q_proj)
         for key, rows, part in map_hybrid_weight(cfg, name, w):
             if key == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -64,10 +71,6 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
         short = name[len("model.") :]
     else:
         short = name
-    e = _EXPERT.match(name)
-    if e:
-        _load_expert(params, e, w, name, seen)
-        return
     m = _LAYER.match(name)
     if m and m.group(3) in _FUSED:
         target, idx = _FUSED[m.group(3)]

@@ -208,7 +208,7 @@ def test_error_types(app, client):
     big = http.post(
         "/v1/messages", content=b"x" * (32 * 2**20 + 1), headers={"content-type": "application/json"}
     )
-    assert big.status_code == 413  # the RequestGuard (wt-12) answers oversize bodies, OpenAI-shaped for now
+    assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"  # the RequestGuard
     state = app.state.kv
     state.in_flight += state.capacity
     try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.server.anthropic.convert import NONCE_PREFIX, convert
+from runtime.server.anthropic.messages import message_params
 from runtime.server.anthropic.protocol import MessagesRequest
-from runtime.server.errors import APIError
+from runtime.server.core.errors import APIError
 
 TOOL = {"name": "read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
         "cache_control": {"type": "ephemeral"}}  # fmt: skip
@@ -32,10 +33,10 @@ def test_blocks_become_chat_messages():
                  "is_error": True},
                 {"type": "text", "text": "again", "cache_control": {"type": "ephemeral"}}]},
         ],
-        metadata={"user_id": "u1"}, stop_sequences=["END"], thinking={"type": "enabled", "budget_tokens": 64},
+        metadata={"user_id": "u1"}, stop_sequences=["END"], thinking={"type": "disabled"},
     )  # fmt: skip
     conv = convert(req)
-    msgs = [m.model_dump(exclude_none=True) for m in conv.chat.messages]
+    msgs = [{k: v for k, v in m.items() if v is not None} for m in conv.chat.messages]
     assert msgs[0] == {"role": "system", "content": "Be brief.\n\nUse tools."} and conv.dropped_nonce
     assert msgs[2]["reasoning_content"] == "need a" and "content" not in msgs[2]  # tool calls only
     assert msgs[2]["tool_calls"][0]["function"] == {"name": "read", "arguments": '{"path": "a"}'}
@@ -43,10 +44,12 @@ def test_blocks_become_chat_messages():
     assert msgs[4] == {"role": "user", "content": "again"}
     assert [(b.message, b.ttl) for b in conv.breakpoints] == [(0, 3600.0), (4, 300.0), ("tools", 300.0)]
     c = conv.chat
-    assert c.tool_choice == "required" and c.user == "u1" and c.stop == ["END"] and c.max_tokens == 8
-    assert c.chat_template_kwargs == {"enable_thinking": True}
+    assert c.tool_choice == "required" and c.tool_name is None
+    assert c.template_kwargs == {"enable_thinking": False} and c.reasoning_budget is None
+    params = message_params(req, None)(100, 0)
+    assert (params.stop, params.max_tokens, params.temperature) == (["END"], 8, 1.0)
     kept = convert(req, keep_nonce=True)
-    assert kept.chat.messages[0].content.startswith(NONCE_PREFIX) and kept.system_blocks[0].nonce
+    assert kept.chat.messages[0]["content"].startswith(NONCE_PREFIX) and kept.system_blocks[0].nonce
 
 
 @pytest.mark.parametrize(
@@ -72,4 +75,18 @@ def test_named_tool_choice_must_be_a_tool():
         )
     conv = convert(_req(messages=[{"role": "user", "content": "x"}], tools=[TOOL],
                         tool_choice={"type": "tool", "name": "read"}))  # fmt: skip
-    assert conv.chat.tool_choice.function.name == "read"
+    assert (conv.chat.tool_choice, conv.chat.tool_name) == ("tool", "read")
+
+
+def test_thinking_budget_and_its_rules():
+    ok = [{"role": "user", "content": "x"}]
+    conv = convert(_req(messages=ok, max_tokens=64, thinking={"type": "enabled", "budget_tokens": 16}))
+    assert conv.chat.template_kwargs == {"enable_thinking": True} and conv.chat.reasoning_budget == 16
+    for bad, needle in [
+        ({"thinking": {"type": "enabled"}}, "needs budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 8}}, "greater than thinking.budget_tokens"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 4}, "tools": [TOOL], "tool_choice": {"type": "any"}},
+         "forces tool use"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=needle):
+            _req(messages=ok, **bad)

@@ -104,3 +104,9 @@ def test_bad_flag_values(tiny):
     )
     r = kvreuse("generate", "--model", str(tiny), "--prompt", "x", "--kv-cache-memory", "lots")
     assert_one_line_error(r, "lots")
+
+
+def test_max_model_len_beyond_the_model_is_refused(tiny):
+    # positions past the model's context have no rotary embedding: refuse instead of failing mid-request
+    r = kvreuse("generate", "--model", str(tiny), "--prompt", "hi", "--max-model-len", "1024")
+    assert_one_line_error(r, "--max-model-len 1024", "context length (256 tokens)")

@@ -229,3 +229,31 @@ def test_prefetch_stages_disk_pages_so_the_load_reads_no_file(tmp_path):
     assert torch.equal(tiers.load(keys[1:], m), torch.stack([page_kv(k) for k in keys[1:]]))
     assert reads == [] and tiers._staged_bytes == 0  # served from staging, which is then empty
     tiers.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_group_file_reads_back_what_was_written_without_a_copy(tmp_path, dtype):
+    from runtime.kv_store import group_file
+
+    kv = torch.randn(5, 2, 2, 4, 1, 8).to(dtype)
+    data = group_file.encode(kv)
+    path = tmp_path / "g.safetensors"
+    path.write_bytes(data)
+    got = group_file.read(path, group_file.checksum(data))
+    assert got is not None and got.dtype == dtype and torch.equal(got, kv)
+    assert group_file.read(path, group_file.checksum(data + b"x")) is None  # wrong checksum: refused
+    path.write_bytes(b"\x08" + data[1:])  # a header that lies, its checksum recomputed to match
+    assert group_file.read(path, group_file.checksum(path.read_bytes())) is None
+
+
+def test_read_ahead_pages_are_viewed_when_consecutive_and_stacked_otherwise():
+    from runtime.kv_store.tiers import _rows
+
+    group = torch.randn(6, 3, 4)
+    pages = list(group)  # what the read-ahead stages: one view per page
+    view = _rows(pages[1:4])
+    assert torch.equal(view, group[1:4]) and view.data_ptr() == group[1].data_ptr()
+    mixed = _rows([pages[0], pages[2], pages[1]])
+    assert torch.equal(mixed, group[[0, 2, 1]])
+    other = torch.randn(2, 3, 4)
+    assert torch.equal(_rows([pages[5], other[0]]), torch.stack([group[5], other[0]]))

@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runtime.engine import EngineError
 from runtime.kv_store import StoreError
 from tests.engine_drive import assert_logits_close, greedy, random_ids, run_checked, tiny_engine
 from tests.helpers import make_tiny_model
@@ -84,6 +85,8 @@ def test_restart_on_the_same_store(model, off, tmp_path):
     eng = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(tmp_path))
     r1 = _run(eng, turn1)
     eng.close()  # what a SIGTERM does: persist the pool's cache, release the store
+    with pytest.raises(EngineError, match="closed"):  # its store is gone: it runs nothing more
+        eng.generate([turn1], greedy(1))
     eng2 = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(tmp_path))
     with pytest.raises(StoreError, match="in use"):  # one server per store
         tiny_engine(model, page_size=PS, kv_store=str(tmp_path))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime.models.linear import Linear
-from runtime.models.moe import SparseMoE
+from runtime.models.moe import Experts, SparseMoE
 from runtime.models.moe_config import MoEConfig
 
 HIDDEN = 64
@@ -62,7 +62,8 @@ CASES = [
 @pytest.mark.parametrize("kind,kw", CASES)
 @pytest.mark.parametrize("packed", [False, True])
 def test_block_matches_transformers(kind, kw, packed):
-    """``packed``: the router and shared-expert gate repacked for oneDNN, as ``CausalLM.prepare`` does."""
+    """``packed``: the router and shared-expert gate repacked for oneDNN and the experts re-laid out
+    transposed, as ``CausalLM.prepare`` does on CPU."""
     torch.manual_seed(0)
     cfg, hf = _hf_block(kind, **kw)
     with torch.no_grad():
@@ -74,8 +75,8 @@ def test_block_matches_transformers(kind, kw, packed):
     ours = _ours_from(hf, moe)
     if packed:
         for m in ours.modules():
-            if isinstance(m, Linear):
-                m.pack_for_cpu()
+            if isinstance(m, (Linear, Experts)):
+                assert m.pack_for_cpu()
     for tokens in (1, 4, 57):
         x = torch.randn(1, tokens, HIDDEN)
         with torch.no_grad():

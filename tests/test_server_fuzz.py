@@ -4,6 +4,7 @@ always an OpenAI-shaped error, and a valid request still works afterwards."""
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -73,15 +74,27 @@ tools = st.lists(
 max_tokens = (
     st.just(2) | st.integers(max_value=0) | st.integers(min_value=10**5) | st.text(max_size=4) | st.floats()
 )
+# Anthropic's structured options, near-valid so validation is reached past the type checks
+thinking = st.fixed_dictionaries(
+    {"type": st.sampled_from(["enabled", "disabled", "adaptive", "on"])},
+    optional={"budget_tokens": st.integers(-2, 4) | json_values},
+)
+tool_choice = st.fixed_dictionaries(
+    {"type": st.sampled_from(["auto", "any", "tool", "none", "function"])},
+    optional={"name": st.text(max_size=6) | json_values, "disable_parallel_tool_use": json_values},
+)
 bodies = st.fixed_dictionaries(
     {"max_tokens": max_tokens},
     optional={
         "messages": messages | json_values,
         "tools": tools | json_values,
         "prompt": json_values | st.text(max_size=20),
+        "thinking": thinking | json_values,
+        "tool_choice": tool_choice | json_values,
     }
-    | {k: json_values for k in KEYS if k not in ("max_tokens", "messages", "tools", "prompt")},
-)
+    | {k: json_values for k in KEYS if k not in ("max_tokens", "messages", "tools", "prompt", "thinking",
+                                                 "tool_choice")},
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +106,12 @@ def client():
         yield c
 
 
-def _check(resp, path: str = "") -> None:
-    assert resp.status_code < 500 or (resp.status_code == 529 and path.startswith("/v1/messages")), resp.text
+def _check(resp, path: str = "", anthropic: bool = False) -> None:
+    anthropic = anthropic or path.startswith("/v1/messages")
+    assert resp.status_code < 500 or (resp.status_code == 529 and anthropic), resp.text
     if resp.status_code >= 400:
         body = resp.json()
-        if path.startswith("/v1/messages"):  # Anthropic's shape
+        if anthropic:  # Anthropic's shape
             assert body["type"] == "error", body
         err = body["error"]
         assert isinstance(err["message"], str) and err["message"] and "type" in err
@@ -115,6 +129,16 @@ def test_structured_malformed_bodies(client, body, path):
     if body.get("stream") is True:
         body["stream"] = False  # a streamed 200 is still checked below by the valid-request test
     _check(client.post(path, content=json.dumps(body), headers={"content-type": "application/json"}), path)
+
+
+@settings(max_examples=300, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@given(model_id=st.text(max_size=40), anthropic=st.booleans())
+def test_model_lookup(client, model_id, anthropic):
+    headers = {"anthropic-version": "2023-06-01"} if anthropic else {}
+    resp = client.get("/v1/models/" + quote(model_id, safe=""), headers=headers)
+    _check(resp, anthropic=anthropic)
+    if resp.status_code == 200:
+        assert resp.json()["type" if anthropic else "object"] == "model"
 
 
 def test_still_serves_and_no_pages_leak(client):

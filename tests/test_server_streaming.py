@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from chat_templates.parsers import parse_full
 from runtime.request import RequestOutput
-from runtime.server.chat import ChatRun, complete, stream_events
-from runtime.server.protocol import ChatCompletionRequest
-from runtime.server.streaming import merge_streams
-from runtime.server.templates import TemplateInfo
-from runtime.server.usage import StreamUsage
+from runtime.server.core.streaming import merge_streams
+from runtime.server.core.templates import TemplateInfo
+from runtime.server.openai.chat import ChatRun, complete, stream_events
+from runtime.server.openai.protocol import ChatCompletionRequest
+from runtime.server.openai.usage import StreamUsage
 
 OUTPUT = (
     "Let me check.\n<tool_call>\n"

@@ -11,7 +11,7 @@ A page is keyed by :mod:`runtime.kv_store.page_keys` (the chain of its prefix) a
 parent key and its tokens, so the index is a tree that rebuilds without the pool.  A write is a
 group of consecutive pages: the file is written under ``tmp/``, fsynced, renamed into
 ``groups/`` and only then indexed, so a crash leaves either a whole indexed group or an
-unindexed file that the next open removes.  Every group's blake2b checksum is checked on load;
+unindexed file that the next open removes.  Every group's CRC-32 is checked on load;
 a group that fails it (truncated, flipped byte) is dropped with every page below it, and the
 caller recomputes those tokens.  The byte budget is kept by evicting least recently used
 groups; a page below an evicted one can never match again and is dropped with it.  A page may
@@ -22,7 +22,6 @@ an open drops whatever parent never came.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import sqlite3
 import threading
@@ -32,9 +31,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
+from runtime.kv_store import group_file
 from runtime.kv_store.fingerprint import FORMAT_VERSION
 
 _SCHEMA = """
@@ -70,10 +68,6 @@ class StoreStats(NamedTuple):
     groups: int
     nbytes: int
     budget: int
-
-
-def _checksum(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -188,6 +182,9 @@ class DiskStore:
             loaded[gid] = t
         with self._mu:
             self._touch(loaded)
+        g0, i0 = rows[0]
+        if all(r == (g0, i0 + j) for j, r in enumerate(rows)):  # one group's consecutive pages: a view
+            return loaded[g0][i0 : i0 + len(rows)]
         return torch.stack([loaded[g][i] for g, i in rows])
 
     def records(self) -> Iterator[PageRecord]:
@@ -282,7 +279,7 @@ class DiskStore:
         if first_new:
             parent, parent_is_root = keys[first_new - 1], False
         keys, tokens, kv = keys[first_new:], tokens[first_new:], kv[first_new:]
-        data = st_save({"kv": kv.detach().to("cpu").contiguous()})
+        data = group_file.encode(kv)
         if len(data) > self.budget:
             return 0
         name = f"{uuid.uuid4().hex}.safetensors"
@@ -300,7 +297,7 @@ class DiskStore:
             cur.execute("BEGIN")
             cur.execute(
                 "INSERT INTO groups (file, nbytes, checksum, last_use) VALUES (?, ?, ?, ?)",
-                (name, len(data), _checksum(data), self._clock),
+                (name, len(data), group_file.checksum(data), self._clock),
             )
             gid = cur.lastrowid
             prev, prev_root = parent, parent_is_root
@@ -342,16 +339,7 @@ class DiskStore:
             )
 
     def _read_group(self, name: str, checksum: bytes) -> torch.Tensor | None:
-        try:
-            data = (self.dir / "groups" / name).read_bytes()
-        except OSError:
-            return None
-        if _checksum(data) != checksum:
-            return None
-        try:
-            return st_load(data)["kv"]
-        except Exception:  # a file that passed its checksum but is not ours: never serve it
-            return None
+        return group_file.read(self.dir / "groups" / name, checksum)
 
     def _evict_for(self, nbytes: int) -> None:
         used = self._db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM groups").fetchone()[0]

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: CRC-32 group checksums (1: blake2b-128)
 _CHUNK = 1 << 24
 
 

@@ -41,11 +41,12 @@ class TierStats(NamedTuple):
 
     loaded_host_pages: int
     loaded_disk_pages: int
-    load_seconds: float
+    load_seconds: float  # the engine thread's time loading pages (picking up read-ahead included)
     written_pages: int
     host_pages: int
     disk_pages: int
     disk_bytes: int
+    read_ahead_seconds: float = 0.0  # background disk reads (overlapping other requests' compute)
 
 
 class LowerTiers:
@@ -64,7 +65,7 @@ class LowerTiers:
         self._mu = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._counts = {"host": 0, "disk": 0, "written": 0}
-        self._load_s = 0.0
+        self._load_s = self._read_ahead_s = 0.0
         self._writer = None
         if disk is not None:
             if host is not None:
@@ -110,7 +111,7 @@ class LowerTiers:
                         break
                     run.append(t)
             if run:
-                parts.append(torch.stack(run))
+                parts.append(_rows(run))
                 i += len(run)
                 continue
             j = i  # the longest run the disk itself must serve
@@ -143,7 +144,10 @@ class LowerTiers:
         return self._reader.submit(self._stage, todo)
 
     def _stage(self, keys: list[bytes]) -> None:
+        t0 = time.perf_counter()
         kv = self.disk.get(keys)
+        with self._mu:
+            self._read_ahead_s += time.perf_counter() - t0
         if kv is None:
             return
         with self._mu:
@@ -240,4 +244,18 @@ class LowerTiers:
             host_pages=len(self.host) if self.host is not None else 0,
             disk_pages=ds.pages if ds else 0,
             disk_bytes=ds.nbytes if ds else 0,
+            read_ahead_seconds=self._read_ahead_s,
         )
+
+
+def _rows(pages: list[torch.Tensor]) -> torch.Tensor:
+    """Pages stacked ``[n, ...]``: a view when they are consecutive rows of one tensor (the pages of
+    a group read ahead together), a copy otherwise."""
+    first, step = pages[0], pages[0].numel()
+    base = first.untyped_storage().data_ptr()
+    if first.is_contiguous() and all(
+        p.untyped_storage().data_ptr() == base and p.storage_offset() == first.storage_offset() + i * step
+        for i, p in enumerate(pages)
+    ):
+        return first.as_strided((len(pages), *first.shape), (step, *first.stride()))
+    return torch.stack(pages)

@@ -45,7 +45,7 @@ class ModelConfig(NamedTuple):
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
-    moe: MoEConfig | None = None  # routed experts (Qwen3-MoE); None: every layer is dense
+    moe: MoEConfig | None = None  # routed experts (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE); None: all dense
     layer_types: tuple[str, ...] = ()
     linear_attn: LinearAttnConfig | None = None
     partial_rotary_factor: float = 1.0
@@ -71,7 +71,7 @@ class ModelConfig(NamedTuple):
             model_type=mt,
             vocab_size=c["vocab_size"],
             hidden_size=c["hidden_size"],
-            intermediate_size=c["intermediate_size"],
+            intermediate_size=_dense_width(c),
             num_layers=c["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=c.get("num_key_value_heads") or heads,
@@ -86,7 +86,7 @@ class ModelConfig(NamedTuple):
             sliding_window=c.get("sliding_window") if use_sw else None,
             eos_token_ids=eos_ids,
             bos_token_id=c.get("bos_token_id"),
-            moe=None if mt in HYBRID else MoEConfig.from_dict(c),  # hybrid MoE: refused in hybrid_fields
+            moe=MoEConfig.from_dict(c),
             **(hybrid_fields(c) if mt in HYBRID else {}),
         )
 
@@ -107,3 +107,13 @@ class ModelConfig(NamedTuple):
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def _dense_width(c: dict[str, Any]) -> int:
+    """The dense MLP's width; Qwen3.5-MoE has no dense layer and may leave it out of its config."""
+    width = c.get("intermediate_size")
+    if width is None and c.get("num_experts"):
+        width = c.get("shared_expert_intermediate_size") or c["moe_intermediate_size"]
+    if width is None:
+        raise ValueError("config.json has no intermediate_size")
+    return int(width)

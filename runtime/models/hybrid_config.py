@@ -7,8 +7,12 @@ from typing import Any, NamedTuple
 HYBRID = {
     "qwen3_5_text": "Qwen3.5 (text)",
     "qwen3_5": "Qwen3.5 (text model of the multimodal checkpoint)",
-    "qwen3_next": "Qwen3-Next (dense layers only)",
+    "qwen3_next": "Qwen3-Next (80B-A3B; sparse MoE layers with a shared expert)",
+    "qwen3_5_moe_text": "Qwen3.5-MoE (text; every layer a sparse MoE block with a shared expert)",
+    "qwen3_5_moe": "Qwen3.5-MoE (text model of the multimodal checkpoint)",
 }
+# multimodal checkpoints whose text model is nested under ``text_config``
+_NESTED = ("qwen3_5", "qwen3_5_moe")
 
 
 class LinearAttnConfig(NamedTuple):
@@ -39,10 +43,10 @@ class LinearAttnConfig(NamedTuple):
 
 
 def text_config(c: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config: a multimodal ``qwen3_5`` checkpoint nests it under ``text_config``."""
-    if c.get("model_type") == "qwen3_5" and "text_config" in c:
+    """The text model's config: a multimodal ``qwen3_5(_moe)`` checkpoint nests it under ``text_config``."""
+    if c.get("model_type") in _NESTED and "text_config" in c:
         inner = dict(c["text_config"])
-        inner["model_type"] = "qwen3_5"
+        inner["model_type"] = c["model_type"]
         inner.setdefault("tie_word_embeddings", c.get("tie_word_embeddings", False))
         for key in ("eos_token_id", "bos_token_id"):
             if inner.get(key) is None and c.get(key) is not None:
@@ -61,13 +65,6 @@ def hybrid_fields(c: dict[str, Any]) -> dict[str, Any]:
     bad = sorted(set(types) - {"linear_attention", "full_attention"})
     if bad or len(types) != n:
         raise ValueError(f"layer_types must list {n} of linear_attention/full_attention, got {types!r}")
-    if c.get("model_type") == "qwen3_next":
-        sparse = c.get("num_experts", 0) > 0
-        only = set(c.get("mlp_only_layers") or [])
-        step = c.get("decoder_sparse_step", 1)
-        moe = [i for i in range(n) if sparse and i not in only and (i + 1) % step == 0]
-        if moe:
-            raise ValueError(f"Qwen3-Next mixture-of-experts layers {moe[:4]} are not supported yet")
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
     return dict(
         layer_types=tuple(types),

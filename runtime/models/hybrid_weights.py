@@ -3,7 +3,8 @@
 Our Gated DeltaNet has one in-projection with rows ``[q | k | v | z | b | a]``; Qwen3.5 stores
 them as ``in_proj_qkv`` / ``_z`` / ``_b`` / ``_a``, Qwen3-Next as ``in_proj_qkvz`` / ``_ba`` grouped
 per key head (``[q k v z]`` of head 0, then head 1 ...), which is regrouped here once at load.
-The multimodal Qwen3.5 checkpoint keeps the text model under ``model.language_model.``; its
+Routed experts load in ``runtime/weights.py`` like Qwen3-MoE's; the shared expert's gate/up fuse
+here.  The multimodal Qwen3.5 checkpoint keeps the text model under ``model.language_model.``; its
 vision tower and multi-token-prediction head are not loaded.
 """
 
@@ -18,7 +19,7 @@ from runtime.models.config import ModelConfig
 Part = tuple[str, slice | None, torch.Tensor]
 
 _SKIP = ("model.visual.", "visual.", "mtp.", "model.mtp.")
-_LAYER = re.compile(r"^layers\.(\d+)\.(self_attn|linear_attn|mlp)\.(\w+)\.(weight|bias)$")
+_LAYER = re.compile(r"^layers\.(\d+)\.(self_attn|linear_attn|mlp|mlp\.shared_expert)\.(\w+)\.(weight|bias)$")
 
 
 def map_hybrid_weight(cfg: ModelConfig, name: str, w: torch.Tensor) -> list[Part]:
@@ -34,8 +35,12 @@ def map_hybrid_weight(cfg: ModelConfig, name: str, w: torch.Tensor) -> list[Part
         return [(name, None, w)]
     layer, block, proj, kind = m.groups()
     base = f"layers.{layer}.{block}"
-    if block == "mlp" and proj in ("gate_proj", "up_proj"):
-        i = cfg.intermediate_size
+    if block.startswith("mlp") and proj in ("gate_proj", "up_proj"):
+        i = (
+            cfg.intermediate_size
+            if block == "mlp" or cfg.moe is None
+            else cfg.moe.shared_expert_intermediate_size
+        )
         return [(f"{base}.gate_up_proj.{kind}", _rows(i if proj == "up_proj" else 0, i), w)]
     if block == "self_attn" and proj in ("q_proj", "k_proj", "v_proj"):
         q, kv = 2 * cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim

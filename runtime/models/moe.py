@@ -61,10 +61,15 @@ def expert_counts(expert: torch.Tensor, num_experts: int) -> torch.Tensor:
 class Experts(nn.Module):
     """The routed experts of one layer, fused ``[E, 2I, H]`` and ``[E, H, I]``.
 
-    On CPU the weights stay in this layout, not repacked for oneDNN like ``Linear``: for an expert's
-    matrices the packed GEMV measured no faster, often slower (1 row, fp32, 1 thread: ``[256, 512]``
-    2.3 vs 2.7 GiB/s, ``[1024, 1024]`` 2.9 vs 3.8, ``[1536, 2048]`` 3.2 vs 4.2; only wide-and-short
-    ``[2048, 512]`` gains, 3.3 vs 2.6), and one layout serves every grouped GEMM.
+    On CPU, :meth:`pack_for_cpu` keeps those shapes but lays each expert's matrix out transposed
+    (``[E, H, 2I]`` / ``[E, I, H]`` contiguous), so every expert GEMM multiplies by a row-major
+    ``[in, out]`` matrix.  Measured on the 2-core AVX2 host (fp32, 1 thread, weights out of cache), one
+    expert's GEMV for 1 / 2 rows, row-major ``[out, in]`` (``F.linear``) -> transposed: ``[1024, 512]``
+    259 -> 157 / 333 -> 168 us, ``[2048, 512]`` 436 -> 306 / 1017 -> 470, ``[512, 128]`` 56 -> 37;
+    only ``[256, 512]`` at 1 row loses (64 -> 91).  The whole expert step of a decode batch
+    (``benchmarks/moe_decode.py`` shapes, 8 tokens): 3.77 -> 3.62 ms (32 experts of width 128),
+    10.3 -> 9.0 ms (16 of width 512).  oneDNN's packed layout (what ``Linear`` uses) measured between
+    the two and cannot feed one grouped GEMM, so it is not used here.
     """
 
     def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
@@ -72,6 +77,17 @@ class Experts(nn.Module):
         self.num_experts, self.hidden, self.inter = num_experts, hidden, inter
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+    def pack_for_cpu(self) -> bool:
+        """Re-lay both tensors out transposed per expert (same shapes and values, one copy); CPU only."""
+        if self.gate_up_proj.device.type != "cpu":
+            return False
+        for name in ("gate_up_proj", "down_proj"):
+            w = getattr(self, name).detach()
+            setattr(
+                self, name, nn.Parameter(w.transpose(1, 2).contiguous().transpose(1, 2), requires_grad=False)
+            )
+        return True
 
     def forward(self, x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor) -> torch.Tensor:
         """``x [T, H]`` -> ``[T, H]``: each token's routing-weighted sum over its ``top_i`` experts."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-# Qwen3.5-MoE's router always renormalises its top-k weights and its config has no switch for it
-_ALWAYS_NORMALISED = ("qwen3_5_moe", "qwen3_5_moe_text")
+# Qwen3.5-MoE: every layer is sparse and the router always renormalises its top-k weights; its config
+# has no switch for either (transformers ignores decoder_sparse_step / mlp_only_layers / norm_topk_prob)
+_ALL_SPARSE_NORMALISED = ("qwen3_5_moe", "qwen3_5_moe_text")
 
 
 class MoEConfig(NamedTuple):
@@ -25,7 +26,7 @@ class MoEConfig(NamedTuple):
         experts = c.get("num_experts") or c.get("num_local_experts") or 0
         if experts <= 0:
             return None
-        mt = c.get("model_type", "")
+        fixed = c.get("model_type", "") in _ALL_SPARSE_NORMALISED
         top_k = c.get("num_experts_per_tok", 1)
         if not 1 <= top_k <= experts:
             raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={experts}")
@@ -33,9 +34,9 @@ class MoEConfig(NamedTuple):
             num_experts=experts,
             top_k=top_k,
             expert_intermediate_size=c["moe_intermediate_size"],
-            norm_topk_prob=mt in _ALWAYS_NORMALISED or bool(c.get("norm_topk_prob", False)),
-            decoder_sparse_step=max(int(c.get("decoder_sparse_step") or 1), 1),
-            mlp_only_layers=tuple(c.get("mlp_only_layers") or ()),
+            norm_topk_prob=fixed or bool(c.get("norm_topk_prob", False)),
+            decoder_sparse_step=1 if fixed else max(int(c.get("decoder_sparse_step") or 1), 1),
+            mlp_only_layers=() if fixed else tuple(c.get("mlp_only_layers") or ()),
             shared_expert_intermediate_size=int(c.get("shared_expert_intermediate_size") or 0),
         )
 

@@ -60,16 +60,23 @@ class QuantLinear(nn.Module):
             self.codes = codes.to(torch.int8).contiguous()
             self.scale = scale.to(torch.bfloat16).contiguous()
 
+    scratch: DequantScratch | None = None  # shared by a model's quantized linears (quantize.py sets it)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight ``[out, in]`` these codes stand for (in bf16 scale precision), as ``dtype``.
 
-        In place on one fresh tensor: a fused op allocating its own output was up to 10x slower here
-        (page faults on every multi-MB allocation).
+        In place on one tensor (the shared scratch when there is one): a fused op allocating its own
+        output was up to 10x slower here (page faults on every multi-MB allocation).
         """
+        n, k = self.out_features, self.in_features
+        w = torch.empty(n, k, dtype=dtype) if self.scratch is None else self.scratch.take(n * k, dtype)
         if self.kind == "int8":
-            return self.codes.to(dtype).mul_(self.scale.to(dtype)[:, None])
-        q = torch.cat((self.codes & 15, self.codes >> 4), -1).to(dtype)
-        return q.mul_(self.scale.to(dtype)).add_(self.low.to(dtype)).view(self.out_features, self.in_features)
+            return w.view(n, k).copy_(self.codes).mul_(self.scale.to(dtype)[:, None])
+        g = w.view(n, k // GROUP, 2, GROUP // 2)
+        g[:, :, 0].copy_(self.codes & 15)
+        g[:, :, 1].copy_(self.codes >> 4)
+        w = w.view(n, k // GROUP, GROUP)
+        return w.mul_(self.scale.to(dtype)).add_(self.low.to(dtype)).view(n, k)
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.kernel_rows:
@@ -85,6 +92,24 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)
+
+
+class DequantScratch:
+    """One reusable buffer a model's quantized linears dequantize into for a prefill matmul, in turn.
+
+    Dequantizing into a fresh multi-MB tensor per linear per forward costs allocator and page-fault
+    time on top of the arithmetic; one buffer, as large as the largest weight, is reused instead.
+    Each weight is consumed by its matmul before the next linear overwrites the buffer.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: dict[torch.dtype, torch.Tensor] = {}
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self.buffers.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = self.buffers[dtype] = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
 
 
 def int4_codes(w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:

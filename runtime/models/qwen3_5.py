@@ -1,10 +1,11 @@
-"""Qwen3.5 / Qwen3-Next (dense path): Gated DeltaNet layers interleaved with gated full attention.
+"""Qwen3.5 / Qwen3-Next / Qwen3.5-MoE: Gated DeltaNet layers interleaved with gated full attention.
 
 Differences from ``decoder.py``'s families: ``layer_types`` picks each layer's token mixer; the
 full-attention layers gate their output (``q_proj`` emits a sigmoid gate beside each query head),
 rotate only ``partial_rotary_factor`` of each head, and every RMSNorm but the gated one scales by
 ``1 + weight``.  Only the full-attention layers own KV pages; the linear layers keep a recurrent
-state per request (``runtime/state_pool.py``).
+state per request (``runtime/state_pool.py``).  The MoE variants swap the MLP for
+``runtime/models/moe.py``'s sparse block with a gated shared expert, where the config says so.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.decoder import CausalLM, StepContext, paged_attention
 from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
-from runtime.models.layers import GatedMLP, RotaryEmbedding, apply_rope
+from runtime.models.layers import RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
+from runtime.models.moe import feed_forward
 
 
 class OffsetRMSNorm(nn.Module):
@@ -71,9 +73,9 @@ class GatedAttention(nn.Module):
 
 
 class HybridLayer(nn.Module):
-    """Pre-norm token mixer (Gated DeltaNet or gated attention) + gated MLP, with residuals."""
+    """Pre-norm token mixer (Gated DeltaNet or gated attention) + gated MLP or sparse MoE, with residuals."""
 
-    def __init__(self, cfg: ModelConfig, kind: str, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, kind: str, index: int, layer: int) -> None:
         super().__init__()
         self.kind, self.index = kind, index  # index among layers of this kind: KV layer or state row
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -83,7 +85,7 @@ class HybridLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(cfg)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = feed_forward(cfg.hidden_size, cfg.intermediate_size, cfg.moe, layer)
 
 
 class HybridCausalLM(nn.Module):
@@ -98,8 +100,8 @@ class HybridCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         counts = {"linear_attention": 0, "full_attention": 0}
         layers = []
-        for kind in cfg.layer_types:
-            layers.append(HybridLayer(cfg, kind, counts[kind]))
+        for layer, kind in enumerate(cfg.layer_types):
+            layers.append(HybridLayer(cfg, kind, counts[kind], layer))
             counts[kind] += 1
         self.layers = nn.ModuleList(layers)
         self.num_linear_layers = counts["linear_attention"]

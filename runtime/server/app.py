@@ -2,123 +2,46 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from runtime.async_engine import AsyncEngine
 from runtime.engine import EngineError
-from runtime.server import chat, completions
-from runtime.server.anthropic.routes import install_anthropic_routes, models_page
-from runtime.server.cache_routes import install_cache_routes
-from runtime.server.errors import (
-    APIError,
-    bad_request,
-    document_errors,
-    error_response,
-    install_error_handlers,
-)
+from runtime.server.anthropic import errors as anthropic_errors
+from runtime.server.anthropic import routes as anthropic_routes
+from runtime.server.core.errors import APIError, bad_request, install_error_handlers
+from runtime.server.core.generate import generate, parse_body
 from runtime.server.guard import RequestGuard
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from runtime.server.openai import chat, completions
+from runtime.server.openai import errors as openai_errors
+from runtime.server.openai import models as openai_models
+from runtime.server.openai.cache_routes import install_cache_routes
+from runtime.server.openai.errors import document_errors
+from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
-from runtime.server.streaming import Once, guarded_events, openai_error_events
 
-DISCONNECT_POLL_S = 0.25
 # bodiless POSTs still say application/json (see guard.py); the body itself is ignored
 JSON_OBJECT_BODY = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
-    """Await ``work``; if the client goes away first, cancel it (which aborts the engine requests)."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return None
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-async def _parse(
-    state: ServerState, request: Request, model: type[M], precheck: Callable[[Any], None] | None = None
-) -> M:
-    """The validated body, parsed and validated in the prep thread: a 16,000-message body costs the
-    event loop nothing, and ``precheck`` refuses what cannot fit before pydantic walks all of it."""
-    raw = await request.body()
-
-    def parse() -> M:
-        try:
-            obj = json.loads(raw)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            raise bad_request(f"malformed JSON body: {e}") from None
-        if precheck is not None:
-            precheck(obj)
-        try:
-            return model.model_validate(obj)
-        except ValidationError as e:
-            raise RequestValidationError(e.errors()) from None
-
-    return await asyncio.get_running_loop().run_in_executor(state.prep, parse)
-
-
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI for a body we parse ourselves (``_parse``); ``document_errors`` adds the schema."""
+    """OpenAPI for a body we parse ourselves (``parse_body``); ``document_errors`` adds the schema."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
 
 
-async def _generate(
-    state: ServerState, request: Request, make_run: Callable[[], Any], n: int, stream: bool, module: Any
-) -> Response:
-    tenant = request.state.tenant
-    state.tenants.admit(tenant, n)
-    try:
-        state.admit(n)  # before the render, so at most the server's capacity of renders is ever queued
-    except APIError:
-        state.tenants.release(tenant, n)
-        raise
-
-    def _release() -> None:
-        state.release(n)
-        state.tenants.release(tenant, n)
-
-    release = Once(_release)
-    try:
-        # template rendering and tokenisation are CPU work: off the event loop, so /health and
-        # every other request keep being answered while a big prompt is prepared
-        run = await asyncio.get_running_loop().run_in_executor(state.prep, make_run)
-    except BaseException:
-        release()
-        raise
-    session = getattr(run.req, "user", None) or request.headers.get("x-session-id")
-    run.scope = state.tenants.scope(tenant, session, state.tenants.public_len(getattr(run, "prompt", None)))
-    if stream:
-        return guarded_events(
-            module.stream_events(run), run.id, release, getattr(module, "error_events", openai_error_events)
-        )
-    try:
-        body = await _unless_disconnected(request, module.complete(run))
-    finally:
-        release()
-    return JSONResponse(body) if body is not None else Response(status_code=499)
+def render_error(path: str, headers: Mapping[str, str], e: APIError) -> Response:
+    """Each caller gets errors in its protocol's shape: Anthropic's on the Anthropic routes, OpenAI's elsewhere."""
+    return (
+        anthropic_errors if anthropic_errors.is_anthropic(path, headers) else openai_errors
+    ).error_response(e)
 
 
 def create_app(
@@ -136,7 +59,7 @@ def create_app(
 
     app = FastAPI(title="kvreuse", version="0.1.0", lifespan=lifespan)
     app.state.kv = state
-    install_error_handlers(app)
+    install_error_handlers(app, render_error)
 
     def count_messages(obj: Any) -> None:
         if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
@@ -144,27 +67,35 @@ def create_app(
 
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        body = await _parse(state, request, ChatCompletionRequest, count_messages)
+        body = await parse_body(state, request, ChatCompletionRequest, count_messages)
         state.check_model(body.model)
-        return await _generate(state, request, lambda: chat.ChatRun(state, body), body.n, body.stream, chat)
+        return await generate(state, request, lambda: chat.ChatRun(state, body), body.n, body.stream, chat)
 
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def text_completions(request: Request) -> Response:
-        body = await _parse(state, request, CompletionRequest)
+        body = await parse_body(state, request, CompletionRequest)
         state.check_model(body.model)
         choices = body.n * len(body.prompts())  # each prompt of a batch has its own n choices
         run = lambda: completions.CompletionRun(state, body)  # noqa: E731
-        return await _generate(state, request, run, choices, body.stream, completions)
+        return await generate(state, request, run, choices, body.stream, completions)
+
+    def anthropic_caller(request: Request) -> bool:  # the anthropic SDK always sends the header
+        return "anthropic-version" in request.headers
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        if "anthropic-version" in request.headers:  # the anthropic SDK's models.list()
-            return models_page(state)
-        card = {
-            "id": config.served_model_name, "object": "model", "created": state.created, "owned_by": "kvreuse",
-            "max_model_len": state.engine.max_model_len,
-        }  # fmt: skip
-        return {"object": "list", "data": [card]}
+        return (
+            anthropic_routes.models_page(state)
+            if anthropic_caller(request)
+            else openai_models.model_list(state)
+        )
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        # an unknown id is a 404, in the caller's shape (render_error)
+        return (anthropic_routes if anthropic_caller(request) else openai_models).model_lookup(
+            state, model_id
+        )
 
     @app.get("/health")
     async def health() -> Response:
@@ -206,14 +137,14 @@ def create_app(
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
     install_cache_routes(app, state)
-    install_anthropic_routes(app, state, _generate)
+    anthropic_routes.install_anthropic_routes(app, state)
     app.add_middleware(
         RequestGuard,
         allowed_hosts=config.allowed_hosts,
         max_request_bytes=config.max_request_bytes,
         json_paths={r.path for r in app.routes if "POST" in getattr(r, "methods", ())},
         authenticate=state.tenants.authenticate,
-        on_error=error_response,
+        on_error=render_error,
         count=lambda path, status: state.metrics.http_requests.labels(path, str(status)).inc(),
     )
     if config.cors_origins:  # closed unless asked: no CORS headers, so no page can read responses

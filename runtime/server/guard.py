@@ -12,16 +12,20 @@ and a non-streamed generation would run to the end for nobody.
 * ``--max-request-bytes``: a body larger than this is refused before it is read whole.
 * API keys (``--api-key``): the caller's tenant goes into ``request.state.tenant``, or a 401.
 * Per-path, per-status request counts for ``/metrics``.
+
+Every refusal is an ``APIError`` handed to ``on_error`` with the request's path and headers, so the
+body has the shape of the protocol the caller speaks (the app decides which).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runtime.server.core.errors import APIError
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -44,7 +48,7 @@ class RequestGuard:
         max_request_bytes: int,
         json_paths: Iterable[str],
         authenticate: Callable[[str, Headers], str | None],
-        on_error: Callable[[Exception], ASGIApp],
+        on_error: Callable[[str, Mapping[str, str], APIError], ASGIApp],
         count: Callable[[str, int], None],
     ) -> None:
         self.app = app
@@ -70,16 +74,15 @@ class RequestGuard:
             await send(message)
 
         try:
-            if (refusal := self._host_refusal(headers)) is not None:
-                await _error(counted_send, *refusal)
-                return
-            try:  # request.state.tenant, read by the routes; a 401 before any other complaint
+            try:
+                if (refusal := self._host_refusal(headers)) is not None:
+                    raise refusal
+                # request.state.tenant, read by the routes; a 401 before any other complaint
                 scope.setdefault("state", {})["tenant"] = self.authenticate(path, Headers(scope=scope))
-            except Exception as e:  # APIError 401
-                await self.on_error(e)(scope, receive, counted_send)
-                return
-            if (refusal := self._body_refusal(scope, headers)) is not None:
-                await _error(counted_send, *refusal)
+                if (refusal := self._body_refusal(scope, headers)) is not None:
+                    raise refusal
+            except APIError as e:
+                await self.on_error(path, headers, e)(scope, receive, counted_send)
                 return
             limit, seen = self.max_request_bytes, [0]
 
@@ -88,7 +91,7 @@ class RequestGuard:
                 if message["type"] == "http.request":
                     seen[0] += len(message.get("body", b""))
                     if seen[0] > limit:  # a chunked body with no Content-Length; FastAPI re-raises this
-                        raise HTTPException(413, self._too_large()[1])
+                        raise HTTPException(413, self._too_large().message)
                 return message
 
             await self.app(scope, limited_receive, counted_send)
@@ -96,43 +99,23 @@ class RequestGuard:
             if path.startswith("/v1/"):
                 self.count(path, status[0])
 
-    def _too_large(self) -> tuple[int, str, str]:
-        return (
-            413,
-            f"request body larger than {self.max_request_bytes} bytes (--max-request-bytes)",
-            "too_large",
-        )
+    def _too_large(self) -> APIError:
+        message = f"request body larger than {self.max_request_bytes} bytes (--max-request-bytes)"
+        return APIError(413, message, code="too_large")
 
-    def _host_refusal(self, headers: dict[str, str]) -> tuple[int, str, str] | None:
+    def _host_refusal(self, headers: dict[str, str]) -> APIError | None:
         host = _host_name(headers.get("host", ""))
         if not self.any_host and host not in self.allowed_hosts:
-            return 400, "Host header not allowed (see --allowed-hosts)", "invalid_host"
+            return APIError(400, "Host header not allowed (see --allowed-hosts)", code="invalid_host")
         return None
 
-    def _body_refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str, str] | None:
+    def _body_refusal(self, scope: Scope, headers: dict[str, str]) -> APIError | None:
         if scope["method"] == "POST" and scope["path"] in self.json_paths:
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype != "application/json":
-                return (
-                    415,
-                    "POST bodies must be sent with Content-Type: application/json",
-                    "unsupported_media_type",
-                )
+                message = "POST bodies must be sent with Content-Type: application/json"
+                return APIError(415, message, code="unsupported_media_type")
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > self.max_request_bytes:
                 return self._too_large()
         return None
-
-
-async def _error(send: Send, status: int, message: str, code: str) -> None:
-    body = json.dumps(
-        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

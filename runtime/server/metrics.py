@@ -55,8 +55,12 @@ def _tier_families(s: EngineStats) -> Iterator:
         by_tier.add_metric([tier], value)
     yield by_tier
     yield CounterMetricFamily(
-        "kvreuse_kv_tier_load_seconds", "Time spent loading cached pages from the host/disk tiers",
+        "kvreuse_kv_tier_load_seconds", "Engine-thread time loading cached pages from the host/disk tiers",
         value=s.tier_load_s,
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "kvreuse_kv_tier_read_ahead_seconds", "Background disk reads of cached pages (read-ahead)",
+        value=s.tier_read_ahead_s,
     )  # fmt: skip
     pages = GaugeMetricFamily("kvreuse_kv_tier_pages", "KV pages held by each lower tier", labels=["tier"])
     pages.add_metric(["host"], s.host_tier_pages)

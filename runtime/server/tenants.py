@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.cache_scope import PUBLIC, CacheScope
-from runtime.server.errors import APIError
+from runtime.server.core.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})
 

@@ -17,14 +17,13 @@ from typing import Any, NamedTuple
 
 from runtime.server.anthropic.protocol import (
     CountTokensRequest,
-    MessagesRequest,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
     UnsupportedBlock,
 )
-from runtime.server.errors import bad_request
-from runtime.server.protocol import ChatCompletionRequest
+from runtime.server.core.errors import bad_request
+from runtime.server.core.prompting import ChatInput
 
 NONCE_PREFIX = "x-anthropic-billing-header:"
 SYSTEM_SEP = "\n\n"
@@ -48,7 +47,7 @@ class SystemBlock(NamedTuple):
 
 
 class Converted(NamedTuple):
-    chat: ChatCompletionRequest
+    chat: ChatInput
     breakpoints: list[Breakpoint]
     system_blocks: list[SystemBlock]
     dropped_nonce: bool
@@ -144,43 +143,13 @@ def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
             marks.append(Breakpoint("tools", max(ttls)))
     if req.cache_control is not None:
         marks.append(Breakpoint("end", req.cache_control.seconds))
-    body: dict[str, Any] = {"messages": msgs, "tools": tools, "tool_choice": _tool_choice(req)}
+    kwargs = None
     if req.thinking is not None and req.thinking.type != "adaptive":
-        body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type == "enabled"}
-    if isinstance(req, MessagesRequest):
-        body.update(
-            max_tokens=req.max_tokens,
-            stop=req.stop_sequences or None,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            user=req.metadata.user_id if req.metadata else None,
-            stream=req.stream,
-        )
-    else:
-        body["max_tokens"] = 1
-    try:
-        chat = ChatCompletionRequest.model_validate(body)
-    except ValueError as e:  # a conversion the chat core refuses (e.g. a tool_result with no tool_use)
-        raise bad_request(_first_error(e)) from None
+        kwargs = {"enable_thinking": req.thinking.type == "enabled"}
+    choice = req.tool_choice.type if req.tool_choice is not None and req.tools else None
+    name = req.tool_choice.name if choice == "tool" else None
+    budget = (
+        req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
+    )
+    chat = ChatInput(msgs, tools, {"any": "required"}.get(choice, choice), name, kwargs, budget)
     return Converted(chat, marks, spans, dropped)
-
-
-def _tool_choice(req: CountTokensRequest) -> Any:
-    c = req.tool_choice
-    if c is None or not req.tools:
-        return None
-    if c.type == "any":
-        return "required"
-    if c.type == "tool":
-        return {"type": "function", "function": {"name": c.name}}
-    return c.type  # auto | none
-
-
-def _first_error(e: ValueError) -> str:
-    errors = getattr(e, "errors", None)
-    if callable(errors) and errors():
-        first = errors()[0]
-        loc = ".".join(str(p) for p in first.get("loc", ()))
-        return f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
-    return str(e)

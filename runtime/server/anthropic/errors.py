@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi.responses import JSONResponse
 
-from runtime.server.errors import APIError
+from runtime.server.core.errors import APIError
 
 # Our status -> Anthropic's error type; Anthropic answers overload with 529.
 TYPES = {
@@ -13,6 +15,7 @@ TYPES = {
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
     529: "overloaded_error",
@@ -29,7 +32,8 @@ def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(error_object(status, e.message), status_code=status, headers=e.headers)
 
 
-def is_anthropic(path: str, headers) -> bool:
-    """Requests answered in Anthropic's error shape: the Messages routes, or any route the
-    Anthropic SDK calls (it always sends ``anthropic-version``)."""
-    return path.startswith("/v1/messages") or "anthropic-version" in headers
+def is_anthropic(path: str, headers: Mapping[str, str]) -> bool:
+    """Requests answered in Anthropic's error shape: the Messages routes, and the models routes when
+    the caller is the Anthropic SDK (it always sends ``anthropic-version``)."""
+    models = path == "/v1/models" or path.startswith("/v1/models/")
+    return path.startswith("/v1/messages") or (models and "anthropic-version" in headers)

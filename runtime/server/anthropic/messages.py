@@ -1,7 +1,7 @@
 """``POST /v1/messages``: a chat run on the shared core, answered as Anthropic content blocks.
 
-Rendering, tool-call and reasoning parsing, diagnostics and metrics are the chat core's
-(``runtime/server/chat.py``'s ``ChatRun``); this module maps its output to Anthropic's blocks,
+Rendering, tool-call and reasoning parsing, diagnostics and metrics are the neutral core's
+(``runtime/server/core/chat_run.py``); this module maps its output to Anthropic's blocks,
 stop reasons, usage (``usage.py``) and streaming events, and pins ``cache_control`` prefixes.
 """
 
@@ -14,16 +14,19 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from chat_templates.parsers import parse_full
 from chat_templates.render import first_divergence
+from runtime.engine import Engine
 from runtime.request import RequestOutput
+from runtime.sampling import SamplingParams
 from runtime.server.anthropic.convert import Breakpoint, Converted
 from runtime.server.anthropic.errors import error_object
 from runtime.server.anthropic.protocol import MessagesRequest
 from runtime.server.anthropic.usage import usage
-from runtime.server.chat import ChatRun
+from runtime.server.core.chat_run import ChatRun
+from runtime.server.core.errors import bad_request
+from runtime.server.core.run import MakeParams
+from runtime.server.core.streaming import final_outputs, join_parsed
 from runtime.server.state import ServerState
-from runtime.server.streaming import GuardedStream, Once, final_outputs, guarded_events, join_parsed
 
 
 def tool_id() -> str:
@@ -38,11 +41,28 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def message_params(req: MessagesRequest, engine: Engine) -> MakeParams:
+    """Anthropic's sampling fields (``temperature`` defaults to 1.0, as Anthropic's does)."""
+
+    def make(prompt_len: int, choice: int) -> SamplingParams:
+        try:
+            return SamplingParams(
+                max_tokens=req.max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
+                stop=req.stop_sequences or None,
+            )  # fmt: skip
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+
+    return make
+
+
 class MessagesRun(ChatRun):
     """One Messages request on the engine (always one choice)."""
 
     def __init__(self, state: ServerState, req: MessagesRequest, conv: Converted) -> None:
-        super().__init__(state, conv.chat)
+        session = req.metadata.user_id if req.metadata else None
+        super().__init__(state, conv.chat, "msg", 1, message_params(req, state.engine), session=session)
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.areq, self.conv = req, conv
 
@@ -117,9 +137,7 @@ class MessagesRun(ChatRun):
 
 
 def content_blocks(run: MessagesRun, out: RequestOutput) -> tuple[list[dict[str, Any]], int]:
-    p = run.prompt
-    parsed = parse_full(p.forced_prefix + out.text, p.tool_format, run.state.template.reasoning,
-                        p.think_open, run.id)  # fmt: skip
+    parsed = run.parse(out)
     blocks: list[dict[str, Any]] = []
     if parsed.reasoning:
         blocks.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
@@ -208,7 +226,3 @@ async def stream_events(run: MessagesRun) -> AsyncIterator[str]:
 
 def error_events(e: Exception) -> list[str]:
     return [f"event: error\ndata: {json.dumps(error_object(500, str(e)))}\n\n"]
-
-
-def stream_response(run: MessagesRun, release: Once) -> GuardedStream:
-    return guarded_events(stream_events(run), run.id, release, error_events)

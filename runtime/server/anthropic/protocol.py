@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.server.protocol import MAX_STOP, _check_schema
+from runtime.server.core.validation import MAX_STOP, check_object_schema
 
 
 class _Body(BaseModel):
@@ -85,10 +85,7 @@ class ToolDef(_Body):
     @field_validator("input_schema")
     @classmethod
     def _valid_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if v.get("type", "object") != "object":
-            raise ValueError("input_schema must be a JSON Schema of type 'object'")
-        _check_schema(v, "input_schema", 0)
-        return v
+        return check_object_schema(v, "input_schema", "input_schema")
 
 
 class ToolChoice(_Body):
@@ -98,8 +95,17 @@ class ToolChoice(_Body):
 
 
 class Thinking(_Body):
+    """``enabled`` turns the template's reasoning on and caps it at ``budget_tokens`` (Anthropic's
+    minimum of 1024 is not imposed: local models are small)."""
+
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _budget(self) -> Thinking:
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise ValueError("thinking of type 'enabled' needs budget_tokens")
+        return self
 
 
 class Metadata(_Body):
@@ -127,6 +133,8 @@ class _Counted(_Body):
                 raise ValueError(f"tool_choice names {c.name!r}, which is not in tools")
         if c is not None and c.type == "any" and not self.tools:
             raise ValueError("tool_choice 'any' needs tools")
+        if c is not None and c.type in ("any", "tool") and self.thinking and self.thinking.type == "enabled":
+            raise ValueError("thinking may not be enabled when tool_choice forces tool use")
         return self
 
 
@@ -144,3 +152,15 @@ class MessagesRequest(_Counted):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
     metadata: Metadata | None = None
+
+    @model_validator(mode="after")
+    def _budget_below_max(self) -> MessagesRequest:
+        t = self.thinking
+        if (
+            t is not None
+            and t.type == "enabled"
+            and t.budget_tokens is not None
+            and t.budget_tokens >= self.max_tokens
+        ):
+            raise ValueError("max_tokens must be greater than thinking.budget_tokens")
+        return self

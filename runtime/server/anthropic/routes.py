@@ -1,5 +1,5 @@
 """The Anthropic routes: ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, and the
-Anthropic shape of ``GET /v1/models``.  Every failure is an Anthropic-shaped 4xx (or a 529 for
+Anthropic shape of ``GET /v1/models`` and ``GET /v1/models/{id}``.  Every failure is an Anthropic-shaped 4xx (or a 529 for
 overload), never a 500: the body is parsed and validated here, not by FastAPI's OpenAI-shaped handlers.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,12 +20,12 @@ from runtime.server.anthropic import messages
 from runtime.server.anthropic.convert import convert
 from runtime.server.anthropic.errors import error_response
 from runtime.server.anthropic.protocol import CountTokensRequest, MessagesRequest
-from runtime.server.errors import APIError, bad_request
-from runtime.server.prompting import build_chat_prompt
+from runtime.server.core.errors import APIError, bad_request
+from runtime.server.core.generate import generate
+from runtime.server.core.prompting import build_chat_prompt
 from runtime.server.state import ServerState
 
 MAX_BODY_BYTES = 32 * 2**20  # Anthropic's own limit for a Messages request
-Generate = Callable[..., Awaitable[Response]]
 
 
 def check_model(state: ServerState, name: str | None) -> None:
@@ -64,14 +64,24 @@ async def _shaped(work: Awaitable[Response]) -> Response:
         return error_response(bad_request(str(e)))
 
 
-def models_page(state: ServerState) -> dict[str, Any]:
+def model_object(state: ServerState, model_id: str | None = None) -> dict[str, Any]:
+    """Anthropic's model object; ``model_id`` (a served name or an alias) is the id asked about."""
     name = state.config.served_model_name
     created = datetime.fromtimestamp(state.created, timezone.utc).isoformat().replace("+00:00", "Z")
-    card = {"type": "model", "id": name, "display_name": name, "created_at": created}
-    return {"data": [card], "has_more": False, "first_id": name, "last_id": name}
+    return {"type": "model", "id": model_id or name, "display_name": name, "created_at": created}
 
 
-def install_anthropic_routes(app: FastAPI, state: ServerState, generate: Generate) -> None:
+def models_page(state: ServerState) -> dict[str, Any]:
+    card = model_object(state)
+    return {"data": [card], "has_more": False, "first_id": card["id"], "last_id": card["id"]}
+
+
+def model_lookup(state: ServerState, model_id: str) -> dict[str, Any]:
+    check_model(state, model_id)  # served names and aliases; else a 404 (not_found_error)
+    return model_object(state, model_id)
+
+
+def install_anthropic_routes(app: FastAPI, state: ServerState) -> None:
     async def create(request: Request) -> Response:
         body: MessagesRequest = await _body(request, MessagesRequest)
         check_model(state, body.model)

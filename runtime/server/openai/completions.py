@@ -8,17 +8,20 @@ from contextlib import aclosing
 from typing import Any
 
 from runtime.request import RequestOutput
-from runtime.server.params import completion_logprobs
-from runtime.server.prompting import encode_text
-from runtime.server.protocol import CompletionRequest
-from runtime.server.run import EngineRun
+from runtime.server.core.prompting import encode_text
+from runtime.server.core.run import EngineRun
+from runtime.server.core.streaming import final_outputs
+from runtime.server.openai.events import DONE, sse
+from runtime.server.openai.events import error_events as error_events  # the stream error shape (generate)
+from runtime.server.openai.params import completion_logprobs
+from runtime.server.openai.protocol import CompletionRequest
+from runtime.server.openai.run import OpenAIRun, body_params
 from runtime.server.state import ServerState
-from runtime.server.streaming import DONE, final_outputs, sse
 
 log = logging.getLogger("kvreuse.server")
 
 
-class CompletionRun(EngineRun):
+class CompletionRun(OpenAIRun, EngineRun):
     """One completion request: tokenised prompts, per-choice params and the response shapes."""
 
     def __init__(self, state: ServerState, req: CompletionRequest) -> None:
@@ -27,7 +30,9 @@ class CompletionRun(EngineRun):
             list(p) if isinstance(p, list) else encode_text(state.tokenizer, p, "prompt")
             for p in req.prompts()
         ]
-        super().__init__(state, req, "cmpl", ids)
+        self.req = req
+        super().__init__(state, "cmpl", ids, req.n, body_params(state, req), session=req.user)
+        self.setup()
         self.prompt_texts = [
             p if isinstance(p, str) else state.tokenizer.decode(t)
             for p, t in zip(req.prompts(), self.prompts)

@@ -4,7 +4,7 @@ Unknown fields are ignored, as OpenAI-compatible servers do, so newer clients ke
 fields are strict, as in the OpenAI API: ``"2"`` is not a number, ``"yes"`` is not a boolean and
 ``true`` is not a token id (pydantic's lax mode would accept all three).
 The few
-known fields whose silent ignoring would change the answer are refused (``runtime/server/unsupported.py``).
+known fields whose silent ignoring would change the answer are refused (``runtime/server/openai/unsupported.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from runtime.server.unsupported import check_logit_bias, refuse_unsupported
+from runtime.server.core.validation import MAX_STOP, check_object_schema, check_schema
+from runtime.server.openai.unsupported import check_logit_bias, refuse_unsupported
 
-MAX_STOP = 16
 MAX_N = 8
 MAX_PROMPTS = 32  # batched /v1/completions prompts per request
 
@@ -36,35 +36,6 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
-JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
-
-
-def _check_schema(node: Any, where: str, depth: int) -> None:
-    """The structural rules of JSON Schema that templates and tool parsers rely on."""
-    if depth > 32:
-        raise ValueError(f"{where}: schema nested too deeply")
-    if not isinstance(node, dict):
-        raise ValueError(f"{where}: a schema must be an object")
-    kind = node.get("type")
-    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
-    if not all(isinstance(k, str) and k in JSON_TYPES for k in kinds):
-        raise ValueError(f"{where}.type: {kind!r} is not a JSON Schema type")
-    props = node.get("properties")
-    if props is not None:
-        if not isinstance(props, dict):
-            raise ValueError(f"{where}.properties must be an object")
-        for name, sub in props.items():
-            _check_schema(sub, f"{where}.properties.{name}", depth + 1)
-    req = node.get("required")
-    if req is not None and not (isinstance(req, list) and all(isinstance(r, str) for r in req)):
-        raise ValueError(f"{where}.required must be a list of property names")
-    if "items" in node and not isinstance(node["items"], bool):
-        _check_schema(node["items"], f"{where}.items", depth + 1)
-    enum = node.get("enum")
-    if enum is not None and not isinstance(enum, list):
-        raise ValueError(f"{where}.enum must be a list")
-
-
 class FunctionDef(_Body):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     description: str | None = None
@@ -74,11 +45,7 @@ class FunctionDef(_Body):
     @field_validator("parameters")
     @classmethod
     def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None:
-            if v.get("type", "object") != "object":
-                raise ValueError("function parameters must be a JSON Schema of type 'object'")
-            _check_schema(v, "parameters", 0)
-        return v
+        return v if v is None else check_object_schema(v, "parameters", "function parameters")
 
 
 class Tool(_Body):
@@ -159,7 +126,7 @@ class JsonSchemaFormat(_Body):
     @field_validator("schema_")
     @classmethod
     def _valid_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
-        _check_schema(v, "response_format.json_schema.schema", 0)
+        check_schema(v, "response_format.json_schema.schema")
         return v
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.request import RequestOutput
-from runtime.server.protocol import StreamOptions
+from runtime.server.openai.protocol import StreamOptions
 
 
 def usage(prompt_lens: list[int], outs: list[RequestOutput], n: int = 1) -> dict[str, Any]:

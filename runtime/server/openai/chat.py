@@ -2,63 +2,31 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from chat_templates.parsers import OutputParser, parse_full
 from runtime.request import RequestOutput
-from runtime.server.constraints import chat_grammar
-from runtime.server.diagnostics import HistoryEntry, cached_by_tier
-from runtime.server.params import chat_logprobs
-from runtime.server.prompting import ChatPrompt, build_chat_prompt
-from runtime.server.protocol import ChatCompletionRequest
-from runtime.server.run import EngineRun
+from runtime.server.core import chat_run
+from runtime.server.core.streaming import final_outputs, join_parsed
+from runtime.server.openai.constraints import response_grammar
+from runtime.server.openai.events import DONE, delta_messages, sse
+from runtime.server.openai.events import error_events as error_events  # the stream error shape (generate)
+from runtime.server.openai.messages import chat_input
+from runtime.server.openai.params import chat_logprobs
+from runtime.server.openai.protocol import ChatCompletionRequest
+from runtime.server.openai.run import OpenAIRun, body_params
 from runtime.server.state import ServerState
-from runtime.server.streaming import DONE, delta_messages, final_outputs, join_parsed, sse
-
-log = logging.getLogger("kvreuse.server")
 
 
-class ChatRun(EngineRun):
-    """One chat request in flight: its prompt, the n engine streams, and bookkeeping at the end."""
+class ChatRun(OpenAIRun, chat_run.ChatRun):
+    """One chat request in flight: the core's chat run, answered in OpenAI's shapes."""
 
     def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
-        self.prompt: ChatPrompt = build_chat_prompt(req, state.tokenizer, state.template)
-        grammar = chat_grammar(req, self.prompt.tool_format)
-        super().__init__(state, req, "chatcmpl", [self.prompt.token_ids], grammar)
-
-    def parser(self, i: int) -> OutputParser:
-        p = self.prompt
-        parser = OutputParser(p.tool_format, self.state.template.reasoning, p.think_open, f"{self.id}-{i}")
-        if p.forced_prefix:
-            parser.feed(p.forced_prefix)  # markup only: the parser holds it, nothing is emitted
-        return parser
-
-    def finish(self, outs: list[RequestOutput]) -> dict[str, Any]:
-        """Usage, diagnosis, metrics and the log line; returns the ``kvreuse`` extension object."""
-        st, p = self.state, self.prompt
-        first = outs[0]
-        diagnostics = st.diagnostics_for(self.scope.namespace)
-        diag = diagnostics.diagnose(
-            p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens, first.snapshot_cut
-        )
-        diagnostics.record(
-            HistoryEntry(
-                list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools
-            )
-        )
-        diag["cached_by_tier"] = cached_by_tier(first)
-        st.metrics.cache_miss.labels(diag["cause"]).inc()
-        self.observe(outs)
-        div = diag["divergence"] or {}
-        log.info(
-            "chat %s prompt=%d cached=%d reusable=%d cause=%s at=%s where=%s",
-            self.id, diag["prompt_tokens"], diag["cached_tokens"], diag["reusable_tokens"], diag["cause"],
-            div.get("token_index"), div.get("where"),
-        )  # fmt: skip
-        return {"cache": diag}
+        self.req = req
+        super().__init__(state, chat_input(req), "chatcmpl", req.n, body_params(state, req),
+                         response_grammar(req), req.user)  # fmt: skip
+        self.setup()
 
     def finish_reason(self, out: RequestOutput, n_calls: int) -> str:
         return "tool_calls" if n_calls else (out.finish_reason or "stop")
@@ -66,16 +34,9 @@ class ChatRun(EngineRun):
 
 async def complete(run: ChatRun) -> dict[str, Any]:
     ordered = await final_outputs(run.streams())
-    p = run.prompt
     choices = []
     for i, out in enumerate(ordered):
-        parsed = parse_full(
-            p.forced_prefix + out.text,
-            p.tool_format,
-            run.state.template.reasoning,
-            p.think_open,
-            f"{run.id}-{i}",
-        )
+        parsed = run.parse(out, i)
         msg: dict[str, Any] = {
             "role": "assistant",
             "content": parsed.content or (None if parsed.tool_calls else ""),

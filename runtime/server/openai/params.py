@@ -6,8 +6,8 @@ from typing import Any
 
 from runtime.engine import Engine
 from runtime.sampling import SamplingParams
-from runtime.server.errors import bad_request
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from runtime.server.core.errors import bad_request
+from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def sampling_params(

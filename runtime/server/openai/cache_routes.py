@@ -16,11 +16,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from runtime.cache_scope import CacheScope
-from runtime.server import chat
 from runtime.server.cache_info import cache_snapshot, describe
-from runtime.server.protocol import ChatCompletionRequest
+from runtime.server.core.streaming import final_outputs
+from runtime.server.openai import chat
+from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.server.state import ServerState
-from runtime.server.streaming import final_outputs
 
 
 def install_cache_routes(app: FastAPI, state: ServerState) -> None:

@@ -1,13 +1,12 @@
-"""Server-sent events, merging the n choices' output streams, and OpenAI chunk shapes for parsed deltas."""
+"""Merging the n choices' output streams, and streaming responses that report errors in-band and always
+release their admission (each protocol says how an error looks in its stream)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -16,35 +15,7 @@ from chat_templates.tool_calls import ParsedDelta
 from runtime.async_engine import EngineDead, RequestFailed
 from runtime.request import RequestOutput
 
-DONE = "data: [DONE]\n\n"
 log = logging.getLogger("kvreuse.server")
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def delta_messages(parsed: ParsedDelta) -> list[dict[str, Any]]:
-    """The ``delta`` objects for one parsed chunk: reasoning, content, then each tool call as a
-    header (id, name, empty arguments) followed by its arguments, the way OpenAI streams them."""
-    out: list[dict[str, Any]] = []
-    if parsed.reasoning:
-        out.append({"reasoning_content": parsed.reasoning})
-    if parsed.content:
-        out.append({"content": parsed.content})
-    for call in parsed.tool_calls:
-        head = {
-            "index": call.index,
-            "id": call.id,
-            "type": "function",
-            "function": {"name": call.name, "arguments": ""},
-        }
-        out.append({"tool_calls": [head]})
-        if call.arguments_delta:
-            out.append(
-                {"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments_delta}}]}
-            )
-    return out
 
 
 def join_parsed(a: ParsedDelta, b: ParsedDelta) -> ParsedDelta:
@@ -93,19 +64,14 @@ async def merge_streams(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def openai_error_events(e: Exception) -> list[str]:
-    code = {EngineDead: "engine_dead", RequestFailed: "request_failed"}.get(type(e))
-    return [sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": code}}), DONE]
-
-
 def guarded_events(
     events: AsyncIterator[str],
     request_id: str,
     release: Callable[[], None],
-    error_events: Callable[[Exception], list[str]] = openai_error_events,
+    error_events: Callable[[Exception], list[str]],
 ) -> GuardedStream:
     """Stream ``events``; an error after the headers went out is reported in-band (as the
-    protocol's ``error_events`` say; OpenAI's by default), and ``release`` runs however the stream ends."""
+    protocol's ``error_events`` say), and ``release`` runs however the stream ends."""
 
     async def body() -> AsyncIterator[str]:
         try:

@@ -1,0 +1,90 @@
+"""A chat request in flight, whatever the protocol: its rendered prompt, the output parser, and the
+bookkeeping at the end (cache diagnosis, metrics, the log line) that builds the ``kvreuse`` extension."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from chat_templates.parsers import OutputParser, parse_full
+from chat_templates.tool_calls import ParsedOutput
+from runtime.constrained import Grammar
+from runtime.request import RequestOutput
+from runtime.server.core.constraints import tool_grammar
+from runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt
+from runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
+from runtime.server.core.run import EngineRun, MakeParams
+from runtime.server.core.streaming import merge_streams
+from runtime.server.diagnostics import HistoryEntry, cached_by_tier
+from runtime.server.state import ServerState
+
+log = logging.getLogger("kvreuse.server")
+
+
+class ChatRun(EngineRun):
+    """One chat request on the engine; ``grammar`` (e.g. a response format) applies unless the tool
+    choice imposes its own."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        chat: ChatInput,
+        id_prefix: str,
+        n: int,
+        make_params: MakeParams,
+        grammar: Grammar | None = None,
+        session: str | None = None,
+    ) -> None:
+        self.prompt: ChatPrompt = build_chat_prompt(chat, state.tokenizer, state.template)
+        grammar = tool_grammar(chat, self.prompt.tool_format) or grammar
+        super().__init__(state, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session)
+        self.budget_reports: dict[int, BudgetReport] = {}
+
+    def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        budget = self.prompt.reasoning_budget
+        if budget is None:
+            return super().streams()
+        return merge_streams(
+            [budgeted_stream(self, i, p, budget, self.budget_reports) for i, p in enumerate(self.params)]
+        )
+
+    def parser(self, i: int) -> OutputParser:
+        p = self.prompt
+        parser = OutputParser(p.tool_format, self.state.template.reasoning, p.think_open, f"{self.id}-{i}")
+        if p.forced_prefix:
+            parser.feed(p.forced_prefix)  # markup only: the parser holds it, nothing is emitted
+        return parser
+
+    def parse(self, out: RequestOutput, i: int = 0) -> ParsedOutput:
+        """The whole output of choice ``i`` as content, reasoning and tool calls."""
+        p = self.prompt
+        return parse_full(p.forced_prefix + out.text, p.tool_format, self.state.template.reasoning,
+                          p.think_open, f"{self.id}-{i}")  # fmt: skip
+
+    def finish(self, outs: list[RequestOutput]) -> dict[str, Any]:
+        """Usage, diagnosis, metrics and the log line; returns the ``kvreuse`` extension object."""
+        st, p = self.state, self.prompt
+        first = outs[0]
+        diagnostics = st.diagnostics_for(self.scope.namespace)
+        diag = diagnostics.diagnose(
+            p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens, first.snapshot_cut
+        )
+        diagnostics.record(
+            HistoryEntry(
+                list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools
+            )
+        )
+        diag["cached_by_tier"] = cached_by_tier(first)
+        st.metrics.cache_miss.labels(diag["cause"]).inc()
+        self.observe(outs)
+        div = diag["divergence"] or {}
+        log.info(
+            "chat %s prompt=%d cached=%d reusable=%d cause=%s at=%s where=%s",
+            self.id, diag["prompt_tokens"], diag["cached_tokens"], diag["reusable_tokens"], diag["cause"],
+            div.get("token_index"), div.get("where"),
+        )  # fmt: skip
+        ext: dict[str, Any] = {"cache": diag}
+        if self.budget_reports:
+            ext["reasoning"] = [self.budget_reports[i]._asdict() for i in sorted(self.budget_reports)]
+        return ext

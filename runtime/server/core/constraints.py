@@ -1,0 +1,19 @@
+"""The grammar a chat's tool choice imposes: ``"required"`` or a named tool, with a template that has a
+tool-call format, gets a tool-call grammar for what follows the forced prefix
+(``templates.forced_tool_prefix``), so the call names one of the tools and its arguments validate
+against that tool's parameters.  ``"auto"`` stays free generation, parsed afterwards; ``"none"``
+keeps the tools in the prompt (so the cached prefix is the same) but parses no calls.
+"""
+
+from __future__ import annotations
+
+from runtime.constrained import Grammar, tool_call
+from runtime.server.core.prompting import ChatInput, forced_tool
+
+
+def tool_grammar(chat: ChatInput, tool_format: str | None) -> Grammar | None:
+    forced = forced_tool(chat)
+    if tool_format is None or forced is None:
+        return None
+    tools = [(t["function"]["name"], t["function"].get("parameters")) for t in chat.tools or []]
+    return tool_call(tools, tool_format, None if forced == "required" else forced)

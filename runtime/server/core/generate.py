@@ -1,0 +1,99 @@
+"""Admission around one generation, body parsing off the event loop, client-disconnect handling.
+
+``generate`` is the same for every protocol; the protocol's module answers (``complete`` for a
+whole response, ``stream_events`` for a stream, ``error_events`` for an error after the headers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from runtime.server.core.errors import APIError, bad_request
+from runtime.server.core.streaming import Once, guarded_events
+from runtime.server.state import ServerState
+
+DISCONNECT_POLL_S = 0.25
+M = TypeVar("M", bound=BaseModel)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
+    """Await ``work``; if the client goes away first, cancel it (which aborts the engine requests)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def parse_body(
+    state: ServerState, request: Request, model: type[M], precheck: Callable[[Any], None] | None = None
+) -> M:
+    """The validated body, parsed and validated in the prep thread: a 16,000-message body costs the
+    event loop nothing, and ``precheck`` refuses what cannot fit before pydantic walks all of it."""
+    raw = await request.body()
+
+    def parse() -> M:
+        try:
+            obj = json.loads(raw)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise bad_request(f"malformed JSON body: {e}") from None
+        if precheck is not None:
+            precheck(obj)
+        try:
+            return model.model_validate(obj)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
+
+    return await asyncio.get_running_loop().run_in_executor(state.prep, parse)
+
+
+async def generate(
+    state: ServerState, request: Request, make_run: Callable[[], Any], n: int, stream: bool, module: Any
+) -> Response:
+    """Admit ``n`` sequences for the caller's tenant, build the run off the event loop, answer."""
+    tenant = request.state.tenant
+    state.tenants.admit(tenant, n)
+    try:
+        state.admit(n)  # before the render, so at most the server's capacity of renders is ever queued
+    except APIError:
+        state.tenants.release(tenant, n)
+        raise
+
+    def _release() -> None:
+        state.release(n)
+        state.tenants.release(tenant, n)
+
+    release = Once(_release)
+    try:
+        # template rendering and tokenisation are CPU work: off the event loop, so /health and
+        # every other request keep being answered while a big prompt is prepared
+        run = await asyncio.get_running_loop().run_in_executor(state.prep, make_run)
+    except BaseException:
+        release()
+        raise
+    session = run.session or request.headers.get("x-session-id")
+    run.scope = state.tenants.scope(tenant, session, state.tenants.public_len(getattr(run, "prompt", None)))
+    if stream:
+        return guarded_events(module.stream_events(run), run.id, release, module.error_events)
+    try:
+        body = await unless_disconnected(request, module.complete(run))
+    finally:
+        release()
+    return JSONResponse(body) if body is not None else Response(status_code=499)

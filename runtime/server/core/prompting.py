@@ -1,0 +1,89 @@
+"""From a chat request in neutral form (``ChatInput``) to prompt token ids: rendering, forced prefixes."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from chat_templates.parsers import THINK_OPEN
+from chat_templates.render import RenderedPrompt, render
+from runtime.server.core.errors import bad_request
+from runtime.server.core.templates import TemplateInfo, forced_tool_prefix
+
+
+class ChatInput(NamedTuple):
+    """A chat request as the core sees it, whichever protocol it came in.
+
+    ``messages`` are template dicts (role, content, ``tool_calls`` as OpenAI-style function calls,
+    ``reasoning_content``, ``tool_call_id``), already checked by the protocol; ``tools`` are
+    ``{"type": "function", "function": {name, description, parameters}}`` as templates expect.
+    ``tool_choice``: None or "auto" (free), "none" (no tool calls parsed), "required" (some tool),
+    "tool" (the tool ``tool_name``): the last two are enforced by a grammar (``constraints.py``).
+    ``reasoning_budget``: with a template that has reasoning, the reasoning is opened by the prompt
+    (if the template did not) and closed after that many tokens (``reasoning_budget.py``).
+    """
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tool_choice: str | None = None
+    tool_name: str | None = None
+    template_kwargs: dict[str, Any] | None = None
+    reasoning_budget: int | None = None
+
+
+class ChatPrompt(NamedTuple):
+    """What the engine gets (``token_ids``) and what diagnostics and the output parser need."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    rendered: RenderedPrompt
+    token_ids: list[int]
+    forced_prefix: str  # already part of token_ids; the parser sees it before the output
+    tool_format: str | None  # None: tool calls are not parsed (no tools, or tool_choice "none")
+    think_open: bool
+    reasoning_budget: int | None = None  # reasoning tokens before it is closed (reasoning_budget.py)
+
+
+def forced_tool(chat: ChatInput) -> str | None:
+    """ "required", a tool name, or None when the model may answer without a call."""
+    if not chat.tools or chat.tool_choice not in ("required", "tool"):
+        return None
+    return "required" if chat.tool_choice == "required" else chat.tool_name
+
+
+def build_chat_prompt(chat: ChatInput, tokenizer: Any, template: TemplateInfo) -> ChatPrompt:
+    messages, tools = chat.messages, chat.tools or None
+    kwargs = dict(chat.template_kwargs or {})
+    for reserved in ("messages", "tools", "add_generation_prompt", "chat_template"):
+        kwargs.pop(reserved, None)
+    try:
+        rendered = render(tokenizer, messages, tools, template=template.source, **kwargs)
+    except Exception as e:  # a template's raise_exception or a Jinja error on this input is the client's
+        raise bad_request(
+            f"the chat template cannot render these messages: {_one_line(e)}", "messages"
+        ) from None
+    tool_format = template.tool_format if tools and chat.tool_choice != "none" else None
+    prefix = forced_tool_prefix(tool_format, forced_tool(chat))
+    think_open = template.reasoning and rendered.text.rstrip().endswith(THINK_OPEN)
+    budget = chat.reasoning_budget if template.reasoning else None
+    if budget is not None:
+        if prefix:
+            raise bad_request("a reasoning budget cannot be combined with a tool choice that forces a call")
+        if not think_open:
+            prefix = THINK_OPEN + "\n"  # how reasoning models open it; the parser reads it as reasoning
+    ids = list(rendered.token_ids)
+    if prefix:
+        ids += encode_text(tokenizer, prefix, "tool_choice" if budget is None else "thinking")
+    return ChatPrompt(messages, tools, rendered, ids, prefix, tool_format, think_open, budget)
+
+
+def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
+    """Token ids of ``text``; a string the tokenizer cannot take (a lone surrogate, ...) is a 400."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except Exception as e:  # tokenizers raises TypeError for unencodable str, others their own
+        raise bad_request(f"{param} cannot be tokenised: {_one_line(e)}", param) from None
+
+
+def _one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
