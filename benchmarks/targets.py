@@ -22,6 +22,7 @@ class Measured(NamedTuple):
     decode_s: float | None
     cached_host_tokens: int | None = None  # of cached_tokens: loaded back from the host / disk tier
     cached_disk_tokens: int | None = None  # (None: the target does not say)
+    snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
 
 
 class InProcessTarget:
@@ -36,6 +37,8 @@ class InProcessTarget:
         self.tokenizer = engine.tokenizer
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.reset_note = ""
+        # hybrids: where the engine takes state snapshots, so the runner can predict the reuse
+        self.snapshot_policy = getattr(engine, "snapshot_policy", None)
 
     def reset(self) -> None:
         self.engine.reset_prefix_cache()
@@ -62,6 +65,7 @@ class InProcessTarget:
             out.decode_s,
             out.cached_host_tokens,
             out.cached_disk_tokens,
+            getattr(out, "snapshot_cut", 0),
         )
 
 

@@ -3,7 +3,8 @@
 Every page is in exactly one place: the allocator's free list, the prefix cache, or one request's
 own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
 ``runtime.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
-run one code path.
+run one code path; a hybrid model's linear-attention states go through the same calls (``states``:
+``HybridStates`` or, for dense models, ``NoStates``; their snapshots ride on ``insert`` / ``match``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import NamedTuple
 
 from runtime.cache_scope import PUBLIC, CacheScope
 from runtime.eviction import DEFAULT_POLICY
-from runtime.hybrid_states import HybridStates
+from runtime.hybrid_states import HybridStates, NoStates
 from runtime.kv_store.tiers import LowerTiers, TierStats
+from runtime.node_states import NodeStates
 from runtime.page_allocator import OutOfPages, PageAllocator
 from runtime.pins import PinTable
 from runtime.prefix_cache import NoPrefixCache, PrefixCache
@@ -34,14 +36,18 @@ def make_prefix_cache(
     tiers: LowerTiers | None = None,
     io: PageIO | None = None,
     write_through: bool = False,
+    state_budget: int | None = None,
 ) -> PrefixCache:
-    """``radix``: the radix tree over ``allocator``'s pages (with ``tiers`` below it, if given);
+    """``radix``: the radix tree over ``allocator``'s pages (with ``tiers`` below it, if given; with
+    per-node states in ``state_budget`` bytes, if given: a hybrid model's snapshots);
     ``off``: no cache (the naive baseline)."""
     if kind == "radix" and tiers is not None:
         assert io is not None, "a tiered cache copies pages through the pool's PageIO"
+        assert state_budget is None, "the lower tiers do not keep node states"
         return TieredRadixCache(page_size, allocator, io, tiers, write_through, eviction)
     if kind == "radix":
-        return RadixCache(page_size, allocator, eviction)
+        states = None if state_budget is None else NodeStates(state_budget)
+        return RadixCache(page_size, allocator, eviction, states)
     if kind == "off":
         return NoPrefixCache(page_size)
     raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {kind!r}")
@@ -74,18 +80,19 @@ class CacheManager:
         tiers: LowerTiers | None = None,
         io: PageIO | None = None,
         write_through: bool = False,
-        states: HybridStates | None = None,
+        states: HybridStates | NoStates | None = None,
+        state_budget: int | None = None,
     ) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.prefix: PrefixCache = make_prefix_cache(
-            mode, page_size, self.allocator, eviction, tiers, io, write_through
+            mode, page_size, self.allocator, eviction, tiers, io, write_through, state_budget
         )
         self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
         self.tiers = tiers
         self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
-        self.states = states  # a hybrid model's linear-attention slots and snapshots
+        self.states = states if states is not None else NoStates()  # a hybrid's linear-attention slots
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:
@@ -97,20 +104,18 @@ class CacheManager:
         m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope.namespace, req.scope.public_len)
         load_s = time.perf_counter() - t0 if m.host_len or m.disk_len else 0.0  # a tier's pages copied in
         self.prefix.lock(m.handle)
-        n = m.cached_len
-        if self.states is not None:  # cut back to the last snapshot: the KV after it is recomputed
-            n = self.states.admit(req, req.tokens, m.cached_len)
-        req.handle, req.pages = m.handle, list(m.pages[: n // self.page_size])
+        req.handle, req.pages = m.handle, list(m.pages)
         req.num_tree_pages = len(req.pages)
-        req.num_computed = n
+        req.num_computed = m.cached_len
+        self.states.admit(req, m.state, m.cached_len + m.cut_len)
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
-            req.cached_tokens = n
+            req.cached_tokens = m.cached_len
             req.cached_host_tokens, req.cached_disk_tokens = m.host_len, m.disk_len
+            req.snapshot_cut = m.cut_len
             req.tier_load_s = load_s
 
     def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
-        kv_len = self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
-        return kv_len if self.states is None else self.states.match_len(tokens, kv_len, scope.namespace)
+        return self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
@@ -134,8 +139,6 @@ class CacheManager:
             while need > self.allocator.num_free and len(self.pins):
                 self.pins.lapse_oldest("pressure")
                 self.prefix.evict(need - self.allocator.num_free)
-            if self.states is not None:
-                self.states.prune(self.prefix.peek_len)  # snapshots go with their prefix's pages
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
@@ -143,34 +146,29 @@ class CacheManager:
         return True
 
     # -- insertion / release ------------------------------------------------------
-    def cache_computed(self, req: Request) -> None:
-        """Offer the request's whole computed pages to the cache and adopt the cache's pages.
+    def cache_computed(self, req: Request, leaving: bool = False) -> None:
+        """Offer the request's whole computed pages (and, for hybrids, the states at their boundaries)
+        to the cache and adopt the cache's pages.
 
         Pages another request inserted meanwhile for the same tokens replace ours (ours are freed).
         """
-        self._insert(req)
-        if self.states is not None:
-            self.states.inserted(req, req.num_tree_pages * self.page_size)
-
-    def _insert(self, req: Request) -> None:
         n_pages = req.num_computed // self.page_size
-        if n_pages <= req.num_tree_pages:
-            return
         n = n_pages * self.page_size
+        extra = self.states.take(req, n, leaving)
+        if n_pages <= req.num_tree_pages and not extra:
+            return
         scope = req.scope
-        res = self.prefix.insert(req.tokens[:n], req.pages[:n_pages], scope.namespace, scope.public_len)
+        res = self.prefix.insert(
+            req.tokens[:n], req.pages[:n_pages], scope.namespace, scope.public_len, extra
+        )
         dup_end = res.prefix_len // self.page_size
         if dup_end > req.num_tree_pages:
             self.allocator.free(req.pages[req.num_tree_pages : dup_end])
-        # Locked before the match, so that walk is bookkeeping, not a use the eviction policy counts.
         self.prefix.lock(res.handle)
-        m = self.prefix.match(req.tokens[:n], scope.namespace, scope.public_len)  # the pages it holds now
-        self.prefix.lock(m.handle)
-        self.prefix.unlock(res.handle)
         self.prefix.unlock(req.handle)
-        req.handle = m.handle
-        req.pages[: len(m.pages)] = m.pages
-        req.num_tree_pages = len(m.pages)
+        req.handle = res.handle
+        req.pages[: len(res.pages)] = res.pages
+        req.num_tree_pages = len(res.pages)
 
     def release(self, req: Request, cache: bool = True) -> None:
         """Finished, aborted or retracted: keep computed pages in the cache, free the rest."""
@@ -178,12 +176,11 @@ class CacheManager:
         if req not in self.live:
             return
         if cache:
-            self.cache_computed(req)
+            self.cache_computed(req, leaving=True)
             if req.scope.session is not None:
                 self.pins.pin(req.scope.session, req.handle)  # the session's last node: prompt + output
         self.allocator.free(req.own_pages)
-        if self.states is not None:
-            self.states.release(req, req.num_tree_pages * self.page_size if cache else 0)
+        self.states.release(req)
         self.prefix.unlock(req.handle)
         req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
         self.live.discard(req)
@@ -191,8 +188,6 @@ class CacheManager:
     def reset(self) -> None:
         self.pins.clear()
         self.prefix.reset()
-        if self.states is not None:
-            self.states.reset()
 
     # -- lower tiers -------------------------------------------------------------------
     def persist(self, wait: bool = True) -> int:
@@ -253,6 +248,6 @@ class CacheManager:
         self.pins.check()  # every pin on the cache is one of the table's, and within the budget
         if self.tiers is not None:
             self.tiers.check()
-        if self.states is not None:
-            self.states.check(self.live, self.prefix.peek_len)
+        self.prefix.check()  # the cache's own accounting: node states' bytes and budget
+        self.states.check(self.live)
         return s

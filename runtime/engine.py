@@ -35,19 +35,19 @@ from runtime.sampler import SampleResult
 from runtime.sampling import SamplingParams
 from runtime.scheduler import Batch, Scheduler
 from runtime.scoring import Entry, prompt_logprobs
-from runtime.snapshot_cache import SnapshotCache
 from runtime.tokenizer import eos_token_ids, load_tokenizer
 
 DEFAULT_SNAPSHOT_BYTES = 1 << 30
 
 
-def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> HybridStates | None:
-    """A hybrid model's state slots and snapshot store (snapshots only with a prefix cache)."""
+def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
+    """A hybrid model's state slots, and the byte budget of the snapshots on the prefix cache's nodes
+    (None for dense models; snapshots are taken only when a prefix cache keeps them)."""
     if runner.state_pool is None:
-        return None
+        return None, None
     budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
-    snaps = SnapshotCache(cfg.page_size, budget) if cfg.prefix_cache == "radix" else None
-    return HybridStates(runner.state_pool, cfg.page_size, snaps, cfg.snapshot_every)
+    keep = cfg.prefix_cache == "radix"
+    return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
 
 
 class Engine:
@@ -96,6 +96,7 @@ class Engine:
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
         )  # fmt: skip
+        states, state_budget = hybrid_states(self.runner, cfg)
         self.cache = CacheManager(
             self.runner.pool.num_pages,
             cfg.page_size,
@@ -106,7 +107,8 @@ class Engine:
             tiers=tiers,
             io=self.runner.pool,
             write_through=cfg.kv_write_through,
-            states=hybrid_states(self.runner, cfg),
+            states=states,
+            state_budget=state_budget,
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
@@ -247,6 +249,15 @@ class Engine:
     @property
     def page_size(self) -> int:
         return self.cache.page_size
+
+    @property
+    def snapshot_policy(self) -> tuple[int, int, int] | None:
+        """A hybrid's snapshot placement ``(page_size, chunk_size, every_pages)`` (runtime/hybrid_states.py);
+        None for dense models or without a prefix cache."""
+        cfg = self.config
+        if self.runner.state_pool is None or cfg.prefix_cache != "radix":
+            return None
+        return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
 
     @property
     def vocab_size(self) -> int:

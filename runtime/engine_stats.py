@@ -66,9 +66,5 @@ def _tier_fields(cache: CacheManager) -> dict:
 
 
 def _snapshot_fields(cache: CacheManager, snapshot_cut: int) -> dict[str, int]:
-    hs = cache.states
-    if hs is None:
-        return {}
-    snaps = hs.snapshots
-    count, nbytes = (len(snaps), snaps.nbytes) if snaps is not None else (0, 0)
-    return dict(snapshots=count, snapshot_bytes=nbytes, snapshot_cut_tokens=snapshot_cut)
+    ps = cache.prefix.stats()  # hybrids' snapshots live on the prefix cache's nodes (0 for dense models)
+    return dict(snapshots=ps.states, snapshot_bytes=ps.state_bytes, snapshot_cut_tokens=snapshot_cut)

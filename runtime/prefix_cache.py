@@ -24,9 +24,11 @@ Room left for what comes next, without changing callers (see docs/architecture.m
   ``match`` loads the loadable part of the prefix into pool pages it allocates from the allocator it
   was built with, so ``pages`` are always in the pool; ``evict`` may demote a page instead of dropping
   it.  ``PrefixCacheStats`` then grows fields; callers read them by name.
-* per-node extra state (a recurrent-state snapshot for hybrid models) hangs off the cached node the
-  handle names; ``match`` may return a shorter prefix that ends where a snapshot exists.  Insertion of
-  that state is an optional keyword of ``insert``.
+* per-node extra state (a recurrent-state snapshot for hybrid models, ``runtime/node_states.py``)
+  hangs off the cached node it ends: ``insert(..., extra=[(n, state)])`` offers the state after the
+  first ``n`` tokens; a cache that keeps states returns from ``match`` the longest prefix that has
+  both its pages and a state at its end (``MatchResult.state``; ``cut_len`` says how much longer the
+  KV match was).  ``check()`` asserts the cache's own accounting (the states' bytes and budget).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ class MatchResult(NamedTuple):
     """Longest cached whole-page prefix of a token sequence.
 
     ``host_len`` / ``disk_len``: how many of the ``cached_len`` tokens a tiered cache loaded from
-    its host / disk tier for this match (the rest were already in the pool).
+    its host / disk tier for this match (the rest were already in the pool).  ``state``: the extra
+    state at the prefix's end (None: none kept, or the empty prefix); ``cut_len``: KV-matched
+    tokens past ``cached_len`` that were cut back because no state ends there (diagnostics).
     """
 
     handle: object
@@ -47,23 +51,31 @@ class MatchResult(NamedTuple):
     pages: list[int]
     host_len: int = 0
     disk_len: int = 0
+    state: object = None
+    cut_len: int = 0
 
 
 class InsertResult(NamedTuple):
-    """Outcome of an insert: tokens already present before it, and the handle ending the key."""
+    """Outcome of an insert: tokens already present before it, the handle ending the key, and the
+    pages the cache holds for the key now (its own for the first ``prefix_len`` tokens, the
+    adopted rest; empty when it keeps nothing)."""
 
     prefix_len: int
     handle: object
+    pages: list[int]
 
 
 class PrefixCacheStats(NamedTuple):
-    """Pages the cache holds now, how many could be evicted, pages evicted so far, pinned pages, pins."""
+    """Pages the cache holds now, how many could be evicted, pages evicted so far, pinned pages, pins,
+    per-node extra states held and their bytes."""
 
     cached_pages: int
     evictable_pages: int
     evicted_pages: int
     pinned_pages: int = 0
     pins: int = 0
+    states: int = 0
+    state_bytes: int = 0
 
 
 class PrefixCache(Protocol):
@@ -91,7 +103,12 @@ class PrefixCache(Protocol):
     def handle_len(self, handle: object) -> int: ...
 
     def insert(
-        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        namespace: Hashable = None,
+        public_len: int = 0,
+        extra: Sequence[tuple[int, object]] = (),
     ) -> InsertResult: ...
 
     def evict(self, n_pages: int) -> int: ...
@@ -99,6 +116,8 @@ class PrefixCache(Protocol):
     def reset(self) -> None: ...
 
     def stats(self) -> PrefixCacheStats: ...
+
+    def check(self) -> None: ...
 
 
 class NoPrefixCache:
@@ -135,9 +154,14 @@ class NoPrefixCache:
         return 0
 
     def insert(
-        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        namespace: Hashable = None,
+        public_len: int = 0,
+        extra: Sequence[tuple[int, object]] = (),
     ) -> InsertResult:
-        return InsertResult(0, self.ROOT)  # adopts nothing: the caller keeps every page
+        return InsertResult(0, self.ROOT, [])  # adopts nothing: the caller keeps every page
 
     def evict(self, n_pages: int) -> int:
         return 0
@@ -147,3 +171,6 @@ class NoPrefixCache:
 
     def stats(self) -> PrefixCacheStats:
         return PrefixCacheStats(0, 0, 0)
+
+    def check(self) -> None:
+        pass

@@ -39,6 +39,14 @@ The algorithm is SGLang's radix cache; the handle API (``match`` / ``lock`` / ``
   leading tokens are public (namespace ``None``), so tenants never match each other's prefixes.
 * ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
   shared prefixes once); ``runtime/pins.py`` gives pins owners, TTLs and a page budget.
+* Per-node extra state (``states``: a ``runtime.node_states.NodeStates``; a hybrid model's
+  linear-attention snapshots): ``node.extra`` is the state after the prefix the node ends.
+  ``insert(..., extra=[(n, state)])`` splits the path at ``n`` tokens and hangs the state there.
+  With a state store a prefix is usable only where a state is: ``match`` / ``peek_len`` return the
+  longest matched prefix whose last node holds one (or the root: the empty prefix, state zero);
+  ``MatchResult.state`` is that state and ``cut_len`` the KV-matched tokens past it.  A split
+  leaves the state on the lower half; evicting a node drops its state; the store frees states
+  (not pages) LRU within its own byte budget.  ``check()`` re-counts them.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ import itertools
 from collections.abc import Hashable, Sequence
 
 from runtime.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
+from runtime.node_states import NodeState, NodeStates
 from runtime.page_allocator import PageAllocator
 from runtime.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
 
@@ -55,7 +64,7 @@ from runtime.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
 class TreeNode:
     """One edge of the radix tree: a run of whole pages and the tokens they hold."""
 
-    __slots__ = ("key", "pages", "children", "parent", "ref", "pin", "last_access", "uid", "ns")
+    __slots__ = ("key", "pages", "children", "parent", "ref", "pin", "last_access", "uid", "ns", "extra")
 
     def __init__(
         self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, uid: int, ns: Hashable = None
@@ -69,6 +78,7 @@ class TreeNode:
         self.pin = 0  # how many of ``ref`` are pins (never more)
         self.last_access = 0
         self.uid = uid
+        self.extra: NodeState | None = None  # the state after this node's prefix (see NodeStates)
 
     def __repr__(self) -> str:
         return f"TreeNode(uid={self.uid}, tokens={len(self.key)}, pages={self.pages}, ref={self.ref})"
@@ -81,7 +91,11 @@ class RadixCache:
     """
 
     def __init__(
-        self, page_size: int, allocator: PageAllocator, policy: EvictionPolicy | str = DEFAULT_POLICY
+        self,
+        page_size: int,
+        allocator: PageAllocator,
+        policy: EvictionPolicy | str = DEFAULT_POLICY,
+        states: NodeStates | None = None,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -98,6 +112,7 @@ class RadixCache:
         self.num_nodes = 0
         self.evicted_pages_total = 0
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.states = states  # per-node extra state; with one, matches end where a state is
 
     @property
     def total_pages(self) -> int:
@@ -122,6 +137,7 @@ class RadixCache:
             self.evicted_pages_total,
             self._pinned_pages,
             self._num_pins,
+            *((len(self.states), self.states.nbytes) if self.states is not None else ()),
         )
 
     def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
@@ -130,18 +146,34 @@ class RadixCache:
         Only prefixes of ``namespace`` match, except the first ``public_len`` tokens, which match
         public ones (``runtime/cache_scope.py``).
         """
-        tokens = tuple(token_ids)
-        now = self._tick()
+        node, pos, pages = self._walk(tuple(token_ids), namespace, public_len, self._tick())
+        if self.states is None:
+            return MatchResult(node, pos, pages)
+        kv_len = pos
+        while node is not self.root and node.extra is None:  # back to the last node with a state
+            pos -= len(node.key)
+            node = node.parent
+        if node.extra is not None:
+            self.states.touch(node)
+        return MatchResult(node, pos, pages[: pos // self.page_size], state=node.extra, cut_len=kv_len - pos)
+
+    def _walk(
+        self, tokens: tuple[int, ...], namespace: Hashable, public_len: int, now: int | None
+    ) -> tuple[TreeNode, int, list[int]]:
+        """Follow (splitting) the longest whole-page path of ``tokens``: its last node, length, pages.
+
+        Stamps the path as used at ``now`` (None: a walk that is bookkeeping, not a use)."""
         node, pos, pages = self.root, 0, []
-        while True:
+        while pos < len(tokens):
             child, n_pages = self._step(node, tokens, pos, namespace, public_len)
             if child is None:
                 break
-            self._touch(child, now)
+            if now is not None:
+                self._touch(child, now)
             pages.extend(child.pages)
             pos += n_pages * self.page_size
             node = child
-        return MatchResult(node, pos, pages)
+        return node, pos, pages
 
     def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int:
         """``match(token_ids).cached_len`` without its side effects: no split, no access-time update.
@@ -150,20 +182,30 @@ class RadixCache:
         """
         tokens = tuple(token_ids)
         node: TreeNode | None = self.root
-        pos = 0
+        pos = usable = 0
         while node is not None:
             node, n_pages = self._peek_step(node, tokens, pos, namespace, public_len)
             pos += n_pages * self.page_size
             if node is not None and n_pages < len(node.pages):
                 break
-        return pos
+            if node is not None and node.extra is not None:
+                usable = pos
+        return pos if self.states is None else usable
 
     def insert(
-        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        namespace: Hashable = None,
+        public_len: int = 0,
+        extra: Sequence[tuple[int, NodeState]] = (),
     ) -> InsertResult:
         """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership.
 
         New nodes go to ``namespace``, except those within the first ``public_len`` tokens.
+        ``extra``: ``(n, state)``, the state after ``token_ids[:n]`` (``n`` whole pages, ``0 < n <=
+        len``), kept on the node ending there if the tree has a state store (a state already there
+        is kept: the same prefix gives the same state).
         """
         tokens = tuple(token_ids)
         if len(tokens) != len(pages) * self.page_size:
@@ -171,14 +213,7 @@ class RadixCache:
                 f"insert needs whole pages: {len(tokens)} tokens for {len(pages)} pages of {self.page_size}"
             )
         now = self._tick()
-        node, pos = self.root, 0
-        while pos < len(tokens):
-            child, n_pages = self._step(node, tokens, pos, namespace, public_len)
-            if child is None:
-                break
-            self._touch(child, now)
-            pos += n_pages * self.page_size
-            node = child
+        node, pos, held = self._walk(tokens, namespace, public_len, now)
         prefix_len = pos
         while pos < len(tokens):  # one new leaf, or two where it crosses from public to private
             ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
@@ -192,7 +227,21 @@ class RadixCache:
             self._refresh(node)
             self._refresh(leaf)
             node, pos = leaf, end
-        return InsertResult(prefix_len, node)
+        if self.states is not None:
+            for n, state in extra:
+                self._attach(tokens[:n], state, namespace, public_len)
+        return InsertResult(prefix_len, node, held + list(pages[prefix_len // self.page_size :]))
+
+    def _attach(
+        self, tokens: tuple[int, ...], state: NodeState, namespace: Hashable, public_len: int
+    ) -> None:
+        assert self.states is not None and len(tokens) % self.page_size == 0 and tokens
+        node, pos, _ = self._walk(tokens, namespace, public_len, None)  # insert stamped the path
+        assert pos == len(tokens), "a state for a prefix the tree does not hold"
+        if node.extra is None:
+            self.states.attach(node, state)
+        else:
+            self.states.touch(node)
 
     def lock(self, handle: TreeNode) -> None:
         """Protect the handle's prefix from eviction (one more reference on it and its ancestors)."""
@@ -237,6 +286,8 @@ class RadixCache:
             parent = leaf.parent
             assert parent is not None
             self._before_evict(leaf)
+            if self.states is not None:
+                self.states.drop(leaf)
             del parent.children[(leaf.ns, leaf.key[: self.page_size])]
             self._evictable.discard(leaf)
             policy.removed(leaf)
@@ -266,9 +317,23 @@ class RadixCache:
             self.policy.removed(node)
             node.parent = None
         self.root.children.clear()
+        if self.states is not None:
+            self.states.reset()
         self._evictable.clear()
         self._total_pages = 0
         self.num_nodes = 0
+
+    def check(self) -> None:
+        """Integrity of what the counters cannot show: every node state is the store's, bytes add up."""
+        if self.states is None:
+            return
+        nodes, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.extra is not None:
+                nodes.append(node)
+        self.states.check(nodes)
 
     def _add_ref(self, handle: TreeNode, delta: int, pin: bool) -> None:
         """Add ``delta`` references (pins when ``pin``) to ``handle`` and every ancestor."""

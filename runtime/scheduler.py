@@ -158,13 +158,12 @@ class Scheduler:
             return None
         batch = list(chunks.values())
         sampled = [c.req for c in batch if c.sample]
-        states = self.cache.states
         step = StepInput(
             seqs=[SeqChunk(c.req.tokens[c.start : c.start + c.length], c.start, c.req.pages) for c in batch],
             sample_mask=[c.sample for c in batch],
             params=[r.params for r in sampled],
             generators=[r.generator for r in sampled],
-            states=None if states is None else states.step_input([(c.req, c.start, c.length) for c in batch]),
+            states=self.cache.states.step_input([(c.req, c.start, c.length) for c in batch]),
             matchers=[r.matcher for r in sampled],
         )
         return Batch(batch, step)

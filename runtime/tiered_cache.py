@@ -123,9 +123,14 @@ class TieredRadixCache(RadixCache):
 
     # -- writes -------------------------------------------------------------------------
     def insert(
-        self, token_ids: Sequence[int], pages: Sequence[int], namespace: Hashable = None, public_len: int = 0
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        namespace: Hashable = None,
+        public_len: int = 0,
+        extra: Sequence[tuple[int, object]] = (),
     ):
-        res = super().insert(token_ids, pages, namespace, public_len)
+        res = super().insert(token_ids, pages, namespace, public_len, extra)
         if self.write_through and res.prefix_len < len(token_ids):
             self._write_down(res.handle)
         return res

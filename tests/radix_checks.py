@@ -17,6 +17,18 @@ def tree_pages(tree: RadixCache) -> dict[tuple[int, ...], int]:
     return out
 
 
+def tree_states(tree: RadixCache) -> dict[tuple[int, ...], object]:
+    """Every prefix whose node holds an extra state -> that state."""
+    out: dict[tuple[int, ...], object] = {}
+    stack = [(tree.root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        if node.extra is not None:
+            out[prefix + node.key] = node.extra
+        stack.extend((child, prefix + node.key) for child in node.children.values())
+    return out
+
+
 def path_tokens(handle: TreeNode) -> tuple[int, ...]:
     parts = []
     node: TreeNode | None = handle
@@ -49,6 +61,16 @@ def check_structure(tree: RadixCache, locked_handles: list[TreeNode], held: int 
     assert tree._evictable == {n for n in nodes if n.ref == 0 and not n.children}
     assert tree.allocator.num_free + tree.total_pages + held == tree.allocator.num_pages
     assert all(not tree.allocator.is_free(p) for n in nodes for p in n.pages)
+    # node states: only with a store, never on the root; the store's count and bytes re-derived
+    held = [n.extra for n in nodes if n.extra is not None]
+    assert tree.root.extra is None
+    if tree.states is None:
+        assert not held
+    else:
+        st = tree.stats()
+        assert (st.states, st.state_bytes) == (len(held), sum(x.nbytes for x in held))
+        assert st.state_bytes <= tree.states.budget_bytes
+        tree.check()
 
 
 def seq(n: int, start: int = 0) -> list[int]:

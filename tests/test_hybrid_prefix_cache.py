@@ -16,16 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.engine import Engine
-from tests.engine_drive import (
-    assert_logits_close,
-    assert_no_request_pages,
-    greedy,
-    random_ids,
-    run_checked,
-    tiny_engine,
-)
-from tests.hybrid_models import make_tiny_hybrid
-from tests.test_prefix_cache_equivalence import _draw_prompt
+from tests.conversation_trees import check_conversation_tree
+from tests.conversation_trees import run_all as _run
+from tests.engine_drive import random_ids, tiny_engine
+from tests.helpers import make_tiny_hybrid
+from tests.radix_checks import tree_pages
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +46,6 @@ def engines(model_dir) -> dict:
     return out
 
 
-def _run(eng: Engine, prompts, max_tokens):
-    reqs = [eng.make_request(p, greedy(m)) for p, m in zip(prompts, max_tokens)]
-    run_checked(eng, reqs)
-    return reqs
-
-
 @pytest.mark.parametrize("ps", (4, 16))
 @settings(
     max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -64,22 +53,7 @@ def _run(eng: Engine, prompts, max_tokens):
 @given(data=st.data())
 def test_cache_matches_off_on_random_conversation_trees(engines, ps, data):
     small = data.draw(st.booleans(), label="small_pool")
-    eng, off = engines[(ps, small)], engines["off"]
-    eng.reset_prefix_cache()
-    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="token_seed"))
-    history: list[list[int]] = []
-    prompts_so_far: list[list[int]] = []
-    for _ in range(data.draw(st.integers(1, 3), label="waves")):
-        n = data.draw(st.integers(1, 3), label="wave_size")
-        prompts = [_draw_prompt(data, gen, history, prompts_so_far) for _ in range(n)]
-        max_tokens = [data.draw(st.integers(1, 6), label="max_tokens") for _ in range(n)]
-        cached, naive = _run(eng, prompts, max_tokens), _run(off, prompts, max_tokens)
-        for a, b in zip(cached, naive):
-            assert a.output_ids == b.output_ids
-            assert_logits_close(a, b)
-        history += [list(r.tokens) for r in cached]
-        prompts_so_far += prompts
-        assert_no_request_pages(eng)
+    check_conversation_tree(data, engines[(ps, small)], engines["off"], max_out=6)
 
 
 def test_append_only_conversation_reuses_up_to_the_last_snapshot(model_dir):
@@ -111,18 +85,24 @@ def test_append_only_conversation_reuses_up_to_the_last_snapshot(model_dir):
 
 def test_kv_match_past_the_last_snapshot_is_cut_back(model_dir):
     """A prompt sharing 30 tokens with an earlier 40-token one: the KV matches 28 (whole pages), but
-    the earlier prompt's snapshots sit at its chunk ends 24 and 40, so 24 are reused and 4 recomputed."""
+    the earlier prompt's snapshots sit at its chunk ends 24 and 40, so 24 are reused and 4 recomputed.
+    Recomputing them leaves a snapshot at 28, where the two diverge: a third prompt diverging there
+    reuses all 28."""
     eng = _engine(model_dir, page_size=4, chunk_size=24)
     gen = torch.Generator().manual_seed(3)
     a = random_ids(gen, 40)
     _run(eng, [a], [1])
     b = a[:30] + random_ids(gen, 10)
-    assert eng.cache.prefix.peek_len(b[:-1]) == 28
+    assert tuple(b[:28]) in tree_pages(eng.cache.prefix) and tuple(b[:32]) not in tree_pages(eng.cache.prefix)
+    assert eng.cache.match_len(b) == 24
     (req,) = _run(eng, [b], [1])
     assert req.cached_tokens == 24
     assert req.snapshot_cut == 4
     assert req.prefilled_tokens == len(b) - 24
     assert eng.stats().snapshot_cut_tokens == 4
+    c = a[:29] + random_ids(gen, 12)
+    (req,) = _run(eng, [c], [1])
+    assert (req.cached_tokens, req.snapshot_cut) == (28, 0)
     eng.check_integrity()
 
 
@@ -134,7 +114,7 @@ def test_snapshots_go_with_their_pages(model_dir):
     held = eng.stats().snapshots
     assert held > 0
     _run(eng, [random_ids(gen, 100)], [2])  # needs the pages of the first prompt
-    s = eng.cache.states.snapshots.stats()
+    s = eng.cache.prefix.states.stats()
     assert s.dropped >= held
     eng.check_integrity()
 
@@ -144,10 +124,36 @@ def test_snapshot_budget_evicts_lru(model_dir):
     gen = torch.Generator().manual_seed(6)
     for _ in range(4):
         _run(eng, [random_ids(gen, 30)], [1])
-    s = eng.cache.states.snapshots.stats()
+    s = eng.cache.prefix.states.stats()
     assert s.count <= 2 and s.bytes <= s.budget_bytes and s.evicted >= 2
     eng.check_integrity()
 
 
 def _snap_bytes(d) -> int:
     return _engine(d, prefix_cache="off").runner.state_pool.snapshot_bytes
+
+
+@pytest.mark.parametrize("every", (0, 2))
+def test_snapshot_policy_replayed_predicts_the_engines_reuse(model_dir, every):
+    """benchmarks/patterns/snapshots.py derives, from the documented policy alone, what a hybrid reuses;
+    the pattern checks rely on it, so it must agree with the engine request by request: prompts that
+    share a system prompt and diverge at one point (a timestamp), then extend each other."""
+    from benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
+
+    eng = _engine(model_dir, page_size=4, chunk_size=24, snapshot_every=every)
+    assert eng.snapshot_policy == (4, 24, every)
+    gen = torch.Generator().manual_seed(11)
+    system = random_ids(gen, 37)
+    prompts = [system + random_ids(gen, 9) for _ in range(3)]
+    prompts += [prompts[0] + random_ids(gen, 5), system[:21] + random_ids(gen, 30), prompts[1] + [7]]
+    prompts, outputs, measured = list(prompts), [], []
+    for i, p in enumerate(prompts):
+        if i == 3:  # continue request 0's conversation: its output is part of the prefix
+            prompts[3] = p = prompts[0] + outputs[0] + p[len(prompts[0]) :]
+        (req,) = _run(eng, [p], [3])
+        outputs.append(list(req.output_ids))
+        measured.append((req.cached_tokens + req.snapshot_cut, req.cached_tokens, req.snapshot_cut))
+    expected = expected_reuse(SnapshotPolicy(*eng.snapshot_policy), prompts, outputs)
+    assert measured == [tuple(e) for e in expected], (measured, expected)
+    assert any(e.cut for e in expected) and any(e.cached for e in expected), expected  # both cases occur
+    eng.check_integrity()

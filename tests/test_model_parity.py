@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from runtime.engine import Engine
-from runtime.forward_batch import build_forward_batch
 from runtime.sampling import SamplingParams
 from tests.helpers import load_hf
+from tests.parity import all_logits, assert_greedy_matches_generate, assert_logits_match
 
 ARCHS = [(a, t) for a in ("llama", "qwen2", "qwen3") for t in (False, True)] + [
     ("llama3-rope", False),
@@ -17,52 +17,23 @@ ARCHS = [(a, t) for a in ("llama", "qwen2", "qwen3") for t in (False, True)] + [
 LENGTHS = [1, 2, 7, 31, 64, 129, 300]
 
 
-def _our_all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
-    """Logits of every position: prefill the whole sequence in one chunk and sample every row."""
-    from runtime.request import Request
-
-    req = Request("x", list(ids), len(ids), SamplingParams(), frozenset())
-    eng.cache.admit(req)
-    assert eng.cache.reserve(req, len(ids) - req.num_computed)
-    fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
-    fb = fb._replace(logits_rows=torch.arange(len(ids)))
-    logits = eng.runner.model(fb, eng.runner.pool.layers, eng.runner.backend)
-    eng.cache.release(req, cache=False)
-    return logits
+_our_all_logits = all_logits  # the name other families' parity tests import
 
 
 @pytest.mark.parametrize("arch,tie", ARCHS)
 def test_logits_match_transformers(tiny_models, arch, tie):
     d = tiny_models[(arch, tie)]
-    hf = load_hf(d)
     eng = Engine(model_dir=str(d), dtype="float32", device="cpu", num_pages=64, page_size=16)
-    g = torch.Generator().manual_seed(1)
-    for n in LENGTHS:
-        ids = torch.randint(3, 512, (n,), generator=g).tolist()
-        ours = _our_all_logits(eng, ids)
-        with torch.no_grad():
-            ref = hf(torch.tensor([ids])).logits[0].float()
-        err = (ours - ref).abs().max().item()
-        assert err < 1e-4, f"{arch} tie={tie} len={n}: max abs err {err}"
-    eng.check_integrity()
+    assert_logits_match(eng, load_hf(d), LENGTHS, label=f"{arch} tie={tie}")
 
 
 @pytest.mark.parametrize("arch,tie", ARCHS)
 def test_greedy_generation_matches_generate(tiny_models, arch, tie):
     d = tiny_models[(arch, tie)]
-    hf = load_hf(d)
-    hf.generation_config.eos_token_id = None  # run all 64 steps without masking EOS (min_new_tokens would)
     eng = Engine(model_dir=str(d), dtype="float32", device="cpu", num_pages=128, page_size=4, chunk_size=64)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (5, 77, 150)]
-    outs = eng.generate(prompts, SamplingParams(max_tokens=64, ignore_eos=True))
-    for ids, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)[
-                0, len(ids) :
-            ].tolist()
-        assert out.output_token_ids == ref
-    eng.check_integrity()
+    assert_greedy_matches_generate(eng, load_hf(d), prompts)
 
 
 EMBEDDED_PROMPTS = [

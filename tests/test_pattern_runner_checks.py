@@ -103,3 +103,29 @@ def test_plan_default_covers_the_claims_full_adds_the_agent_session_quick_is_sma
     assert only and {j.pattern for j in only} == {"naive"}
     with pytest.raises(ValueError):
         make_plan(parse_args(["--workloads", "nope"]))
+
+
+def test_hybrid_rows_pass_only_at_the_predicted_snapshot(runs):
+    """A hybrid's KV match is bounded like a dense model's, but its cached part must be exactly what the
+    snapshot policy predicts: cutting a request back to a predicted snapshot passes, to any other
+    point fails, and so does a KV match that stops short."""
+    hyb = copy.deepcopy(runs["timestamp_end"])
+    for r in hyb["requests"]:
+        r["snapshot_expected"], r["snapshot_cut_expected"], r["snapshot_cut"] = r["cached_tokens"], 0, 0
+    row = hyb["requests"][2]
+    row["snapshot_cut"] = row["snapshot_cut_expected"] = row["cached_tokens"] - 32
+    row["cached_tokens"] = row["snapshot_expected"] = 32
+    row["prefilled_tokens"] += row["snapshot_cut"]
+
+    def check(run):
+        return {c["check"]: c for c in acceptance([run], 16)}
+
+    ok = check(hyb)
+    assert ok["timestamp_end"]["ok"] and ok["prefix_reused"]["ok"], ok
+    assert "cut back to the last state snapshot" in ok["timestamp_end"]["text"]
+    off = copy.deepcopy(hyb)
+    off["requests"][2]["snapshot_expected"] = 48  # the policy had a snapshot later than where it resumed
+    assert not any(c["ok"] for c in check(off).values())
+    short = copy.deepcopy(hyb)
+    short["requests"][2]["snapshot_cut"] = short["requests"][2]["snapshot_cut_expected"] = 0
+    assert not check(short)["timestamp_end"]["ok"]

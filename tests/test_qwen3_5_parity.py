@@ -11,13 +11,11 @@ import pytest
 import torch
 
 from runtime.engine import Engine
-from runtime.forward_batch import build_forward_batch
-from runtime.models.gated_deltanet import StateBatch
-from runtime.request import Request
 from runtime.sampling import SamplingParams
 from tests.engine_drive import tiny_engine
-from tests.helpers import load_hf, make_tiny_model
-from tests.hybrid_models import SHAPES, make_tiny_hybrid
+from tests.helpers import HYBRID_SHAPES as SHAPES
+from tests.helpers import load_hf, make_tiny_hybrid, make_tiny_model
+from tests.parity import all_logits
 
 LENGTHS = [1, 2, 3, 7, 64, 65, 129, 300]
 
@@ -32,25 +30,7 @@ def _engine(d, **kw) -> Engine:
     return tiny_engine(d, **{"num_pages": 256, "page_size": 4, **kw})
 
 
-def _all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
-    """Logits of every position from one unchunked prefill."""
-    r = eng.runner
-    req = Request("x", list(ids), len(ids), SamplingParams(), frozenset())
-    eng.cache.admit(req)
-    assert eng.cache.reserve(req, len(ids))
-    fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
-    fb = fb._replace(logits_rows=torch.arange(len(ids)))
-    sb = StateBatch(
-        r.linear_backend,
-        torch.tensor([eng.cache.states.slot(req)]),
-        torch.tensor([True]),
-        [0, len(ids)],
-        [[]],
-        [],
-    )
-    logits = r.model(fb, r.pool.layers, r.backend, r.state_pool.layers, sb)
-    eng.cache.release(req, cache=False)
-    return logits
+_all_logits = all_logits  # the name the MoE hybrid tests import
 
 
 @pytest.mark.parametrize("shape", SHAPES)

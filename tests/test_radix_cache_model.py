@@ -1,23 +1,29 @@
 """Radix cache property test: random insert/match/lock/unlock/evict against a page-level model.
 
 Every eviction policy runs it; LRU order is checked for ``lru``, exact frees for trimming policies.
+With per-node states (a hybrid model's snapshots) the model also keeps which prefixes have a state,
+in LRU order within a budget, and a match must end at the longest matched prefix that has one.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.eviction import POLICIES
+from runtime.node_states import NodeStates
 from runtime.page_allocator import PageAllocator
 from runtime.radix_cache import MatchResult, RadixCache, TreeNode
-from tests.radix_checks import check_structure, path_tokens, tree_pages
+from tests.radix_checks import check_structure, path_tokens, tree_pages, tree_states
 
 NUM_PAGES = 24
 tokens_st = st.lists(st.integers(0, 2), max_size=9)  # tiny vocab so prefixes collide often
 op_st = st.one_of(
-    st.tuples(st.just("insert"), tokens_st, st.booleans()),
+    st.tuples(st.just("insert"), tokens_st, st.booleans(), st.lists(st.booleans(), max_size=9)),
     st.tuples(st.just("match"), tokens_st),
     st.tuples(st.just("lock"), tokens_st),
     st.tuples(st.just("unlock"), st.integers(0, 100)),
@@ -25,12 +31,23 @@ op_st = st.one_of(
 )
 
 
-class Harness:
-    """Drives a RadixCache like an engine would and keeps the model: page-aligned prefix -> page id."""
+class State(NamedTuple):
+    """A stand-in state: which prefix it was taken after, and a size."""
 
-    def __init__(self, ps: int, policy: str = "lru") -> None:
+    prefix: tuple[int, ...]
+    nbytes: int = 1
+
+
+class Harness:
+    """Drives a RadixCache like an engine would and keeps the model: page-aligned prefix -> page id
+    (and, with ``max_states``, prefix -> state in LRU order, at most that many)."""
+
+    def __init__(self, ps: int, policy: str = "lru", max_states: int | None = None) -> None:
         self.ps = ps
-        self.tree = RadixCache(ps, PageAllocator(NUM_PAGES), policy)
+        store = None if max_states is None else NodeStates(max_states * State(()).nbytes)
+        self.tree = RadixCache(ps, PageAllocator(NUM_PAGES), policy, store)
+        self.max_states = max_states
+        self.states: OrderedDict[tuple[int, ...], State] = OrderedDict()
         self.model: dict[tuple[int, ...], int] = {}
         self.locks: list[tuple[TreeNode, tuple[int, ...]]] = []
         self.clock = 0
@@ -43,7 +60,7 @@ class Harness:
 
     def tree_match(self, tokens: tuple[int, ...]) -> MatchResult:
         m = self.tree.match(tokens)
-        self.touch(tokens, m.cached_len // self.ps)
+        self.touch(tokens, (m.cached_len + m.cut_len) // self.ps)  # the whole KV path is a use
         return m
 
     def model_match(self, tokens: tuple[int, ...]) -> int:
@@ -55,14 +72,24 @@ class Harness:
     def locked_prefixes(self) -> set[tuple[int, ...]]:
         return {p[: i * self.ps] for _, p in self.locks for i in range(1, len(p) // self.ps + 1)}
 
+    def usable(self, tokens: tuple[int, ...], n: int) -> int:
+        """Pages of the model's match of ``n`` pages that a match may return: up to the last state."""
+        if self.max_states is None:
+            return n
+        return max((k for k in range(1, n + 1) if tokens[: k * self.ps] in self.states), default=0)
+
     def match(self, tokens: tuple[int, ...]) -> None:
         n = self.model_match(tokens)
+        k = self.usable(tokens, n)
         nodes = self.tree.num_nodes
-        assert self.tree.peek_len(tokens) == n * self.ps and self.tree.num_nodes == nodes
+        assert self.tree.peek_len(tokens) == k * self.ps and self.tree.num_nodes == nodes
         m = self.tree_match(tokens)
-        assert m.cached_len == n * self.ps
-        assert m.pages == [self.model[tokens[: (i + 1) * self.ps]] for i in range(n)]
+        assert (m.cached_len, m.cut_len) == (k * self.ps, (n - k) * self.ps)
+        assert m.pages == [self.model[tokens[: (i + 1) * self.ps]] for i in range(k)]
         assert path_tokens(m.handle) == tokens[: m.cached_len]
+        assert m.state == self.states.get(tokens[: m.cached_len])
+        if m.state is not None:
+            self.states.move_to_end(tokens[: m.cached_len])
 
     def lock(self, tokens: tuple[int, ...]) -> None:
         m = self.tree_match(tokens)
@@ -91,6 +118,8 @@ class Harness:
             if removed and left:
                 assert max(self.stamps[p] for p in removed) <= min(left)
         self.model = after
+        for p in [p for p in self.states if p not in after]:  # a state goes with its node
+            del self.states[p]
 
     def alloc(self, n: int) -> list[int] | None:
         short = n - self.tree.allocator.num_free
@@ -98,30 +127,43 @@ class Harness:
             self.evict(short)
         return self.tree.allocator.alloc(n) if n <= self.tree.allocator.num_free else None
 
-    def insert(self, tokens: tuple[int, ...], reuse: bool) -> None:
+    def insert(self, tokens: tuple[int, ...], reuse: bool, with_state: list[bool] = ()) -> None:
         tokens = tokens[: len(tokens) // self.ps * self.ps]
         n_pages = len(tokens) // self.ps
         m = self.tree_match(tokens) if reuse else None
+        if m is not None and m.state is not None:
+            self.states.move_to_end(tokens[: m.cached_len])
         if m is not None:
             self.tree.lock(m.handle)  # keep the reused prefix alive while allocating the rest
         new = self.alloc(n_pages - len(m.pages) if m else n_pages)
         if new is not None:
             pages = (m.pages if m else []) + new
             present = self.model_match(tokens)
-            res = self.tree.insert(tokens, pages)
+            ends = [(i + 1) * self.ps for i, on in enumerate(with_state[:n_pages]) if on]
+            extra = [(n, State(tokens[:n])) for n in ends]
+            res = self.tree.insert(tokens, pages, extra=extra)
             self.touch(tokens, n_pages)
             assert res.prefix_len == present * self.ps
             assert path_tokens(res.handle) == tokens
             dup = [p for i, p in enumerate(pages[:present]) if p != self.model[tokens[: (i + 1) * self.ps]]]
-            assert len(dup) == (0 if m else present)
+            assert len(dup) == present - (len(m.pages) if m else 0)
             self.tree.allocator.free(dup)
             for i in range(present, n_pages):
                 self.model[tokens[: (i + 1) * self.ps]] = pages[i]
+            assert res.pages == [self.model[tokens[: (i + 1) * self.ps]] for i in range(n_pages)]
+            for n, state in extra if self.max_states else ():
+                if tokens[:n] in self.states:  # the same prefix's state is kept, now recently used
+                    self.states.move_to_end(tokens[:n])
+                    continue
+                while len(self.states) >= self.max_states:
+                    self.states.popitem(last=False)
+                self.states[tokens[:n]] = state
         if m is not None:
             self.tree.unlock(m.handle)
 
     def check(self) -> None:
         assert tree_pages(self.tree) == self.model
+        assert tree_states(self.tree) == dict(self.states)
         check_structure(self.tree, [h for h, _ in self.locks])
         self.tree.policy.check(self.tree.total_pages)
         for handle, prefix in self.locks:
@@ -134,7 +176,19 @@ class Harness:
 @settings(max_examples=150, deadline=None)
 @given(ps=st.sampled_from([1, 2, 3]), ops=st.lists(op_st, max_size=50))
 def test_random_operations_agree_with_model(policy: str, ps: int, ops: list[tuple]) -> None:
-    h = Harness(ps, policy)
+    _drive(Harness(ps, policy), ops)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lru-tail"])
+@settings(max_examples=150, deadline=None)
+@given(ps=st.sampled_from([1, 2, 3]), max_states=st.integers(1, 6), ops=st.lists(op_st, max_size=50))
+def test_random_operations_with_node_states_agree_with_model(
+    policy: str, ps: int, max_states: int, ops: list[tuple]
+) -> None:
+    _drive(Harness(ps, policy, max_states), ops)
+
+
+def _drive(h: Harness, ops: list[tuple]) -> None:
     for op, *args in ops:
         if op in ("insert", "match", "lock"):
             args[0] = tuple(args[0])
@@ -145,3 +199,4 @@ def test_random_operations_agree_with_model(policy: str, ps: int, ops: list[tupl
     assert h.tree.evictable_pages == h.tree.total_pages
     h.tree.reset()
     assert h.tree.allocator.num_free == NUM_PAGES and h.tree.num_nodes == 0
+    assert tree_states(h.tree) == {} and h.tree.stats().states == h.tree.stats().state_bytes == 0

@@ -50,6 +50,34 @@ def _later(run: dict) -> list[dict]:
     return [r for r in run["requests"] if r["divergence"] is not None]
 
 
+# Hybrid models (rows with ``snapshot_expected``) resume only where a state snapshot ends: the KV match
+# (``kv``) is bounded like a dense model's, and the cached part of it must be exactly what the documented
+# snapshot policy predicts (benchmarks/patterns/snapshots.py); dense rows have no cut, so kv == cached.
+def kv(r: dict) -> int:
+    """Tokens the KV pages matched (for hybrids: before the cut back to the last snapshot)."""
+    return r["cached_tokens"] + (r.get("snapshot_cut") or 0)
+
+
+def at_snapshot(r: dict) -> bool:
+    """A dense row, or a hybrid row whose cached and cut-back tokens are the policy's prediction."""
+    if "snapshot_expected" not in r:
+        return True
+    return (r["cached_tokens"], r["snapshot_cut"]) == (r["snapshot_expected"], r["snapshot_cut_expected"])
+
+
+def snapshot_note(rows: list[dict]) -> str:
+    """The snapshot accounting behind a hybrid run's check (empty for dense runs)."""
+    hyb = [r for r in rows if "snapshot_expected" in r]
+    if not hyb:
+        return ""
+    cut = [r for r in hyb if r["snapshot_cut"]]
+    return (
+        f" [hybrid: KV pages matched {sum(kv(r) for r in hyb):,} tokens, {sum(r['snapshot_cut'] for r in hyb):,} "
+        f"of them on {len(cut)} of {len(hyb)} requests cut back to the last state snapshot; cached tokens equal "
+        f"the snapshot policy's prediction on {sum(at_snapshot(r) for r in hyb)} of {len(hyb)}]"
+    )
+
+
 def _append_only(run: dict, page: int) -> tuple[bool, str]:
     t = run["totals"]
     loss = t["prefilled_tokens"] - t["ideal_tokens"]
@@ -65,35 +93,39 @@ def _timestamp_start(run: dict, page: int) -> tuple[bool, str]:
     starts = {r["change_start"] for r in rows}
     most = max(r["cached_tokens"] for r in rows)
     # upper bound: nothing past the timestamp is reused; lower bound: the pages before its first differing digit are
-    ok = all(r["cached_tokens"] <= r["divergence"] for r in rows)
-    ok = ok and all(r["cached_tokens"] >= r["divergence"] // page * page for r in rows)
+    ok = all(kv(r) <= r["divergence"] and at_snapshot(r) for r in rows)
+    ok = ok and all(kv(r) >= r["divergence"] // page * page for r in rows)
     return ok, (
         f"the timestamp begins at token {min(starts)} (after the template's `<|im_start|>system` header and "
         f"the label); requests reuse {min(r['cached_tokens'] for r in rows)}-{most} tokens (the whole pages before "
         f"the first differing digit, token {min(r['divergence'] for r in rows)}-{max(r['divergence'] for r in rows)})"
+        + snapshot_note(rows)
     )
 
 
 def _timestamp_end(run: dict, page: int) -> tuple[bool, str]:
     rows = _later(run)
     ok = all(
-        r["change_start"] // page * page <= r["cached_tokens"]
-        and r["prefilled_tokens"] <= r["ideal_paged_tokens"]
+        r["change_start"] // page * page <= kv(r)
+        and r["prefilled_tokens"] <= r["ideal_paged_tokens"] + (r.get("snapshot_cut") or 0)
+        and at_snapshot(r)
         for r in rows
     )
     return ok, (
-        f"the timestamp begins at token {min(r['change_start'] for r in rows)}; every request reused all the "
-        f"whole pages before it ({min(r['cached_tokens'] for r in rows)}-{max(r['cached_tokens'] for r in rows)} "
-        "cached tokens) and nothing after it"
+        f"the timestamp begins at token {min(r['change_start'] for r in rows)}; every request's KV match reached all "
+        f"the whole pages before it ({min(kv(r) for r in rows)}-{max(kv(r) for r in rows)} tokens; "
+        f"{min(r['cached_tokens'] for r in rows)}-{max(r['cached_tokens'] for r in rows)} cached) and nothing after it"
+        + snapshot_note(rows)
     )
 
 
 def _tools_reordered(run: dict, page: int) -> tuple[bool, str]:
     moved = [r for r in _later(run) if r["change_start"] is not None]
     ok = bool(moved) and all(
-        r["change_start"] // page * page <= r["cached_tokens"]
-        and r["prefilled_tokens"] <= r["ideal_paged_tokens"]
+        r["change_start"] // page * page <= kv(r)
+        and r["prefilled_tokens"] <= r["ideal_paged_tokens"] + (r.get("snapshot_cut") or 0)
         and r["segment"] == "tools"
+        and at_snapshot(r)
         for r in moved
     )
     older = sum(r["cached_tokens"] > r["divergence"] for r in moved)
@@ -107,6 +139,7 @@ def _tools_reordered(run: dict, page: int) -> tuple[bool, str]:
             if older
             else ""
         )
+        + snapshot_note(moved)
     )
 
 
@@ -122,15 +155,15 @@ def _sliding_window(run: dict, page: int) -> tuple[bool, str]:
     )
     # lower bounds: a slide still reuses the static prefix before the first kept message, a steady
     # request the whole previous prompt
-    ok = ok and all(
-        r["cached_tokens"] >= min(r["change_start"], r["divergence"]) // page * page for r in slides
-    )
-    ok = ok and all(r["cached_tokens"] >= r["prev_tokens"] // page * page for r in steady)
+    ok = ok and all(kv(r) >= min(r["change_start"], r["divergence"]) // page * page for r in slides)
+    ok = ok and all(kv(r) >= r["prev_tokens"] // page * page for r in steady)
+    ok = ok and all(at_snapshot(r) for r in rows)
     recomputed = sum(r["prompt_tokens"] - r["cached_tokens"] for r in slides)
     return ok, (
         f"the window slid on {len(slides)} of {len(rows)} requests and every slide lost the reuse of the "
         f"history (reuse stopped at the first kept message, {recomputed:,} tokens prefilled on those "
         f"requests) but kept the static prefix; the other {len(steady)} requests reused the whole previous one"
+        + snapshot_note(rows)
     )
 
 
@@ -138,13 +171,14 @@ def _prefix_reused(run: dict, page: int) -> tuple[bool, str]:
     """Every pattern: each request reuses at least the whole pages it shares with its thread's previous
     request (lower bound) and never more than an earlier request computed (upper bound)."""
     rows = _later(run)
-    low = [
-        r for r in rows if r["cached_tokens"] < min(r["divergence"], r["prompt_tokens"] - 1) // page * page
-    ]
+    low = [r for r in rows if kv(r) < min(r["divergence"], r["prompt_tokens"] - 1) // page * page]
     high = [r for r in run["requests"] if r["prefilled_tokens"] < r["ideal_tokens"]]
-    return not low and not high, (
+    off = [r for r in run["requests"] if not at_snapshot(r)]
+    return not low and not high and not off, (
         f"{len(rows) - len(low)} of {len(rows)} requests reused every whole page shared with the previous one"
         + (f"; {len(high)} reused more than any earlier request computed" if high else "")
+        + (f"; {len(off)} cached other than the snapshot policy predicts" if off else "")
+        + snapshot_note(run["requests"])
     )
 
 

@@ -46,23 +46,22 @@ def _applies(stack: str, workload: str, pattern: str) -> bool:
     return True
 
 
-def token_jobs(full: bool, quick: bool) -> list[Job]:
+def token_jobs(full: bool, quick: bool, stacks: tuple[str, ...] = REAL_STACKS) -> list[Job]:
+    """The token-exact jobs for ``stacks`` (``smollm2``: the target model's own tokenizer, e.g. a
+    ``--model`` hybrid)."""
     if quick:
-        return [Job("coding", "default", s, p, "cached") for s in REAL_STACKS
+        return [Job("coding", "default", s, p, "cached") for s in stacks
                 for p in ("append_only", "timestamp_start", "tools_reordered", "sliding_window", "status_replace",
                           "status_append")]  # fmt: skip
     groups = [("coding", CODING), ("research", RESEARCH), ("fanout", FANOUT)]
     if full:
         groups.append(("agent", AGENT))
     jobs = [
-        Job(w, "default", s, p, "cached")
-        for w, ps in groups
-        for s in REAL_STACKS
-        for p in ps
-        if _applies(s, w, p)
+        Job(w, "default", s, p, "cached") for w, ps in groups for s in stacks for p in ps if _applies(s, w, p)
     ]
-    jobs += [Job("coding", "default", "qwen3-append", p, "replayed") for p in ("append_only", "status_replace",
-                                                                              "status_append")]  # fmt: skip
+    if "qwen3-append" in stacks:
+        jobs += [Job("coding", "default", "qwen3-append", p, "replayed") for p in ("append_only", "status_replace",
+                                                                                  "status_append")]  # fmt: skip
     return jobs
 
 

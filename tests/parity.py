@@ -1,0 +1,65 @@
+"""Parity against transformers, shared by every family's tests (dense, MoE, hybrid): the same
+assertions on logits of every position and on greedy generation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from runtime.engine import Engine
+from runtime.forward_batch import build_forward_batch
+from runtime.models.gated_deltanet import StateBatch
+from runtime.request import Request
+from runtime.sampling import SamplingParams
+
+
+def all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
+    """Logits of every position: prefill the whole sequence in one chunk and sample every row."""
+    r = eng.runner
+    req = Request("x", list(ids), len(ids), SamplingParams(), frozenset())
+    eng.cache.admit(req)
+    assert eng.cache.reserve(req, len(ids) - req.num_computed)
+    fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
+    fb = fb._replace(logits_rows=torch.arange(len(ids)))
+    if r.state_pool is None:
+        logits = r.model(fb, r.pool.layers, r.backend)
+    else:  # a hybrid: one sequence from a zero state in its slot, no snapshots taken
+        slot = torch.tensor([eng.cache.states.slot(req)])
+        sb = StateBatch(r.linear_backend, slot, torch.tensor([True]), [0, len(ids)], [[]], [])
+        logits = r.model(fb, r.pool.layers, r.backend, r.state_pool.layers, sb)
+    eng.cache.release(req, cache=False)
+    return logits
+
+
+def assert_logits_match(
+    eng: Engine,
+    hf,
+    lengths: Sequence[int],
+    seed: int = 1,
+    atol: float = 1e-4,
+    label: str = "",
+    min_scale: float = 0.0,
+) -> None:
+    """Every position's logits within ``atol`` of transformers' at each length (random ids 3..511);
+    ``min_scale``: the reference logits must reach it (so ``atol`` is small relative to them)."""
+    g = torch.Generator().manual_seed(seed)
+    for n in lengths:
+        ids = torch.randint(3, 512, (n,), generator=g).tolist()
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids])).logits[0].float()
+        assert ref.abs().max() > min_scale
+        err = (all_logits(eng, ids) - ref).abs().max().item()
+        assert err < atol, f"{label} len={n}: max abs err {err}"
+    eng.check_integrity()
+
+
+def assert_greedy_matches_generate(eng: Engine, hf, prompts: Sequence[list[int]], max_new: int = 64) -> None:
+    """Batched greedy decode (over the engine's chunked prefill), token-identical to ``generate``."""
+    hf.generation_config.eos_token_id = None  # run every step without masking EOS (min_new_tokens would)
+    outs = eng.generate([list(p) for p in prompts], SamplingParams(max_tokens=max_new, ignore_eos=True))
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, pad_token_id=0)
+        assert out.output_token_ids == ref[0, len(ids) :].tolist()
+    eng.check_integrity()
