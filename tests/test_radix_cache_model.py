@@ -93,6 +93,8 @@ class Harness:
 
     def lock(self, tokens: tuple[int, ...]) -> None:
         m = self.tree_match(tokens)
+        if m.state is not None:  # a match is a use of its state, whatever the caller does next
+            self.states.move_to_end(tokens[: m.cached_len])
         self.tree.lock(m.handle)
         self.locks.append((m.handle, tokens[: m.cached_len]))
 
