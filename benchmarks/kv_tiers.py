@@ -97,8 +97,8 @@ def restart(args: argparse.Namespace, workdir: Path, shape: str) -> dict:
         start_s = time.perf_counter() - t0
         warm_s, warm = _chat(srv.url, turns[at])
         st = _stats(srv.url)
-        later = [_chat(srv.url, turns[t])[0] for t in range(at + 1, args.turns)]  # the conversation goes on
-        last_prompt = _chat(srv.url, turns[-1])[1]["usage"]["prompt_tokens"] if later else None
+        later = [_chat(srv.url, turns[t]) for t in range(at + 1, args.turns)]  # the conversation goes on
+        last_prompt = later[-1][1]["usage"]["prompt_tokens"] if later else None
         srv.terminate()
         cold_srv = ServerProcess(flags, workdir / f"cold-{r}.log").start()
         cold_s, cold = _chat(cold_srv.url, turns[at])
@@ -117,7 +117,7 @@ def restart(args: argparse.Namespace, workdir: Path, shape: str) -> dict:
             "cached_tokens": cached, "disk_loaded_tokens": st["disk_loaded_tokens"], "restored_mb": mb,
             "load_s": st["tier_load_s"], "read_ahead_s": st.get("tier_read_ahead_s", 0.0), "restore_s": restore_s,
             "ttft_restarted_s": warm_s, "ttft_cold_s": cold_s, "ttft_in_pool_s": pool_s,
-            "ttft_later_turns_s": later, "last_turn_prompt_tokens": last_prompt,
+            "ttft_later_turns_s": [dt for dt, _ in later], "last_turn_prompt_tokens": last_prompt,
             "cold_cached_tokens": cold["usage"]["prompt_tokens_details"]["cached_tokens"],
             "same_token": warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"],
         })  # fmt: skip
