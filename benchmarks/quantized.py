@@ -8,8 +8,9 @@ Run from the repository root: ``python -m benchmarks.quantized [--quick] [--llam
   early near-tie sends the two down different continuations; both are reported);
 * perplexity of a fixed text (every row's logits in one forward), gguf vs the dequantized fp32 model;
 * decode tokens/s of one stream after a short prompt and after a ``--long``-token one (the agent
-  workload's context), prefill tokens/s of a fresh 1,000-token prompt: gguf, gguf with
-  ``--compile-decode``, bf16, fp32 and llama.cpp (same thread count), rounds interleaved, medians.
+  workload's context), prefill tokens/s of a fresh 1,000-token prompt: gguf, gguf on the torch
+  decode ops (``--attention-backend reference``: the path before the fused CPU kernels), bf16, fp32
+  and llama.cpp (same thread count), rounds interleaved, medians.
 
 llama.cpp runs in its own interpreter (``benchmarks/llamacpp_side.py``): a prebuilt CPU build from the
 ``llama-cpp-cffi`` wheel, never a kvreuse dependency; without ``--llamacpp-python`` it is skipped.
@@ -58,10 +59,11 @@ def chat_ids(tok, text: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def perplexity(engine, ids: list[int]) -> float:
+def perplexity(engine, ids: list[int], chunk_size: int | None = None) -> float:
     """exp(mean NLL) of ``ids[1:]`` given their prefixes, from the engine's prompt scoring (every row's
-    logits, chunk by chunk, on scratch pages: the same path as ``echo`` with ``logprobs``)."""
-    entries = engine.prompt_logprobs(ids, 0)
+    logits, chunk by chunk, on scratch pages: the same path as ``echo`` with ``logprobs``).  Chunks of
+    8 put the LM head on the kernel a decode step uses (the Q8_0 head's, activations quantized)."""
+    entries = engine.prompt_logprobs(ids, 0, chunk_size)
     nll = -sum(lp for _, e in entries[1:] for lp in (e[0],)) / (len(ids) - 1)
     return math.exp(nll)
 
@@ -99,25 +101,28 @@ def run(args: argparse.Namespace) -> dict:
     from runtime.model_source import embedded_gguf_path
 
     args.gguf = embedded_gguf_path()
-    variants = {"gguf": ("bfloat16", "gguf", False), "gguf+compile": ("bfloat16", "gguf", True),
-                "bf16": ("bfloat16", "none", False), "fp32": ("float32", "none", False)}  # fmt: skip
-    engines = {k: Engine(dtype=dt, quantize=q, compile_decode=c, kv_cache_memory="160M")
-               for k, (dt, q, c) in variants.items()}  # fmt: skip
+    # "cpu" is the fused C decode kernels (the default on CPU); "reference" the torch ops they replace
+    variants = {"gguf": ("bfloat16", "gguf", "cpu"), "gguf-torch": ("bfloat16", "gguf", "reference"),
+                "bf16": ("bfloat16", "none", "cpu"), "fp32": ("float32", "none", "cpu")}  # fmt: skip
+    engines = {k: Engine(dtype=dt, quantize=q, attention_backend=b, kv_cache_memory="160M")
+               for k, (dt, q, b) in variants.items()}  # fmt: skip
     progress(
         f"threads {torch.get_num_threads()}; "
-        + ", ".join(f"{k}: {v[1]} weights, {v[0]}" for k, v in variants.items())
+        + ", ".join(f"{k}: {v[1]} weights, {v[0]}, {v[2]} backend" for k, v in variants.items())
     )
     tok = engines["gguf"].tokenizer
     chats = [chat_ids(tok, p) for p in PROMPTS[: 2 if args.quick else 5]]
     text = tok.encode(TEXT, add_special_tokens=False)
     out: dict = {"threads": torch.get_num_threads(),
-                 "weights": {k: f"{q} ({dt} activations, KV cache {dt}{', compiled decode' if c else ''})"
-                             for k, (dt, q, c) in variants.items()}}  # fmt: skip
+                 "weights": {k: f"{q} ({dt} activations, KV cache {dt}, {b} decode kernels)"
+                             for k, (dt, q, b) in variants.items()}}  # fmt: skip
     out["perplexity"] = {k: perplexity(engines[k], text) for k in ("gguf", "fp32", "bf16")}
-    out["perplexity"]["gguf_over_fp32"] = out["perplexity"]["gguf"] / out["perplexity"]["fp32"]
+    out["perplexity"]["gguf_decode_kernels"] = perplexity(engines["gguf"], text, 8)
+    for k in ("gguf", "gguf_decode_kernels"):
+        out["perplexity"][f"{k}_over_fp32"] = out["perplexity"][k] / out["perplexity"]["fp32"]
     progress(f"perplexity {out['perplexity']}")
     decode_prompt = chats[:1]
-    for e in engines.values():  # warm-up (and the compiled variant's compilation)
+    for e in engines.values():  # warm-up
         ours(e, [decode_prompt[0][:16]], 4)
     long_prompt = synthetic_prompt(args.long, 99)
     samples: dict[str, dict[str, list[float]]] = {}
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> dict:
             )
     greedy["gguf"] = [x["tokens"] for x in ours(engines["gguf"], chats, args.new)]
     greedy["fp32"] = [x["tokens"] for x in ours(engines["fp32"], chats, args.new)]
-    greedy["gguf+compile"] = [x["tokens"] for x in ours(engines["gguf+compile"], chats, args.new)]
+    greedy["gguf-torch"] = [x["tokens"] for x in ours(engines["gguf-torch"], chats, args.new)]
     if have_lcp:
         greedy["llama.cpp"] = [x["tokens"] for x in llamacpp(args, chats, args.new)["results"]]
     out["agreement"] = {}
@@ -177,7 +182,7 @@ def run(args: argparse.Namespace) -> dict:
         rows,
     )
     if "llama.cpp" in med:
-        for k in ("gguf", "gguf+compile"):
+        for k in ("gguf", "gguf-torch"):
             out[f"{k}_decode_over_llamacpp"] = {
                 m: med[k][m] / med["llama.cpp"][m] for m in ("decode", "decode_long")
             }

@@ -1,12 +1,14 @@
 """Attention kernels over the paged KV pool, chosen by device.
 
-``reference`` (pure torch) runs everywhere and is the oracle; ``triton`` runs on CUDA.
+``reference`` (pure torch) runs everywhere and is the oracle; ``triton`` runs on CUDA; ``cpu`` is the
+reference plus the fused decode kernels of ``kernels/native_cpu.py`` (built with the machine's C
+compiler; ``auto`` falls back to ``reference`` where they cannot be built).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -19,13 +21,25 @@ class AttentionBackend(NamedTuple):
     extend_attention: Callable
     decode_attention: Callable
     decode_plan: Callable | None  # per-step metadata shared by all layers, passed as ``plan=``
+    fused: Any = None  # ``NativeOps``: a decode step's layers as fused CPU kernels (``cpu`` only)
 
 
 def select_backend(device: torch.device | str, name: str = "auto") -> AttentionBackend:
-    """``auto`` picks Triton on CUDA when importable, else the torch reference."""
+    """``auto`` picks Triton on CUDA when importable, the fused kernels on CPU when they build, else the
+    torch reference."""
     device = torch.device(device)
     if name == "auto":
-        name = "triton" if device.type == "cuda" and _triton_available() else "reference"
+        if device.type == "cuda":
+            name = "triton" if _triton_available() else "reference"
+        else:
+            name = "cpu" if device.type == "cpu" and _native_ops() is not None else "reference"
+    if name == "cpu":
+        from kernels import reference as r
+
+        ops = _native_ops() if device.type == "cpu" else None
+        if ops is None:
+            raise ValueError("attention backend 'cpu' needs a CPU device and a C compiler (cc/gcc)")
+        return AttentionBackend("cpu", r.store_kv, r.extend_attention, ops.paged_decode_attention, None, ops)
     if name == "reference":
         from kernels import reference as r
 
@@ -36,7 +50,13 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
         from kernels import triton_attention as t
 
         return AttentionBackend("triton", t.store_kv, t.extend_attention, t.decode_attention, None)
-    raise ValueError(f"unknown attention backend {name!r} (expected auto, reference or triton)")
+    raise ValueError(f"unknown attention backend {name!r} (expected auto, reference, cpu or triton)")
+
+
+def _native_ops() -> Any:
+    from kernels.native_cpu import load
+
+    return load()
 
 
 def _triton_available() -> bool:

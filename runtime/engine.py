@@ -302,9 +302,10 @@ class Engine:
         handle = cm.prefix.match(ids, scope.namespace, scope.public_len).handle
         return cm.prefix.handle_len(handle), cm.pins.pin(owner, handle, ttl)
 
-    def prompt_logprobs(self, ids: list[int], top: int) -> list[Entry]:
-        """Logprobs of a prompt's own tokens (only between steps): see ``runtime.scoring``."""
-        return prompt_logprobs(self.runner, self.cache, self.config.chunk_size, ids, top)
+    def prompt_logprobs(self, ids: list[int], top: int, chunk_size: int | None = None) -> list[Entry]:
+        """Logprobs of a prompt's own tokens (only between steps): see ``runtime.scoring``.  A small
+        ``chunk_size`` scores through the kernels decode uses (the quantized head's take <= 8 rows)."""
+        return prompt_logprobs(self.runner, self.cache, chunk_size or self.config.chunk_size, ids, top)
 
     # -- instrumentation for benchmarks: read-only views, and one knob ------------------------------
     @property

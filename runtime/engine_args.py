@@ -54,7 +54,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
     )
-    g.add_argument("--attention-backend", choices=["auto", "reference", "triton"], default="auto")
+    g.add_argument("--attention-backend", choices=["auto", "reference", "cpu", "triton"], default="auto")
     g.add_argument(
         "--quantize",
         choices=["none", "int8", "int4", "gguf"],

@@ -15,6 +15,7 @@ from torch import nn
 from kernels import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
+from runtime.models.fused_decode import fusable, fused_decode_layer
 from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts, feed_forward
@@ -136,7 +137,9 @@ class CausalLM(nn.Module):
         compiled layer fuses the norms, rope, residuals and SwiGLU into a few C++ loops; the matmuls and
         attention stay the same library kernels.  One graph serves every layer (parameters are inputs)
         and every length (``dynamic=True``); prefill stays eager, where the GEMMs dominate.  Costs tens of
-        seconds of compilation at the first decode step, hence opt-in (``--compile-decode``).
+        seconds of compilation at the first decode step, hence opt-in (``--compile-decode``).  The ``cpu``
+        attention backend's fused C kernels (``runtime/models/fused_decode.py``) do the same fusion
+        without compiling and take precedence; this serves the ``reference`` backend.
         """
         self.decode_layer = torch.compile(DecoderLayer.forward, dynamic=True)
 
@@ -155,9 +158,11 @@ class CausalLM(nn.Module):
         cos, sin = self.rope.lookup(fb.positions)
         ctx = StepContext(fb, cos, sin, backend, plan)
         h = self.embed_tokens(fb.input_ids)
-        run_layer = (
-            self.decode_layer if fb.is_decode and self.decode_layer is not None else DecoderLayer.forward
-        )
+        run_layer = DecoderLayer.forward
+        if fb.is_decode and fusable(backend.fused, h, self.layers[0], kv_layers[0][0]):
+            run_layer = fused_decode_layer
+        elif fb.is_decode and self.decode_layer is not None:
+            run_layer = self.decode_layer
         for layer, kv in zip(self.layers, kv_layers):
             h = run_layer(layer, h, ctx, kv)
         h = self.norm.forward(h[fb.logits_rows])

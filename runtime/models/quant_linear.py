@@ -81,14 +81,14 @@ class QuantLinear(nn.Module):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.kernel_rows:
             return F.linear(x, self.dequantize(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        xb = x.to(torch.bfloat16)
+        xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if self.kind == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zero)
         else:
             y = torch.ops.aten._weight_int8pack_mm(xb, self.codes, self.scale)
         if self.bias is not None:
             y = y + self.bias
-        return y.to(x.dtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.run(x)

@@ -9,10 +9,12 @@ GGUF mapping (``W`` as llama.cpp dequantizes it, per group of 32 along the input
 * ``Q8_0`` (per-32 scales) and ``Q6_K`` (6 bits, per-16 scales): requantized to int8 per output row.
 * anything else (F32, F16, other K-quants): requantized to int8 from llama.cpp's dequantization.
 
-The token embedding and the LM head stay dense: a lookup reads a few rows, and on this CPU the int8
-kernel is no faster than the packed bf16 head for one row (``runtime/models/quant_linear.py``).  An int4
-head (min/max per group of 32) would cut it from 2.3 to 0.84 ms of a ~15 ms step (2 threads), but costs
-+3.7% perplexity on the fixed text of ``benchmarks.quantized`` (the budget is 1%), so it stays bf16.
+The token embedding stays dense (a lookup reads a few rows).  The LM head (``output``, or the tied
+``token_embd``) is kept as the file's own blocks where the fused CPU kernels are built: ``Q8_0`` as
+:class:`~runtime.models.block_int8.BlockInt8Linear`, 4-bit grids as int4; otherwise it stays dense.
+Requantizing a dense head is not done: an int4 head from min/max per group cost +3.7% perplexity on
+the fixed text of ``benchmarks.quantized`` (the budget is 1%), and torch's per-row int8 kernel is no
+faster than the packed bf16 head for one row (``runtime/models/quant_linear.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kernels.native_cpu import load as load_native
+from runtime.models.block_int8 import BlockInt8Linear
 from runtime.models.decoder import CausalLM
 from runtime.models.linear import Linear
 from runtime.models.quant_linear import (
@@ -49,7 +53,7 @@ def _decoder_linears(model: CausalLM) -> dict[str, Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, Linear) and n.startswith("layers.")}
 
 
-def _install(model: CausalLM, name: str, q: QuantLinear) -> None:
+def _install(model: CausalLM, name: str, q: QuantLinear | BlockInt8Linear) -> None:
     scratch = next((m.scratch for m in model.modules() if isinstance(m, QuantLinear)), None)
     q.scratch = scratch or DequantScratch()
     parent, _, attr = name.rpartition(".")
@@ -137,7 +141,33 @@ def quantize_from_gguf(model: CausalLM, gguf_path: Path) -> dict[str, str]:
         else:  # a fused weight mixing 4-bit and other blocks (e.g. Q4_K_M's Q6_K attn_v): int8 for all
             q = quantize_int8(w, bias)
         _install(model, name, q)
+    head = _head_from_gguf(reader)
+    if head is not None:
+        _install(model, "lm_head", head[1])
+        report[head[0]] = head[2]
     return report
+
+
+def _head_from_gguf(reader) -> tuple[str, torch.nn.Module, str] | None:
+    """The LM head as the file's own blocks (tensor name, module, handling), or None: stays dense."""
+    from gguf import GGMLQuantizationType as T
+
+    by_name = {t.name: t for t in reader.tensors}
+    t = by_name.get("output.weight", by_name.get("token_embd.weight"))
+    ops = load_native()
+    if t is None or ops is None:
+        return None
+    if t.tensor_type == T.Q8_0:
+        b = np.asarray(t.data).reshape(t.shape[-1], -1, 34)  # per block: fp16 scale, 32 int8 codes
+        scale = torch.from_numpy(
+            np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+        )
+        codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(b.shape[0], -1))
+        return t.name, BlockInt8Linear(codes, scale, ops), "Q8_0 -> int8 blocks (LM head)"
+    w, scale, low = _grid(t)
+    if scale is None:
+        return None
+    return t.name, int4_from_grid(w, scale, low, None), f"{t.tensor_type.name} -> int4 (LM head)"
 
 
 def gguf_source(model_dir: Path) -> Path | None:

@@ -1,0 +1,159 @@
+"""The fused CPU decode kernels of ``kernels/cpu/decode_ops.c``: built once per machine, called via ctypes.
+
+Why C and ctypes rather than a torch C++ extension: the source needs no torch headers, so the
+machine's C compiler builds it in about a second (a torch extension takes a minute), and a ctypes
+call costs ~2 us, a tenth of the chain of torch ops it replaces.  The library links the OpenMP
+runtime torch already loaded (same soname), so it shares torch's threads and thread count.
+
+:func:`load` returns ``None`` where there is no compiler or the build fails; every caller then keeps
+its torch path, which is also the oracle the kernels are tested against (``tests/test_native_cpu.py``).
+The build goes to ``$KVREUSE_CACHE`` (default ``~/.cache/kvreuse``)``/native/``, keyed by the
+source, the compiler and the CPU, so a changed file or another machine never loads a stale build.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu") / "decode_ops.c"
+# -ffp-contract=off: no fused multiply-adds, so elementwise results round where torch's do
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c11"]
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "rms_norm": (None, [_P, _P, _P, _P, _I, _I, _F]),
+    "silu_mul": (None, [_P, _P, _I, _I]),
+    "rope_store": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P]),
+    "q8_linear": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
+    "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P]),
+}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("KVREUSE_CACHE", Path.home() / ".cache" / "kvreuse")) / "native"
+
+
+def _cpu_id() -> str:
+    try:
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        )
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return flags
+
+
+def _build(cc: str) -> Path:
+    src = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode() + _cpu_id().encode()).hexdigest()
+    target = _cache_dir() / f"decode_ops-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # build beside the target and rename: concurrent processes never load a half-written library
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
+    os.close(fd)
+    try:
+        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, check=True)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+class NativeOps:
+    """Typed entry points of the loaded library, one per (kernel, dtype)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        self.fns: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
+        for name, (res, argtypes) in _SIGNATURES.items():
+            for dtype, suf in _SUFFIX.items():
+                fn = getattr(lib, f"{name}_{suf}")
+                fn.restype, fn.argtypes = res, argtypes
+                self.fns[name, dtype] = fn
+
+    def supports(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" and t.dtype in _SUFFIX
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``weight * norm(x)`` per row; with ``residual``, first ``x += residual`` in place (x is the stream)."""
+        out = torch.empty_like(x)
+        rows, dim = x.shape
+        res = None if residual is None else residual.data_ptr()
+        self.fns["rms_norm", x.dtype](x.data_ptr(), res, weight.data_ptr(), out.data_ptr(), rows, dim, eps)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of ``[rows, 2 * inter]`` rows laid out ``[gate | up]``."""
+        rows, width = gate_up.shape
+        out = gate_up.new_empty(rows, width // 2)
+        self.fns["silu_mul", gate_up.dtype](gate_up.data_ptr(), out.data_ptr(), rows, width // 2)
+        return out
+
+    def rope_store(self, qkv: torch.Tensor, nh: int, nkv: int, d: int, cos: torch.Tensor, sin: torch.Tensor,
+                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:  # fmt: skip
+        """In place on ``qkv`` rows: (q/k norm and) rotate q and k; then k and v go to their slots."""
+        qn = None if q_norm is None else q_norm.data_ptr()
+        kn = None if k_norm is None else k_norm.data_ptr()
+        self.fns["rope_store", qkv.dtype](qkv.data_ptr(), qkv.shape[0], nh, nkv, d, cos.data_ptr(),
+                                          sin.data_ptr(), qn, kn, eps, k_cache.data_ptr(),
+                                          v_cache.data_ptr(), slots.data_ptr())  # fmt: skip
+
+    def q8_linear(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """``x [rows, k] @ W^T`` for ``W`` as GGUF Q8_0 blocks: int8 ``codes [n, k]``, fp32 ``scales [n, k/32]``."""
+        x = x.contiguous()
+        y = x.new_empty(x.shape[0], codes.shape[0])
+        rc = self.fns["q8_linear", x.dtype](x.data_ptr(), x.shape[0], codes.data_ptr(), scales.data_ptr(),
+                                            codes.shape[0], codes.shape[1], y.data_ptr())  # fmt: skip
+        if rc != 0:
+            raise MemoryError("q8_linear: out of memory")
+        return y
+
+    def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+        """q ``[B, Hq, D]`` (rows may be strided, heads not) over each sequence's keys read from its pages
+        in place -> ``[B, Hq, D]``."""
+        b, nh, d = q.shape
+        out = torch.empty_like(q)
+        rc = self.fns["decode_attention", q.dtype](q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                                   page_table.data_ptr(), page_table.stride(0),
+                                                   seq_lens_k.data_ptr(), b, nh, k_cache.shape[-2], d,
+                                                   k_cache.shape[1], scale, out.data_ptr())  # fmt: skip
+        if rc != 0:
+            raise ValueError(f"decode_attention: unsupported shape (heads {nh}, head_dim {d})")
+        return out
+
+    def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float,
+                               *, plan: object = None) -> torch.Tensor:  # fmt: skip
+        """The backend's ``decode_attention`` signature (``plan`` unused: pages are read in place)."""
+        return self.decode_attention(q.contiguous(), k_cache, v_cache, page_table.contiguous(),
+                                     seq_lens_k.contiguous(), scale)  # fmt: skip
+
+
+def load() -> NativeOps | None:
+    """The kernels for this machine, or ``None`` (no C compiler, a failed build, ``KVREUSE_NATIVE=0``)."""
+    if os.environ.get("KVREUSE_NATIVE", "1") == "0":
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    try:
+        return NativeOps(ctypes.CDLL(str(_build(cc))))
+    except (OSError, subprocess.CalledProcessError, AttributeError):
+        return None
