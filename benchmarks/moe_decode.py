@@ -188,8 +188,10 @@ def run(args: argparse.Namespace) -> dict:
         "decode",
         *(f"{k} tok/s" for k in names),
         "moe/dense",
+        "paired",
         ">= 1/1.5",
         "moe/best HF",
+        "paired",
         ">= 1.2",
     ]
     table = format_table(headers, rows)
