@@ -74,9 +74,7 @@ def test_block_matches_transformers(kind, kw, packed):
     assert moe.norm_topk_prob == kw.get("norm_topk_prob", kind == "qwen3_5_moe")
     ours = _ours_from(hf, moe)
     if packed:
-        for m in ours.modules():
-            if isinstance(m, (Linear, Experts)):
-                assert m.pack_for_cpu()
+        _packed(ours)
     for tokens in (1, 4, 57):
         x = torch.randn(1, tokens, HIDDEN)
         with torch.no_grad():
@@ -113,12 +111,21 @@ def test_torch_without_grouped_mm_takes_the_per_expert_loop(monkeypatch):
     assert (got - ref).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("tokens", [1, 8])
-@pytest.mark.parametrize("grouped_mm", [True, False])
-def test_only_the_routed_experts_are_read(monkeypatch, tokens, grouped_mm):
+def _packed(ours: SparseMoE) -> SparseMoE:
+    """Router repacked for oneDNN and experts re-laid out, as ``CausalLM.prepare`` does on CPU."""
+    for m in ours.modules():
+        if isinstance(m, (Linear, Experts)):
+            assert m.pack_for_cpu()
+    return ours
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+@pytest.mark.parametrize("path", ["gathered", "grouped_mm", "loop"])
+def test_only_the_routed_experts_are_read(monkeypatch, tokens, path):
     """Experts no token picked hold NaN: a read of their weights would poison the output.
 
     Eight tokens are two distinct ones repeated (streams at the same point), so they share experts.
+    ``gathered``: packed experts, so up to ``GATHER_MAX_TOKENS`` rows take ``gathered_swiglu``.
     """
     import torch.nn.functional as F
 
@@ -128,6 +135,9 @@ def test_only_the_routed_experts_are_read(monkeypatch, tokens, grouped_mm):
         for p in hf.parameters():
             p.copy_(torch.randn_like(p) * 0.2)
     ours = _ours_from(hf, MoEConfig(8, 3, 24, True, 1, (), 0))
+    if path == "gathered":
+        _packed(ours)
+    assert ours.experts.gathers_rows() == (path == "gathered")
     x = torch.randn(min(tokens, 2), HIDDEN).repeat(max(tokens // 2, 1), 1)
     with torch.no_grad():
         ref = ours.forward(x)
@@ -136,7 +146,33 @@ def test_only_the_routed_experts_are_read(monkeypatch, tokens, grouped_mm):
         assert idle, "every expert picked: the test would prove nothing"
         ours.experts.gate_up_proj[idle] = float("nan")
         ours.experts.down_proj[idle] = float("nan")
-        if not grouped_mm:
+        if path == "loop":
             monkeypatch.delattr(F, "grouped_mm", raising=False)
         got = ours.forward(x)
     assert not got.isnan().any() and torch.allclose(got, ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gathered_rows_equal_grouped_gemms_and_do_not_depend_on_the_batch(monkeypatch, dtype):
+    """Up to ``GATHER_MAX_TOKENS`` rows (few-stream decode) vs the grouped GEMMs on the same packed
+    weights, at the boundary too; and a row's output is the same alone as inside a batch."""
+    from runtime.models import moe
+
+    torch.manual_seed(3)
+    cfg, hf = _hf_block("qwen3_next", norm_topk_prob=True)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    ours = _packed(_ours_from(hf, MoEConfig.from_dict(cfg.to_dict())).to(dtype))
+    x = torch.randn(moe.GATHER_MAX_TOKENS + 1, HIDDEN, dtype=dtype)
+    with torch.no_grad():
+        for n in range(1, moe.GATHER_MAX_TOKENS + 2):
+            got = ours.forward(x[:n])
+            monkeypatch.setattr(moe, "GATHER_MAX_TOKENS", 0)
+            ref = ours.forward(x[:n])
+            monkeypatch.undo()
+            # bf16: the two paths round differently, so a couple of ulps of the largest output
+            tol = 1e-5 if dtype == torch.float32 else ref.abs().max().item() / 64
+            assert got.dtype == dtype and (got - ref).abs().max().item() < tol, n
+        alone = [ours.forward(x[i : i + 1]) for i in range(moe.GATHER_MAX_TOKENS)]
+        assert torch.equal(torch.cat(alone), ours.forward(x[: moe.GATHER_MAX_TOKENS]))
