@@ -45,7 +45,9 @@ def _pool(dtype, pages=96, page_size=16, nkv=3, d=64, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("nh,nkv,d", [(9, 3, 64), (4, 4, 32), (16, 2, 128)])
+@pytest.mark.parametrize(
+    "nh,nkv,d", [(9, 3, 64), (4, 4, 32), (16, 2, 128), (6, 2, 48)]
+)  # 48: the portable loop
 def test_decode_attention_matches_reference(ops, dtype, nh, nkv, d) -> None:
     # lengths around the 512-key work split and the 64-key block, pages in a random order
     lens = torch.tensor([1, 63, 64, 65, 511, 512, 513, 1100], dtype=torch.int32)

@@ -211,7 +211,10 @@ int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *v
         const T *qb = q + b * q_stride + hk * g * d;                                                 \
         const int32_t *pages = page_table + b * pt_stride;                                           \
         /* constant head sizes let the compiler unroll the 64/128-wide dot products */               \
-        if (d == 64)                                                                                 \
+        if (attend_fast_##SUF(qb, kc, vc, pages, page_size, nkv, hk, g, d, scale, k0, k1, p, p + g,  \
+                              p + 2 * g))                                                            \
+            ;                                                                                        \
+        else if (d == 64)                                                                            \
             attend_part_##SUF(qb, kc, vc, pages, page_size, nkv, hk, g, 64, scale, k0, k1, p, p + g, \
                               p + 2 * g);                                                            \
         else if (d == 128)                                                                           \
@@ -319,6 +322,83 @@ int q8_linear_##SUF(const T *x, int64_t rows, const int8_t *codes, const float *
             y[r * n + o] = ST(q8_row(codes + o * k, scales + o * nb, xq + r * k, dx + r * nb, nb));  \
     free(xf), free(xq);                                                                              \
     return 0;                                                                                        \
+}
+
+
+/* bf16 decode attention with AVX512-BF16 (vdpbf16ps: 32 bf16 products a lane pair, fp32 sums): the
+ * q k^T dot products read the keys as they are stored, without converting them; p v stays fp32.
+ * Same contract as attend_part.  Returns 0 where it does not apply (the caller's loop runs).  */
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+static int attend_fast_bf16(const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *pages,
+                            int64_t page_size, int64_t nkv, int64_t hk, int64_t g, int64_t d, float scale,
+                            int64_t k0, int64_t k1, float *m, float *l, float *acc) {
+    if (d % 32 || d > 128) return 0;
+    int64_t nv = d / 32, nf = d / 16;
+    __m512bh qv[MAX_GROUP][4];
+    float s[MAX_GROUP * KEY_BLOCK];
+    int64_t row[KEY_BLOCK], pi = k0 / page_size, off = k0 % page_size;
+    for (int64_t j = 0; j < g; j++)
+        for (int64_t c = 0; c < nv; c++) qv[j][c] = (__m512bh)_mm512_loadu_si512(q + j * d + c * 32);
+    for (int64_t j = 0; j < g; j++) m[j] = -INFINITY, l[j] = 0.f;
+    memset(acc, 0, g * d * sizeof(float));
+    for (int64_t b0 = k0; b0 < k1; b0 += KEY_BLOCK) {
+        int64_t n = k1 - b0 < KEY_BLOCK ? k1 - b0 : KEY_BLOCK;
+        for (int64_t t = 0; t < n; t++) {
+            row[t] = ((int64_t)pages[pi] * page_size + off) * nkv * d + hk * d;
+            if (++off == page_size) off = 0, pi++;
+        }
+        for (int64_t t = 0; t < n; t++) {
+            const bf16 *k = kc + row[t];
+            __m512bh kv[4];
+            for (int64_t c = 0; c < nv; c++) kv[c] = (__m512bh)_mm512_loadu_si512(k + c * 32);
+            for (int64_t j = 0; j < g; j++) {
+                __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[j][0], kv[0]);
+                for (int64_t c = 1; c < nv; c++) a = _mm512_dpbf16_ps(a, qv[j][c], kv[c]);
+                s[j * KEY_BLOCK + t] = _mm512_reduce_add_ps(a) * scale;
+            }
+        }
+        for (int64_t j = 0; j < g; j++) {
+            float mx = m[j], lj = 0.f, *sj = s + j * KEY_BLOCK;
+            for (int64_t t = 0; t < n; t++) mx = fmaxf(mx, sj[t]);
+            float c = expf(m[j] - mx);
+            for (int64_t i = 0; i < d; i++) acc[j * d + i] *= c;
+#pragma omp simd reduction(+ : lj)
+            for (int64_t t = 0; t < n; t++) {
+                float p = vexp(sj[t] - mx);
+                sj[t] = p;
+                lj += p;
+            }
+            l[j] = l[j] * c + lj;
+            m[j] = mx;
+        }
+        for (int64_t t = 0; t < n; t++) {
+            const bf16 *v = vc + row[t];
+            __m512 vf[8];
+            for (int64_t c = 0; c < nf; c++)
+                vf[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + c * 16))), 16));
+            for (int64_t j = 0; j < g; j++) {
+                __m512 p = _mm512_set1_ps(s[j * KEY_BLOCK + t]);
+                float *a = acc + j * d;
+                for (int64_t c = 0; c < nf; c++)
+                    _mm512_storeu_ps(a + c * 16, _mm512_fmadd_ps(p, vf[c], _mm512_loadu_ps(a + c * 16)));
+            }
+        }
+    }
+    return 1;
+}
+#else
+static int attend_fast_bf16(const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *pages,
+                            int64_t page_size, int64_t nkv, int64_t hk, int64_t g, int64_t d, float scale,
+                            int64_t k0, int64_t k1, float *m, float *l, float *acc) {
+    return 0;
+}
+#endif
+static int attend_fast_f32(const float *q, const float *kc, const float *vc, const int32_t *pages,
+                           int64_t page_size, int64_t nkv, int64_t hk, int64_t g, int64_t d, float scale,
+                           int64_t k0, int64_t k1, float *m, float *l, float *acc) {
+    return 0; /* fp32 keys: the portable loop already multiplies them as they are stored */
 }
 
 static inline float ld_f(float x) { return x; }
