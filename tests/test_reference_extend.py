@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from kernels import cpu_matmul_attention, reference
 
 
 def masked_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -76,3 +76,16 @@ def test_both_strategies_agree(monkeypatch: pytest.MonkeyPatch, pad_limit: int) 
     monkeypatch.setattr(reference, "_PAD_LIMIT", pad_limit)
     got, expected = run_case([24, 90], [17, 64], torch.float32, hq=4, hkv=4)
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_rows", [6, 384])
+@pytest.mark.parametrize(("prefixes", "q_lens"), [*CASES, ([0], [37]), ([300], [250])])
+def test_bf16_matmul_path_close_to_fp64(
+    monkeypatch: pytest.MonkeyPatch, prefixes: list[int], q_lens: list[int], block_rows: int
+) -> None:
+    """The bf16 GEMM path (forced for every size; small blocks split a chunk's causal corner)."""
+    monkeypatch.setattr(reference, "_MATMUL_MIN_PAIRS", 0)
+    monkeypatch.setattr(cpu_matmul_attention, "BLOCK_ROWS", block_rows)
+    got, expected = run_case(prefixes, q_lens, torch.bfloat16, hq=6, hkv=2)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), expected, atol=3e-2, rtol=3e-2)
