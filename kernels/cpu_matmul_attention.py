@@ -29,7 +29,7 @@ BLOCK_SCORES = 1 << 20
 def matmul_extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Lq, Hq, D], k/v [Hkv, Lk, D] contiguous (the new tokens are the last Lq keys) -> [Lq, Hq, D].
 
-    Bottom-right causal: query i sees keys 0 .. Lk - Lq + i.  The result is a strided view.
+    Bottom-right causal: query i sees keys 0 .. Lk - Lq + i.
     """
     lq, hq, d = q.shape
     hkv, lk, _ = k.shape

@@ -28,19 +28,22 @@ _SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
 
+/* Only the kernel is built for AVX512: kv_supported must run on any x86-64 CPU. */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
 int kv_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
         && __builtin_cpu_supports("avx512bf16");
 }
 
-static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
+AVX512 static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 /* exp(x) for x <= 0: 2^(x log2 e) = 2^n 2^f, |f| <= 1/2, 2^f by Taylor to degree 5. */
-static inline __m512 exp_neg(__m512 x) {
+AVX512 static inline __m512 exp_neg(__m512 x) {
     __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-100.f)), _mm512_set1_ps(1.4426950408889634f));
     __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(t, n);
@@ -54,7 +57,7 @@ static inline __m512 exp_neg(__m512 x) {
 }
 
 /* Row r of s [rows, ld] sees columns < min(cols, prefix + (row0 + r) / g + 1); the rest become 0. */
-void kv_softmax_rows(uint16_t *s, float *sums, int64_t rows, int64_t ld, int64_t cols,
+AVX512 void kv_softmax_rows(uint16_t *s, float *sums, int64_t rows, int64_t ld, int64_t cols,
                      int64_t prefix, int64_t row0, int64_t g) {
     #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
@@ -79,7 +82,7 @@ void kv_softmax_rows(uint16_t *s, float *sums, int64_t rows, int64_t ld, int64_t
     }
 }
 """
-_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+_FLAGS = ["-O3", "-shared", "-fPIC", "-fopenmp"]
 
 
 def _cache_dir() -> Path:
