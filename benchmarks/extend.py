@@ -10,7 +10,7 @@ prompt is itself a chain of extends), once per dtype.  The FLOP model counts the
 token, the LM head once) and attention (4 x layers x heads x head_dim per visible query-key pair, causal
 within the new tokens); ``measured / model`` within 1.1x is the target for ``cached / cold_n``.
 
-``--baseline`` also runs the previous extend path (sdpa with a boolean mask over prefix + chunk), same
+``--baseline`` also runs the previous extend path (CPU flash in bf16 too, ``previous_extend``), same
 run, for the before/after of cold 2K/4K prefills.  ``--contention`` repeats a cached-vs-cold pair
 with a second CPU-bound process on the machine.
 """
@@ -37,25 +37,17 @@ def flops(cfg, new: int, before: int) -> float:
 
 
 @contextlib.contextmanager
-def masked_extend():
-    """The extend path before this change: one sdpa over prefix + chunk with a boolean mask."""
-    import torch
-    import torch.nn.functional as F
-
+def previous_extend():
+    """The extend path before the bf16 GEMM kernel: CPU flash for both dtypes (prefix mask-free and
+    chunk causal, merged by log-sum-exp; short prefixes padded into one causal call)."""
     from kernels import reference
 
-    def old(qt, kt, vt, scale, prefix):
-        lq, lk = qt.shape[2], kt.shape[2]
-        mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + prefix
-        gqa = qt.shape[1] != kt.shape[1]
-        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)
-
-    saved = reference._attend_cpu_extend
-    reference._attend_cpu_extend = old
+    saved = reference._MATMUL_MIN_PAIRS
+    reference._MATMUL_MIN_PAIRS = sys.maxsize
     try:
         yield
     finally:
-        reference._attend_cpu_extend = saved
+        reference._MATMUL_MIN_PAIRS = saved
 
 
 class Runs:
@@ -123,17 +115,17 @@ def grid(args: argparse.Namespace, runs: dict[str, Runs], n_reps: int) -> list[d
 
 
 def cold_before_after(args: argparse.Namespace, runs: dict[str, Runs], n_reps: int) -> list[dict]:
-    """Cold 2K/4K prefills with the new and the previous (masked) extend path, rounds interleaved."""
+    """Cold 2K/4K prefills with the new and the previous extend path, rounds interleaved."""
     times: dict[tuple, list[float]] = {}
     for _ in range(n_reps):
         for n in args.cold:
             for dt, run in runs.items():
                 times.setdefault((dt, n, "new"), []).append(run.cold(n)[0])
-                with masked_extend():
-                    times.setdefault((dt, n, "masked"), []).append(run.cold(n)[0])
+                with previous_extend():
+                    times.setdefault((dt, n, "before"), []).append(run.cold(n)[0])
     return [{"dtype": dt, "tokens": n, "new_s": median(times[(dt, n, "new")]),
-             "masked_s": median(times[(dt, n, "masked")]),
-             "new_over_masked": median(times[(dt, n, "new")]) / median(times[(dt, n, "masked")])}
+             "before_s": median(times[(dt, n, "before")]),
+             "new_over_before": median(times[(dt, n, "new")]) / median(times[(dt, n, "before")])}
             for dt in runs for n in args.cold]  # fmt: skip
 
 
@@ -179,7 +171,7 @@ def run(args: argparse.Namespace) -> dict:
     out["within_target"] = all(p["vs_model_n"] <= RATIO_TARGET for p in pts)
     if args.baseline:
         out["cold_before_after"] = cold_before_after(args, runs, n_reps)
-        print(format_table(["dtype", "tokens", "new s", "masked s", "new/masked"],
+        print(format_table(["dtype", "tokens", "new s", "before s", "new/before"],
                            [tuple(r.values()) for r in out["cold_before_after"]]))  # fmt: skip
     if args.contention:
         out["contention"] = contention(args, runs, n_reps)
@@ -192,7 +184,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new", default="300,1000,2000", help="new token counts N")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--cold", default="2048,4096", help="cold prefill lengths for --baseline")
-    p.add_argument("--baseline", action="store_true", help="also time cold prefills on the masked path")
+    p.add_argument("--baseline", action="store_true", help="also time cold prefills on the previous path")
     p.add_argument("--contention", action="store_true", help="also cached vs cold beside a busy process")
     p.add_argument("--kv-cache-memory", default="1G")
     args = p.parse_args(argv)

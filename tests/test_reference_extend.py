@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from kernels import cpu_matmul_attention, cpu_softmax, reference
 
 
 def masked_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -76,3 +76,37 @@ def test_both_strategies_agree(monkeypatch: pytest.MonkeyPatch, pad_limit: int) 
     monkeypatch.setattr(reference, "_PAD_LIMIT", pad_limit)
     got, expected = run_case([24, 90], [17, 64], torch.float32, hq=4, hkv=4)
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("softmax", ["c", "torch"])
+@pytest.mark.parametrize("block_rows", [6, 384])
+@pytest.mark.parametrize(("prefixes", "q_lens"), [*CASES, ([0], [37]), ([300], [250])])
+def test_bf16_matmul_path_close_to_fp64(
+    monkeypatch: pytest.MonkeyPatch, prefixes: list[int], q_lens: list[int], block_rows: int, softmax: str
+) -> None:
+    """The bf16 GEMM path (forced for every size; small blocks split a chunk's causal corner), with
+    the C softmax kernel and with its torch fallback."""
+    if softmax == "c" and cpu_softmax.load() is None:
+        pytest.skip("the C softmax kernel does not build or this CPU lacks AVX512-BF16")
+    if softmax == "torch":
+        monkeypatch.setattr(cpu_softmax, "load", lambda: None)
+    monkeypatch.setattr(reference, "_MATMUL_MIN_PAIRS", 0)
+    monkeypatch.setattr(cpu_matmul_attention, "BLOCK_ROWS", block_rows)
+    got, expected = run_case(prefixes, q_lens, torch.bfloat16, hq=6, hkv=2)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_c_softmax_rows_match_torch() -> None:
+    """The C kernel row by row: unnormalised exp / row sum == softmax over each row's visible keys."""
+    lib = cpu_softmax.load()
+    if lib is None:
+        pytest.skip("the C softmax kernel does not build or this CPU lacks AVX512-BF16")
+    gen = torch.Generator().manual_seed(3)
+    prefix, row0, group, rows, cols = 30, 4, 3, 40, 45
+    s = (torch.randn(rows, cols + 5, generator=gen) * 4).to(torch.bfloat16)[:, :cols]  # rows strided
+    visible = torch.arange(cols)[None, :] < prefix + (row0 + torch.arange(rows)[:, None]) // group + 1
+    expected = s.float().masked_fill(~visible, float("-inf")).softmax(-1)
+    sums = cpu_softmax.softmax_rows_(lib, s, prefix, row0, group)
+    torch.testing.assert_close(s.float() / sums, expected, atol=2e-3, rtol=1e-2)
+    assert bool((s[~visible] == 0).all())
