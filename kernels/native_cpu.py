@@ -1,32 +1,19 @@
-"""The fused CPU decode kernels of ``kernels/cpu/decode_ops.c``: built once per machine, called via ctypes.
-
-Why C and ctypes rather than a torch C++ extension: the source needs no torch headers, so the
-machine's C compiler builds it in about a second (a torch extension takes a minute), and a ctypes
-call costs ~2 us, a tenth of the chain of torch ops it replaces.  The library links the OpenMP
-runtime torch already loaded (same soname), so it shares torch's threads and thread count.
+"""The fused CPU decode kernels of ``kernels/cpu/decode_ops.c`` (built by ``kernels/cpu_build.py``).
 
 :func:`load` returns ``None`` where there is no compiler or the build fails; every caller then keeps
 its torch path, which is also the oracle the kernels are tested against (``tests/test_native_cpu.py``).
-The build goes to ``$KVREUSE_CACHE`` (default ``~/.cache/kvreuse``)``/native/``, keyed by the
-source, the compiler and the CPU, so a changed file or another machine never loads a stale build.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from kernels.cpu_build import compile_library
+
 SOURCE = Path(__file__).with_name("cpu") / "decode_ops.c"
-# -ffp-contract=off: no fused multiply-adds, so elementwise results round where torch's do
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=c11"]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -36,40 +23,6 @@ _SIGNATURES = {
     "q8_linear": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
     "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P]),
 }
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("KVREUSE_CACHE", Path.home() / ".cache" / "kvreuse")) / "native"
-
-
-def _cpu_id() -> str:
-    try:
-        flags = next(
-            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-        )
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return flags
-
-
-def _build(cc: str) -> Path:
-    src = SOURCE.read_bytes()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256(src + " ".join(FLAGS).encode() + version.encode() + _cpu_id().encode()).hexdigest()
-    target = _cache_dir() / f"decode_ops-{key[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # build beside the target and rename: concurrent processes never load a half-written library
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
-    os.close(fd)
-    try:
-        subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, check=True)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 class NativeOps:
@@ -148,12 +101,5 @@ class NativeOps:
 
 def load() -> NativeOps | None:
     """The kernels for this machine, or ``None`` (no C compiler, a failed build, ``KVREUSE_NATIVE=0``)."""
-    if os.environ.get("KVREUSE_NATIVE", "1") == "0":
-        return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    try:
-        return NativeOps(ctypes.CDLL(str(_build(cc))))
-    except (OSError, subprocess.CalledProcessError, AttributeError):
-        return None
+    lib = compile_library(SOURCE)
+    return None if lib is None else NativeOps(lib)
