@@ -41,7 +41,10 @@ def _cpu_id() -> str:
 
 def _build(cc: str, source: Path) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256(source.read_bytes() + " ".join(FLAGS + [version, _cpu_id()]).encode()).hexdigest()
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what it includes
+    key = hashlib.sha256(
+        source.read_bytes() + headers + " ".join(FLAGS + [version, _cpu_id()]).encode()
+    ).hexdigest()
     target = _cache_dir() / f"{source.stem}-{key[:16]}.so"
     if target.exists():
         return target

@@ -1,4 +1,4 @@
-"""The fused CPU decode kernels of ``kernels/cpu/decode_ops.c`` (built by ``kernels/cpu_build.py``).
+"""The fused CPU decode kernels of ``kernels/cpu/decode_ops.c`` and ``q8_linear.c`` (built by ``kernels/cpu_build.py``).
 
 :func:`load` returns ``None`` where there is no compiler or the build fails; every caller then keeps
 its torch path, which is also the oracle the kernels are tested against (``tests/test_native_cpu.py``).
@@ -13,7 +13,7 @@ import torch
 
 from kernels.cpu_build import compile_library
 
-SOURCE = Path(__file__).with_name("cpu") / "decode_ops.c"
+SOURCES = [Path(__file__).with_name("cpu") / f for f in ("decode_ops.c", "q8_linear.c")]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -28,12 +28,11 @@ _SIGNATURES = {
 class NativeOps:
     """Typed entry points of the loaded library, one per (kernel, dtype)."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
+    def __init__(self, libs: list[ctypes.CDLL]) -> None:
         self.fns: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
         for name, (res, argtypes) in _SIGNATURES.items():
             for dtype, suf in _SUFFIX.items():
-                fn = getattr(lib, f"{name}_{suf}")
+                fn = next(getattr(lib, f"{name}_{suf}") for lib in libs if hasattr(lib, f"{name}_{suf}"))
                 fn.restype, fn.argtypes = res, argtypes
                 self.fns[name, dtype] = fn
 
@@ -101,5 +100,5 @@ class NativeOps:
 
 def load() -> NativeOps | None:
     """The kernels for this machine, or ``None`` (no C compiler, a failed build, ``KVREUSE_NATIVE=0``)."""
-    lib = compile_library(SOURCE)
-    return None if lib is None else NativeOps(lib)
+    libs = [compile_library(src) for src in SOURCES]
+    return None if any(lib is None for lib in libs) else NativeOps(libs)

@@ -13,44 +13,7 @@
  * Layouts (see kernels/reference.py): caches [num_slots, Hkv, D]; page_table [B, stride] int32;
  * seq_lens [B] int32 (keys including the new token); slot_mapping [B] int64.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-typedef uint16_t bf16;
-
-static inline float bf2f(bf16 x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline bf16 f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
-    return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* the round trip torch makes when an op returns a bf16 tensor (identity in fp32) */
-static inline float rnd_bf(float f) { return bf2f(f2bf(f)); }
-static inline float rnd_f(float f) { return f; }
-
-/* exp for the softmax, written so that `omp simd` loops vectorise it (libm's expf stays scalar
- * without -ffast-math): 2^n * e^r with |r| <= ln2/2 and a degree-6 Taylor polynomial, ~2 ulp.  */
-static inline float vexp(float x) {
-    x = x < -87.f ? -87.f : (x > 88.f ? 88.f : x); /* e^-87 ~ 1.6e-38 counts as 0; e^88 ~ FLT_MAX */
-    float n = floorf(x * 1.44269504f + 0.5f);
-    float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    float p = 1.f + r * (1.f + r * (0.5f + r * (0.16666667f + r * (0.041666668f + r * (0.008333334f
-                  + r * 0.0013888889f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
+#include "common.h"
 
 #define KEY_BLOCK 64  /* keys scored at once: the online softmax rescales once a block */
 #define SPLIT_KEYS 512 /* keys per work item: lets 2 threads share one sequence's heads */
@@ -246,85 +209,6 @@ int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *v
     return 0;                                                                                        \
 }
 
-/* The Q8_0 linear (the LM head) multiplies as llama.cpp does: each activation row is quantized to
- * int8 per block of 32 (scale max|x| / 127, its Q8_0), and a block's 32 products are one integer dot
- * product (AVX-512 VNNI vpdpbusd: 4 products a lane), scaled once.  SmolLM2's 49152 x 576 head: 1.1 ms
- * a row on 2 threads, where oneDNN's packed bf16 head takes 3.4 ms and a float dot product of the
- * codes 2.8 ms.  */
-static void quantize_rows_q8(const float *x, int64_t blocks, int8_t *xq, float *dx) {
-    for (int64_t g = 0; g < blocks; g++) {
-        const float *xb = x + g * 32;
-        float amax = 0.f;
-        for (int64_t i = 0; i < 32; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
-        float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        for (int64_t i = 0; i < 32; i++) xq[g * 32 + i] = (int8_t)nearbyintf(xb[i] * id);
-        dx[g] = d;
-    }
-}
-
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#include <immintrin.h>
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* signed x signed through vpdpbusd (unsigned x signed): |c| times x carrying c's sign */
-static inline __m256i q8_dot(const int8_t *c, const int8_t *x) {
-    __m256i cv = _mm256_loadu_si256((const __m256i *)c), xv = _mm256_loadu_si256((const __m256i *)x);
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(cv), _mm256_sign_epi8(xv, cv));
-}
-
-static inline float q8_row(const int8_t *c, const float *sc, const int8_t *xq, const float *dx, int64_t nb) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b] * dx[b]), _mm256_cvtepi32_ps(q8_dot(c + b * 32, xq + b * 32)), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b + 1] * dx[b + 1]),
-                             _mm256_cvtepi32_ps(q8_dot(c + b * 32 + 32, xq + b * 32 + 32)), a1);
-    }
-    if (b < nb)
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(sc[b] * dx[b]), _mm256_cvtepi32_ps(q8_dot(c + b * 32, xq + b * 32)), a0);
-    return hsum8(_mm256_add_ps(a0, a1));
-}
-#else
-static inline float q8_row(const int8_t *c, const float *sc, const int8_t *xq, const float *dx, int64_t nb) {
-    float acc = 0.f;
-    for (int64_t b = 0; b < nb; b++) {
-        int32_t d = 0;
-        for (int64_t i = 0; i < 32; i++) d += c[b * 32 + i] * xq[b * 32 + i];
-        acc += sc[b] * dx[b] * (float)d;
-    }
-    return acc;
-}
-#endif
-
-/* y[r, :] = x[r, :] W^T, W[o, 32 b + i] = codes[o, 32 b + i] * scales[o, b]; the rows are converted
- * and quantized once, then each thread runs its range of outputs, reading each weight row once for
- * all rows (a decode batch).  */
-#define DEFINE_Q8(SUF, T, LD, ST)                                                                    \
-int q8_linear_##SUF(const T *x, int64_t rows, const int8_t *codes, const float *scales, int64_t n,  \
-                    int64_t k, T *y) {                                                               \
-    int64_t nb = k / 32;                                                                             \
-    float *xf = malloc((rows * k + rows * nb) * sizeof(float));                                      \
-    int8_t *xq = malloc(rows * k);                                                                   \
-    if (!xf || !xq) {                                                                                \
-        free(xf), free(xq);                                                                          \
-        return -2;                                                                                   \
-    }                                                                                                \
-    float *dx = xf + rows * k;                                                                       \
-    for (int64_t i = 0; i < rows * k; i++) xf[i] = LD(x[i]);                                         \
-    quantize_rows_q8(xf, rows * nb, xq, dx);                                                         \
-    _Pragma("omp parallel for schedule(static)")                                                     \
-    for (int64_t o = 0; o < n; o++)                                                                  \
-        for (int64_t r = 0; r < rows; r++)                                                           \
-            y[r * n + o] = ST(q8_row(codes + o * k, scales + o * nb, xq + r * k, dx + r * nb, nb));  \
-    free(xf), free(xq);                                                                              \
-    return 0;                                                                                        \
-}
-
-
 /* bf16 decode attention with AVX512-BF16 (vdpbf16ps: 32 bf16 products a lane pair, fp32 sums): the
  * q k^T dot products read the keys as they are stored, without converting them; p v stays fp32.
  * Same contract as attend_part.  Returns 0 where it does not apply (the caller's loop runs).  */
@@ -401,10 +285,5 @@ static int attend_fast_f32(const float *q, const float *kc, const float *vc, con
     return 0; /* fp32 keys: the portable loop already multiplies them as they are stored */
 }
 
-static inline float ld_f(float x) { return x; }
-static inline float st_f(float x) { return x; }
-
 DEFINE_OPS(f32, float, ld_f, st_f, rnd_f)
 DEFINE_OPS(bf16, bf16, bf2f, f2bf, rnd_bf)
-DEFINE_Q8(f32, float, ld_f, st_f)
-DEFINE_Q8(bf16, bf16, bf2f, f2bf)

@@ -3,7 +3,7 @@
 The head of a small model is the largest single matmul of a decode step: SmolLM2-135M's tied
 49152 x 576 head is 56 MB in bf16 (3.4 ms of a ~13 ms step on 2 threads), 30 MB as the GGUF's own
 Q8_0 blocks.  Unlike torch's per-row int8 kernel (no faster than packed bf16 here), the fused CPU
-kernel ``q8_linear`` (``kernels/cpu/decode_ops.c``) reads those blocks as they are, so the codes and
+kernel ``q8_linear`` (``kernels/cpu/q8_linear.c``) reads those blocks as they are, so the codes and
 scales are the file's exactly.  Many rows (prompt scoring) dequantize once and multiply densely.
 """
 
