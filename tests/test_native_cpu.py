@@ -144,12 +144,17 @@ def test_q8_linear_error_is_within_the_activation_rounding_bound(ops, dtype) -> 
     assert float((got - want).abs().max()) > 0  # it does quantize: a float kernel would give ~0
 
 
-def test_fused_decode_engine_matches_the_reference_backend(ops, tmp_path) -> None:
+def test_fused_decode_engine_matches_the_reference_backend(ops, tmp_path, monkeypatch) -> None:
     """Whole decode steps: the fused path and the torch path give the same greedy tokens and close
     logprobs on a tiny Qwen3 (q/k norm) with batched streams."""
+    import runtime.models.decoder as decoder
     from runtime.engine import Engine
     from runtime.sampling import SamplingParams
     from tests.helpers import make_tiny_model
+
+    fused_calls = []
+    real = decoder.fused_decode_layer
+    monkeypatch.setattr(decoder, "fused_decode_layer", lambda *a: fused_calls.append(1) or real(*a))
 
     path = make_tiny_model(tmp_path / "m", arch="qwen3", vocab=512, seed=3)
     prompts = [[5, 9, 17, 33, 2 + i] * (3 + 7 * i) for i in range(3)]
@@ -159,8 +164,10 @@ def test_fused_decode_engine_matches_the_reference_backend(ops, tmp_path) -> Non
         e = Engine(
             model_dir=str(path), dtype="float32", device="cpu", num_pages=64, attention_backend=backend
         )
+        before = len(fused_calls)
         outs[backend] = e.generate(prompts, params)
         assert e.attention_backend == backend
+        assert (len(fused_calls) > before) == (backend == "cpu")  # the fused layers really ran
     for a, b in zip(outs["reference"], outs["cpu"]):
         assert a.output_token_ids == b.output_token_ids
         la = torch.tensor([entry[1][0] for entry in a.logprobs])  # (token, (logprob, top))

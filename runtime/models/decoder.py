@@ -159,7 +159,7 @@ class CausalLM(nn.Module):
         ctx = StepContext(fb, cos, sin, backend, plan)
         h = self.embed_tokens(fb.input_ids)
         run_layer = DecoderLayer.forward
-        if fb.is_decode and fusable(backend.fused, h, self.layers[0], kv_layers[0][0]):
+        if fb.is_decode and fusable(backend.fused, h, self.layers[0], kv_layers[0][0], cos):
             run_layer = fused_decode_layer
         elif fb.is_decode and self.decode_layer is not None:
             run_layer = self.decode_layer

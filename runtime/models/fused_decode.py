@@ -22,12 +22,16 @@ from kernels.native_cpu import NativeOps
 from runtime.models.layers import GatedMLP
 
 
-def fusable(ops: NativeOps | None, h: torch.Tensor, layer: torch.nn.Module, k_cache: torch.Tensor) -> bool:
+def fusable(
+    ops: NativeOps | None, h: torch.Tensor, layer: torch.nn.Module, k_cache: torch.Tensor, cos: torch.Tensor
+) -> bool:
     """Whether a decode step can take the fused path (checked once a step, on the first layer)."""
     attn = layer.self_attn
     return (
         ops is not None
         and ops.supports(h)
+        and cos.dtype == torch.float32  # the kernels read the rope tables as fp32 rows of head_dim / 2
+        and cos.shape[-1] * 2 == attn.hd
         and k_cache.dtype == h.dtype
         and layer.input_layernorm.weight.dtype == h.dtype
         and attn.hd <= 256
