@@ -28,15 +28,15 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
     """``auto`` picks Triton on CUDA when importable, the fused kernels on CPU when they build, else the
     torch reference."""
     device = torch.device(device)
+    ops = _native_ops() if device.type == "cpu" and name in ("auto", "cpu") else None
     if name == "auto":
         if device.type == "cuda":
             name = "triton" if _triton_available() else "reference"
         else:
-            name = "cpu" if device.type == "cpu" and _native_ops() is not None else "reference"
+            name = "cpu" if ops is not None else "reference"
     if name == "cpu":
         from kernels import reference as r
 
-        ops = _native_ops() if device.type == "cpu" else None
         if ops is None:
             raise ValueError("attention backend 'cpu' needs a CPU device and a C compiler (cc/gcc)")
         return AttentionBackend("cpu", r.store_kv, r.extend_attention, ops.paged_decode_attention, None, ops)

@@ -14,6 +14,7 @@ be built or the CPU lacks AVX512-BF16, ``load()`` returns None and the caller st
 from __future__ import annotations
 
 import ctypes
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from kernels.cpu_build import compile_library
 SOURCE = Path(__file__).with_name("cpu") / "softmax_rows.c"
 
 
+@cache  # called by every bf16 extend attention call: configure the library once, not per call
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None (no compiler, a failed build, or no AVX512-BF16 on this CPU)."""
     lib = compile_library(SOURCE)
