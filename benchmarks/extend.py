@@ -10,8 +10,8 @@ prompt is itself a chain of extends), once per dtype.  The FLOP model counts the
 token, the LM head once) and attention (4 x layers x heads x head_dim per visible query-key pair, causal
 within the new tokens); ``measured / model`` within 1.1x is the target for ``cached / cold_n``.
 
-``--baseline`` also runs the previous extend path (CPU flash in bf16 too, ``previous_extend``), same
-run, for the before/after of cold 2K/4K prefills.  ``--contention`` repeats a cached-vs-cold pair
+``--baseline`` also runs the previous extend path (bf16 attention from library GEMMs,
+``previous_extend``), same run, for the before/after of cold 2K/4K prefills.  ``--contention`` repeats a cached-vs-cold pair
 with a second CPU-bound process on the machine.
 """
 
@@ -37,17 +37,24 @@ def flops(cfg, new: int, before: int) -> float:
 
 
 @contextlib.contextmanager
-def previous_extend():
-    """The extend path before the bf16 GEMM kernel: CPU flash for both dtypes (prefix mask-free and
-    chunk causal, merged by log-sum-exp; short prefixes padded into one causal call)."""
+def previous_extend(engine, before: str = "gemm"):
+    """An earlier extend path on ``engine``'s CPU backend, for a before/after in one run.
+
+    ``gemm``: bf16 from oneDNN GEMMs plus the C row softmax (``kernels/cpu_matmul_attention.py``, the
+    path before the flash kernel of ``kernels/cpu/extend_attention.c``); ``flash``: CPU flash for both
+    dtypes (prefix mask-free and chunk causal, merged by log-sum-exp), the path before the GEMMs.
+    fp32 is the same ``kernels.reference`` path in all three."""
     from kernels import reference
 
-    saved = reference._MATMUL_MIN_PAIRS
-    reference._MATMUL_MIN_PAIRS = sys.maxsize
+    runner = engine.runner
+    saved, saved_pairs = runner.backend, reference._MATMUL_MIN_PAIRS
+    runner.backend = saved._replace(extend_attention=reference.extend_attention)
+    if before == "flash":
+        reference._MATMUL_MIN_PAIRS = sys.maxsize
     try:
         yield
     finally:
-        reference._MATMUL_MIN_PAIRS = saved
+        runner.backend, reference._MATMUL_MIN_PAIRS = saved, saved_pairs
 
 
 class Runs:
@@ -121,7 +128,7 @@ def cold_before_after(args: argparse.Namespace, runs: dict[str, Runs], n_reps: i
         for n in args.cold:
             for dt, run in runs.items():
                 times.setdefault((dt, n, "new"), []).append(run.cold(n)[0])
-                with previous_extend():
+                with previous_extend(run.engine):
                     times.setdefault((dt, n, "before"), []).append(run.cold(n)[0])
     return [{"dtype": dt, "tokens": n, "new_s": median(times[(dt, n, "new")]),
              "before_s": median(times[(dt, n, "before")]),

@@ -39,7 +39,9 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
 
         if ops is None:
             raise ValueError("attention backend 'cpu' needs a CPU device and a C compiler (cc/gcc)")
-        return AttentionBackend("cpu", r.store_kv, r.extend_attention, ops.paged_decode_attention, None, ops)
+        return AttentionBackend(
+            "cpu", r.store_kv, ops.extend_attention, ops.paged_decode_attention, None, ops
+        )
     if name == "reference":
         from kernels import reference as r
 

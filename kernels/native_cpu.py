@@ -1,4 +1,5 @@
-"""The fused CPU decode kernels of ``kernels/cpu/decode_ops.c`` and ``q8_linear.c`` (built by ``kernels/cpu_build.py``).
+"""The CPU kernels of ``kernels/cpu/``: fused decode ops (``decode_ops.c``), the Q8_0 linear
+(``q8_linear.c``) and bf16 extend attention (``extend_attention.c``), built by ``kernels/cpu_build.py``.
 
 :func:`load` returns ``None`` where there is no compiler or the build fails; every caller then keeps
 its torch path, which is also the oracle the kernels are tested against (``tests/test_native_cpu.py``).
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import torch
 
+from kernels import reference
 from kernels.cpu_build import compile_library
 
-SOURCES = [Path(__file__).with_name("cpu") / f for f in ("decode_ops.c", "q8_linear.c")]
+SOURCES = [Path(__file__).with_name("cpu") / f for f in ("decode_ops.c", "q8_linear.c", "extend_attention.c")]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -35,6 +37,12 @@ class NativeOps:
                 fn = next(getattr(lib, f"{name}_{suf}") for lib in libs if hasattr(lib, f"{name}_{suf}"))
                 fn.restype, fn.argtypes = res, argtypes
                 self.fns[name, dtype] = fn
+        ext = next(lib for lib in libs if hasattr(lib, "extend_attention_bf16"))
+        # built without AVX512-BF16 (another CPU): bf16 extends stay on the reference's GEMM path
+        self.extend_bf16 = ext.extend_attention_bf16 if ext.extend_supported() else None
+        if self.extend_bf16 is not None:
+            self.extend_bf16.restype = ctypes.c_int
+            self.extend_bf16.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _P]
 
     def supports(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and t.dtype in _SUFFIX
@@ -96,6 +104,30 @@ class NativeOps:
         """The backend's ``decode_attention`` signature (``plan`` unused: pages are read in place)."""
         return self.decode_attention(q.contiguous(), k_cache, v_cache, page_table.contiguous(),
                                      seq_lens_k.contiguous(), scale)  # fmt: skip
+
+    def extend_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor,
+                         scale: float) -> torch.Tensor:  # fmt: skip
+        """The backend's ``extend_attention``: bf16 through the flash kernel (pages read in place), other
+        dtypes and head sizes (``head_dim % 64``) through ``kernels.reference``."""
+        nh, d = q.shape[1:]
+        if (self.extend_bf16 is None or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
+                or d % 64 or d > 256 or q.stride(2) != 1 or q.stride(1) != d):  # fmt: skip
+            return reference.extend_attention(
+                q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, scale
+            )
+        out = q.new_empty(q.shape[0], nh, d)
+        table = page_table.to(torch.int32).contiguous()
+        cu = cu_seqlens_q.to(torch.int32).contiguous()
+        lens = seq_lens_k.to(torch.int32).contiguous()
+        rc = self.extend_bf16(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(),
+                              table.stride(0), cu.data_ptr(), lens.data_ptr(), lens.shape[0], nh,
+                              k_cache.shape[-2], d, k_cache.shape[1], scale, out.data_ptr())  # fmt: skip
+        if rc == -2:
+            raise MemoryError("extend_attention: out of memory")
+        if rc != 0:
+            raise ValueError(f"extend_attention: unsupported shape (heads {nh}, head_dim {d})")
+        return out
 
 
 def load() -> NativeOps | None:
