@@ -1,8 +1,9 @@
 """Attention kernels over the paged KV pool, chosen by device.
 
 ``reference`` (pure torch) runs everywhere and is the oracle; ``triton`` runs on CUDA; ``cpu`` is the
-reference plus the fused decode kernels of ``kernels/native_cpu.py`` (built with the machine's C
-compiler; ``auto`` falls back to ``reference`` where they cannot be built).
+reference plus the C kernels of ``kernels/native_cpu.py``: fused decode layers and paged decode
+attention, and bf16 extend attention as a flash kernel (built with the machine's C compiler; ``auto``
+falls back to ``reference`` where they cannot be built).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""bf16 extend attention on CPU from library GEMMs (oneDNN's avx512_bf16 kernels).
+"""bf16 extend attention on CPU from library GEMMs (oneDNN's avx512_bf16 kernels): the ``reference``
+backend's bf16 path (the ``cpu`` backend's is the flash kernel ``kernels/cpu/extend_attention.c``,
+~1.4x this rate: it keeps the scores in L1 and does the softmax between the two products).
 
 Without AMX, CPU flash attention gains nothing in bf16 (its small per-block GEMMs run no faster
 than fp32), while a bf16 ``mm`` runs at about twice the fp32 rate.  So for bf16 the new tokens'

@@ -1,5 +1,6 @@
 """The CPU kernels of ``kernels/cpu/``: fused decode ops (``decode_ops.c``), the Q8_0 linear
-(``q8_linear.c``) and bf16 extend attention (``extend_attention.c``), built by ``kernels/cpu_build.py``.
+(``q8_linear.c``), bf16 extend attention (``extend_attention.c``) and the quantized linears' weight
+dequantization for prefill (``dequant.c``), built by ``kernels/cpu_build.py``.
 
 :func:`load` returns ``None`` where there is no compiler or the build fails; every caller then keeps
 its torch path, which is also the oracle the kernels are tested against (``tests/test_native_cpu.py``).
@@ -15,7 +16,10 @@ import torch
 from kernels import reference
 from kernels.cpu_build import compile_library
 
-SOURCES = [Path(__file__).with_name("cpu") / f for f in ("decode_ops.c", "q8_linear.c", "extend_attention.c")]
+SOURCES = [
+    Path(__file__).with_name("cpu") / f
+    for f in ("decode_ops.c", "q8_linear.c", "extend_attention.c", "dequant.c")
+]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -24,6 +28,8 @@ _SIGNATURES = {
     "rope_store": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P]),
     "q8_linear": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
     "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P]),
+    "dequant_int4": (None, [_P, _P, _P, _I, _I, _P]),
+    "dequant_int8": (None, [_P, _P, _I, _I, _P]),
 }
 
 
@@ -83,6 +89,20 @@ class NativeOps:
         if rc != 0:
             raise MemoryError("q8_linear: out of memory")
         return y
+
+    def dequantize(
+        self, codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor | None, out: torch.Tensor
+    ) -> None:
+        """``QuantLinear``'s weight into ``out [n, k]`` (fp32 or bf16), rounded as its torch ops round:
+        int4 when ``low`` is given (codes two a byte per group of 32), else int8 rows."""
+        n, k = out.shape
+        assert codes.is_contiguous() and scale.is_contiguous() and out.is_contiguous()
+        if low is None:
+            self.fns["dequant_int8", out.dtype](codes.data_ptr(), scale.data_ptr(), n, k, out.data_ptr())
+        else:
+            assert low.is_contiguous()
+            fn = self.fns["dequant_int4", out.dtype]
+            fn(codes.data_ptr(), scale.data_ptr(), low.data_ptr(), n, k, out.data_ptr())
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip

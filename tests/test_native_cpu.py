@@ -206,3 +206,20 @@ def test_embedded_gguf_head_keeps_its_q8_0_blocks_and_tracks_the_dense_model(ops
 
     ratio = ppl(q, 8) / ppl(dense, None)
     assert 0.98 < ratio < 1.02, ratio
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequantize_kernel_rounds_like_the_torch_ops(ops, kind, dtype) -> None:
+    """QuantLinear's prefill weight: one C pass and its four torch ops give the same bits."""
+    from runtime.models.quant_linear import DequantScratch, quantize_int4, quantize_int8
+
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(48, 576, generator=g) * torch.rand(48, 1, generator=g)  # scales vary by row
+    q = (quantize_int4 if kind == "int4" else quantize_int8)(w)
+    q.scratch = DequantScratch()
+    want = q.dequantize(dtype).clone()
+    q.scratch = DequantScratch(ops)
+    got = q.dequantize(dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert float((want.float() - w).abs().max()) < float(w.abs().max()) / 8  # it is the weight

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.native_cpu import NativeOps
+
 GROUP = 32  # GGUF's block size for Q4_0 / Q4_1 and Q4_K's sub-blocks
 _KERNEL_ROWS = {"int4": 8, "int8": 1}  # at most this many rows go through the packed kernel
 
@@ -70,6 +72,10 @@ class QuantLinear(nn.Module):
         """
         n, k = self.out_features, self.in_features
         w = torch.empty(n, k, dtype=dtype) if self.scratch is None else self.scratch.take(n * k, dtype)
+        ops = None if self.scratch is None else self.scratch.ops
+        if ops is not None and ops.supports(w):  # the same values in one pass (kernels/cpu/dequant.c)
+            ops.dequantize(self.codes, self.scale, self.low if self.kind == "int4" else None, w.view(n, k))
+            return w.view(n, k)
         if self.kind == "int8":
             return w.view(n, k).copy_(self.codes).mul_(self.scale.to(dtype)[:, None])
         g = w.view(n, k // GROUP, 2, GROUP // 2)
@@ -99,11 +105,14 @@ class DequantScratch:
 
     Dequantizing into a fresh multi-MB tensor per linear per forward costs allocator and page-fault
     time on top of the arithmetic; one buffer, as large as the largest weight, is reused instead.
-    Each weight is consumed by its matmul before the next linear overwrites the buffer.
+    Each weight is consumed by its matmul before the next linear overwrites the buffer.  ``ops``
+    (``kernels.native_cpu.NativeOps``, when the CPU kernels build) dequantizes in one pass instead
+    of four torch ops (~3 -> ~0.3 ms a layer of the embedded model), with the same rounding.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ops: NativeOps | None = None) -> None:
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
+        self.ops = ops
 
     def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         buf = self.buffers.get(dtype)

@@ -56,7 +56,7 @@ def _decoder_linears(model: CausalLM) -> dict[str, Linear]:
 def _install(model: CausalLM, name: str, q: QuantLinear | BlockInt8Linear) -> None:
     if isinstance(q, QuantLinear):  # the block head dequantizes only for prompt scoring, on its own
         scratch = next((m.scratch for m in model.modules() if isinstance(m, QuantLinear)), None)
-        q.scratch = scratch or DequantScratch()
+        q.scratch = scratch or DequantScratch(load_native())
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent), attr, q)
 
