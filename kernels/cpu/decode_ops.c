@@ -44,6 +44,7 @@ void rms_norm_##SUF(T *x, const T *res, const T *w, T *out, int64_t rows, int64_
                                                                                                      \
 /* out = silu(gate) * up for gate_up rows [gate | up] of width 2 * inter.  */                        \
 void silu_mul_##SUF(const T *gu, T *out, int64_t rows, int64_t inter) {                              \
+    if (silu_fast_##SUF(gu, out, rows, inter)) return;                                               \
     for (int64_t r = 0; r < rows; r++) {                                                             \
         const T *g = gu + r * 2 * inter, *u = g + inter;                                             \
         T *o = out + r * inter;                                                                      \
@@ -209,67 +210,172 @@ int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *v
     return 0;                                                                                        \
 }
 
-/* bf16 decode attention with AVX512-BF16 (vdpbf16ps: 32 bf16 products a lane pair, fp32 sums): the
- * q k^T dot products read the keys as they are stored, without converting them; p v stays fp32.
- * Same contract as attend_part.  Returns 0 where it does not apply (the caller's loop runs).  */
+/* SwiGLU with AVX-512: the portable loop did not vectorise (its exp and the bf16 conversions),
+ * ~20 us a 1536-wide row, more than the row's matmuls.  Same exp (vexp's polynomial, written
+ * with intrinsics) and the same rounding points.  */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+static inline __m512 vexp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+    __m512 n = _mm512_floor_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f)));
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145751953125f))),
+                             _mm512_mul_ps(n, _mm512_set1_ps(1.428606765330187e-06f)));
+    __m512 p = _mm512_set1_ps(0.0013888889f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.008333334f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.041666668f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.16666667f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.f));
+    __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+static inline __m512 silu16(__m512 a) {
+    return _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), vexp16(_mm512_sub_ps(_mm512_setzero_ps(), a))));
+}
+static inline __m512 ld_bf16x16(const bf16 *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m512 rnd_bf16x16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+static int silu_fast_bf16(const bf16 *gu, bf16 *out, int64_t rows, int64_t inter) {
+    if (inter % 16) return 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < inter; i += 16) {
+            const bf16 *g = gu + r * 2 * inter + i;
+            __m512 v = _mm512_mul_ps(rnd_bf16x16(silu16(ld_bf16x16(g))), ld_bf16x16(g + inter));
+            _mm256_storeu_si256((__m256i *)(out + r * inter + i), (__m256i)_mm512_cvtneps_pbh(v));
+        }
+    return 1;
+}
+static int silu_fast_f32(const float *gu, float *out, int64_t rows, int64_t inter) {
+    if (inter % 16) return 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < inter; i += 16) {
+            const float *g = gu + r * 2 * inter + i;
+            _mm512_storeu_ps(out + r * inter + i,
+                             _mm512_mul_ps(silu16(_mm512_loadu_ps(g)), _mm512_loadu_ps(g + inter)));
+        }
+    return 1;
+}
+#else
+static int silu_fast_bf16(const bf16 *gu, bf16 *out, int64_t rows, int64_t inter) { return 0; }
+static int silu_fast_f32(const float *gu, float *out, int64_t rows, int64_t inter) { return 0; }
+#endif
+
+/* bf16 decode attention with AVX512-BF16 (vdpbf16ps: pairs of bf16 products summed in fp32), both
+ * products on the dot-product unit.  Same contract as attend_part.  Returns 0 where it does not
+ * apply (the caller's loop runs).  Per block of up to KEY_BLOCK keys:
+ *
+ *   q k^T   per head, 16 keys at a time: each key's d/32 dot-product vectors, then one transposing
+ *           add tree turns the 16 vectors into one vector of 16 scores (a full horizontal sum per
+ *           key and head cost ~3x as much);
+ *   softmax vectorised over those scores, probabilities rounded to bf16 for p v;
+ *   p v     the block's values interleaved once as key pairs (unpack of two rows: within each
+ *           128-bit lane, dims 0-3 of the pair in `lo`, dims 4-7 in `hi`), then per head one
+ *           vdpbf16ps per pair and 16 dims, the pair's probabilities broadcast; the accumulator's
+ *           dims come out in that lane order and are put back in place at the end.  */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
+
+/* lane i = sum of the 16 lanes of v[i] */
+static inline __m512 sum16(const __m512 *v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static inline __m512 dp_pair(__m512 acc, __m512bh b, const void *pair) {
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(b), "m"(*(const int32_t *)pair));
+    return acc;
+}
+
 static int attend_fast_bf16(const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *pages,
                             int64_t page_size, int64_t nkv, int64_t hk, int64_t g, int64_t d, float scale,
                             int64_t k0, int64_t k1, float *m, float *l, float *acc) {
     if (d % 32 || d > 128) return 0;
-    int64_t nv = d / 32, nf = d / 16;
-    __m512bh qv[MAX_GROUP][4];
-    float s[MAX_GROUP * KEY_BLOCK];
-    int64_t row[KEY_BLOCK], pi = k0 / page_size, off = k0 % page_size;
-    for (int64_t j = 0; j < g; j++)
-        for (int64_t c = 0; c < nv; c++) qv[j][c] = (__m512bh)_mm512_loadu_si512(q + j * d + c * 32);
-    for (int64_t j = 0; j < g; j++) m[j] = -INFINITY, l[j] = 0.f;
-    memset(acc, 0, g * d * sizeof(float));
+    const int nv = (int)(d / 32), nf = (int)(d / 16);
+    static const bf16 zeros[128];
+    const bf16 *krow[KEY_BLOCK], *vrow[KEY_BLOCK + 1];
+    float s[KEY_BLOCK] __attribute__((aligned(64)));
+    bf16 p[MAX_GROUP][KEY_BLOCK + 2] __attribute__((aligned(64)));
+    bf16 vp[KEY_BLOCK / 2 * 128 * 2] __attribute__((aligned(64))); /* [pair][d][2] */
+    __m512 o[MAX_GROUP][8];
+    int64_t pi = k0 / page_size, off = k0 % page_size;
+    for (int64_t j = 0; j < g; j++) {
+        m[j] = -INFINITY, l[j] = 0.f;
+        for (int c = 0; c < nf; c++) o[j][c] = _mm512_setzero_ps();
+    }
     for (int64_t b0 = k0; b0 < k1; b0 += KEY_BLOCK) {
-        int64_t n = k1 - b0 < KEY_BLOCK ? k1 - b0 : KEY_BLOCK;
+        int64_t n = k1 - b0 < KEY_BLOCK ? k1 - b0 : KEY_BLOCK, n16 = (n + 15) / 16 * 16;
         for (int64_t t = 0; t < n; t++) {
-            row[t] = ((int64_t)pages[pi] * page_size + off) * nkv * d + hk * d;
+            int64_t r = ((int64_t)pages[pi] * page_size + off) * nkv * d + hk * d;
+            krow[t] = kc + r, vrow[t] = vc + r;
             if (++off == page_size) off = 0, pi++;
         }
-        for (int64_t t = 0; t < n; t++) {
-            const bf16 *k = kc + row[t];
-            __m512bh kv[4];
-            for (int64_t c = 0; c < nv; c++) kv[c] = (__m512bh)_mm512_loadu_si512(k + c * 32);
-            for (int64_t j = 0; j < g; j++) {
-                __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[j][0], kv[0]);
-                for (int64_t c = 1; c < nv; c++) a = _mm512_dpbf16_ps(a, qv[j][c], kv[c]);
-                s[j * KEY_BLOCK + t] = _mm512_reduce_add_ps(a) * scale;
+        for (int64_t t = n; t < n16; t++) krow[t] = zeros;
+        if (n % 2) vrow[n] = zeros;
+        for (int64_t t = 0; t < n; t += 2) /* values as key pairs, 32 dims a vector */
+            for (int c = 0; c < nv; c++) {
+                __m512i a = _mm512_loadu_si512(vrow[t] + c * 32), b = _mm512_loadu_si512(vrow[t + 1] + c * 32);
+                _mm512_store_si512(vp + (t / 2) * 2 * d + c * 64, _mm512_unpacklo_epi16(a, b));
+                _mm512_store_si512(vp + (t / 2) * 2 * d + c * 64 + 32, _mm512_unpackhi_epi16(a, b));
             }
-        }
         for (int64_t j = 0; j < g; j++) {
-            float mx = m[j], lj = 0.f, *sj = s + j * KEY_BLOCK;
-            for (int64_t t = 0; t < n; t++) mx = fmaxf(mx, sj[t]);
-            float c = expf(m[j] - mx);
-            for (int64_t i = 0; i < d; i++) acc[j * d + i] *= c;
-#pragma omp simd reduction(+ : lj)
-            for (int64_t t = 0; t < n; t++) {
-                float p = vexp(sj[t] - mx);
-                sj[t] = p;
-                lj += p;
+            __m512bh qv[4];
+            for (int c = 0; c < nv; c++) qv[c] = (__m512bh)_mm512_loadu_si512(q + j * d + c * 32);
+            for (int64_t t0 = 0; t0 < n16; t0 += 16) {
+                __m512 dots[16];
+                for (int t = 0; t < 16; t++) {
+                    __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), qv[0], (__m512bh)_mm512_loadu_si512(krow[t0 + t]));
+                    for (int c = 1; c < nv; c++)
+                        a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_loadu_si512(krow[t0 + t] + c * 32));
+                    dots[t] = a;
+                }
+                _mm512_store_ps(s + t0, _mm512_mul_ps(sum16(dots), _mm512_set1_ps(scale)));
             }
-            l[j] = l[j] * c + lj;
-            m[j] = mx;
-        }
-        for (int64_t t = 0; t < n; t++) {
-            const bf16 *v = vc + row[t];
-            __m512 vf[8];
-            for (int64_t c = 0; c < nf; c++)
-                vf[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + c * 16))), 16));
-            for (int64_t j = 0; j < g; j++) {
-                __m512 p = _mm512_set1_ps(s[j * KEY_BLOCK + t]);
-                float *a = acc + j * d;
-                for (int64_t c = 0; c < nf; c++)
-                    _mm512_storeu_ps(a + c * 16, _mm512_fmadd_ps(p, vf[c], _mm512_loadu_ps(a + c * 16)));
+            __m512 mx = _mm512_set1_ps(-INFINITY);
+            for (int64_t t = 0; t < n; t += 16) {
+                __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+                mx = _mm512_mask_max_ps(mx, k, mx, _mm512_load_ps(s + t));
+            }
+            float mnew = fmaxf(m[j], _mm512_reduce_max_ps(mx)), c = expf(m[j] - mnew);
+            __m512 sum = _mm512_setzero_ps(), mv = _mm512_set1_ps(mnew);
+            for (int64_t t = 0; t < n16; t += 16) {
+                __mmask16 k = n - t >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t)) - 1);
+                __m512 e = _mm512_maskz_mov_ps(k, vexp16(_mm512_sub_ps(_mm512_load_ps(s + t), mv)));
+                sum = _mm512_add_ps(sum, e);
+                _mm256_storeu_si256((__m256i *)&p[j][t], (__m256i)_mm512_cvtneps_pbh(e));
+            }
+            p[j][n16] = p[j][n16 + 1] = 0;
+            l[j] = l[j] * c + _mm512_reduce_add_ps(sum);
+            m[j] = mnew;
+            __m512 cv = _mm512_set1_ps(c);
+            for (int f = 0; f < nf; f++) o[j][f] = _mm512_mul_ps(o[j][f], cv);
+            for (int64_t t = 0; t < n; t += 2) {
+                const bf16 *pair = vp + (t / 2) * 2 * d;
+                for (int f = 0; f < nf; f++)
+                    o[j][f] = dp_pair(o[j][f], (__m512bh)_mm512_load_si512(pair + f * 32), &p[j][t]);
             }
         }
     }
+    /* accumulator f = 2 c + h (c: 32-dim vector, h: lo / hi) lane i holds dim 32 c + 8 (i / 4) + 4 h + i % 4 */
+    for (int64_t j = 0; j < g; j++)
+        for (int f = 0; f < nf; f++) {
+            float lane[16];
+            _mm512_storeu_ps(lane, o[j][f]);
+            for (int i = 0; i < 16; i++) acc[j * d + 32 * (f / 2) + 8 * (i / 4) + 4 * (f % 2) + i % 4] = lane[i];
+        }
     return 1;
 }
 #else
