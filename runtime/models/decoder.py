@@ -15,7 +15,7 @@ from torch import nn
 from kernels import AttentionBackend
 from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
-from runtime.models.fused_decode import fusable, fused_decode_layer
+from runtime.models.fused_decode import LayerPlan, fusable, fused_decode_layer, layer_plan
 from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts, feed_forward
@@ -113,6 +113,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.decode_layer: Callable | None = None  # see compile_decode
+        self.fused_plans: list[LayerPlan] | None = None  # the fused decode path's per-layer lookups
         self.rope = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
@@ -158,12 +159,14 @@ class CausalLM(nn.Module):
         cos, sin = self.rope.lookup(fb.positions)
         ctx = StepContext(fb, cos, sin, backend, plan)
         h = self.embed_tokens(fb.input_ids)
-        run_layer = DecoderLayer.forward
+        run_layer, layers = DecoderLayer.forward, self.layers
         if fb.is_decode and fusable(backend.fused, h, self.layers[0], kv_layers[0][0], cos):
-            run_layer = fused_decode_layer
+            if self.fused_plans is None:  # first fused step: the modules are final (quantized, packed)
+                self.fused_plans = [layer_plan(layer) for layer in self.layers]
+            run_layer, layers = fused_decode_layer, self.fused_plans
         elif fb.is_decode and self.decode_layer is not None:
             run_layer = self.decode_layer
-        for layer, kv in zip(self.layers, kv_layers):
+        for layer, kv in zip(layers, kv_layers):
             h = run_layer(layer, h, ctx, kv)
         h = self.norm.forward(h[fb.logits_rows])
         logits = self.lm_head.run(h)
