@@ -144,11 +144,16 @@ def contention(args: argparse.Namespace, runs: dict[str, Runs], n_reps: int) -> 
         for p, n in args.contention_points:
             for dt, run in runs.items():
                 cached, cold = [], []
-                for _ in range(max(n_reps, 3)):  # a busy neighbour makes single samples noisy
-                    cached.append(run.cached(p, n)[0])
+                for i in range(max(n_reps, 3)):  # a busy neighbour makes single samples noisy
+                    # alternate which goes first, so a drift of the neighbour's share favours neither
+                    if i % 2 == 0:
+                        cached.append(run.cached(p, n)[0])
                     cold.append(run.cold(p + n)[0])
+                    if i % 2 == 1:
+                        cached.append(run.cached(p, n)[0])
                 rows.append({"dtype": dt, "prefix": p, "new": n, "cached_s": median(cached),
                              "cold_same_prompt_s": median(cold), "cached_over_cold": median(cached) / median(cold),
+                             "paired_median": median([a / b for a, b in zip(cached, cold)]),
                              "samples": {"cached": cached, "cold": cold}})  # fmt: skip
                 progress(f"contention {dt} P={p} N={n}: {rows[-1]['cached_over_cold']:.2f}")
     finally:

@@ -182,9 +182,15 @@ def run(args: argparse.Namespace) -> dict:
         rows,
     )
     if "llama.cpp" in med:
+        lcp = samples["llama.cpp"]
         for k in ("gguf", "gguf-torch"):
             out[f"{k}_decode_over_llamacpp"] = {
                 m: med[k][m] / med["llama.cpp"][m] for m in ("decode", "decode_long")
+            }
+            # the same ratio paired by round (both sides ran within a minute of each other): the
+            # machine's speed drifts by +-15% between rounds, which a ratio of medians mixes in
+            out[f"{k}_decode_over_llamacpp_paired"] = {
+                m: median([a / b for a, b in zip(samples[k][m], lcp[m])]) for m in ("decode", "decode_long")
             }
     print(out["table"])
     print(json.dumps({k: out[k] for k in ("perplexity", "agreement")}, indent=1))
