@@ -140,14 +140,38 @@ class NativeOps:
         table = page_table.to(torch.int32).contiguous()
         cu = cu_seqlens_q.to(torch.int32).contiguous()
         lens = seq_lens_k.to(torch.int32).contiguous()
-        rc = self.extend_bf16(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), table.data_ptr(),
-                              table.stride(0), cu.data_ptr(), lens.data_ptr(), lens.shape[0], nh,
-                              k_cache.shape[-2], d, k_cache.shape[1], scale, out.data_ptr())  # fmt: skip
-        if rc == -2:
-            raise MemoryError("extend_attention: out of memory")
-        if rc != 0:
-            raise ValueError(f"extend_attention: unsupported shape (heads {nh}, head_dim {d})")
+        nkv = k_cache.shape[-2]
+        for b0, b1 in _scratch_groups(lens.tolist(), nkv * d * 4):
+            q0, q1 = int(cu[b0]), int(cu[b1])
+            sub_cu = (cu[b0 : b1 + 1] - q0).contiguous()
+            rc = self.extend_bf16(q[q0:q1].data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                  table[b0:b1].data_ptr(), table.stride(0), sub_cu.data_ptr(),
+                                  lens[b0:b1].data_ptr(), b1 - b0, nh, nkv, d, k_cache.shape[1], scale,
+                                  out[q0:q1].data_ptr())  # fmt: skip
+            if rc == -2:
+                raise MemoryError("extend_attention: out of memory")
+            if rc != 0:
+                raise ValueError(f"extend_attention: unsupported shape (heads {nh}, head_dim {d})")
         return out
+
+
+# The flash kernel packs the keys and values of every sequence it is given (bf16 pairs, ~4 bytes a
+# key, KV head and dim); a step's sequences go to it in groups of at most this much scratch, so many
+# long cached contexts in one step never ask for gigabytes at once.
+SCRATCH_BYTES = 256 << 20
+
+
+def _scratch_groups(lens: list[int], bytes_per_key: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``[b0, b1)`` of sequences whose packed keys fit ``SCRATCH_BYTES`` (one at least)."""
+    groups, b0, used = [], 0, 0
+    for b, lk in enumerate(lens):
+        need = (lk + 63) // 64 * 64 * bytes_per_key
+        if b > b0 and used + need > SCRATCH_BYTES:
+            groups.append((b0, b))
+            b0, used = b, 0
+        used += need
+    groups.append((b0, len(lens)))
+    return groups
 
 
 def load() -> NativeOps | None:

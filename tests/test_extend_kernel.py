@@ -106,3 +106,17 @@ def test_bf16_engine_scores_like_the_reference_backend(ops, tmp_path) -> None:
     diff = (scores["cpu"] - scores["reference"]).abs()
     assert len(diff) == len(ids) - 1
     assert float(diff.mean()) < 5e-3 and float(diff.max()) < 0.05
+
+
+def test_a_step_is_split_into_groups_of_bounded_scratch(ops, monkeypatch) -> None:
+    """Many sequences at once: run in groups whose packed keys fit the scratch budget, same output."""
+    import kernels.native_cpu as native
+
+    q, k, v, table, cu, lens = _batch(SEQS, 9, 3, 64, seed=3)
+    whole = ops.extend_attention(q, k, v, table, cu, lens, 0.125)
+    assert len(native._scratch_groups(lens.tolist(), 3 * 64 * 4)) == 1
+    monkeypatch.setattr(native, "SCRATCH_BYTES", 300 * 3 * 64 * 4)  # about one 300-key sequence a group
+    groups = native._scratch_groups(lens.tolist(), 3 * 64 * 4)
+    assert len(groups) >= 4 and groups[0][0] == 0 and groups[-1][1] == len(SEQS)
+    assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
+    assert torch.equal(ops.extend_attention(q, k, v, table, cu, lens, 0.125), whole)
