@@ -43,4 +43,24 @@ static inline float vexp(float x) {
 static inline float ld_f(float x) { return x; }
 static inline float st_f(float x) { return x; }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+/* 16 bf16 as floats */
+static inline __m512 ld_bf16x16(const bf16 *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* rnd_bf of 16 floats: round to bf16 (nearest even) and back */
+static inline __m512 rnd_bf16x16(__m512 x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
+}
+
+/* acc += b . (the bf16 pair at `pair`, broadcast to all 16 lanes) */
+static inline __m512 dp_bcast(__m512 acc, __m512bh b, const void *pair) {
+    int32_t v;
+    memcpy(&v, pair, 4);
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(v), b);
+}
+#endif
+
 #endif

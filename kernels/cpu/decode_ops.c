@@ -214,7 +214,6 @@ int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *v
  * ~20 us a 1536-wide row, more than the row's matmuls.  Same exp (vexp's polynomial, written
  * with intrinsics) and the same rounding points.  */
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-#include <immintrin.h>
 static inline __m512 vexp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
     __m512 n = _mm512_floor_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f)));
@@ -232,12 +231,6 @@ static inline __m512 vexp16(__m512 x) {
 }
 static inline __m512 silu16(__m512 a) {
     return _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), vexp16(_mm512_sub_ps(_mm512_setzero_ps(), a))));
-}
-static inline __m512 ld_bf16x16(const bf16 *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-static inline __m512 rnd_bf16x16(__m512 x) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
 }
 static int silu_fast_bf16(const bf16 *gu, bf16 *out, int64_t rows, int64_t inter) {
     if (inter % 16) return 0;
@@ -277,8 +270,6 @@ static int silu_fast_f32(const float *gu, float *out, int64_t rows, int64_t inte
  *           vdpbf16ps per pair and 16 dims, the pair's probabilities broadcast; the accumulator's
  *           dims come out in that lane order and are put back in place at the end.  */
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <immintrin.h>
-
 /* lane i = sum of the 16 lanes of v[i] */
 static inline __m512 sum16(const __m512 *v) {
     __m512 t[8], u[4];
@@ -293,11 +284,6 @@ static inline __m512 sum16(const __m512 *v) {
                                _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
     return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
                          _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-static inline __m512 dp_pair(__m512 acc, __m512bh b, const void *pair) {
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(b), "m"(*(const int32_t *)pair));
-    return acc;
 }
 
 static int attend_fast_bf16(const bf16 *q, const bf16 *kc, const bf16 *vc, const int32_t *pages,
@@ -365,7 +351,7 @@ static int attend_fast_bf16(const bf16 *q, const bf16 *kc, const bf16 *vc, const
             for (int64_t t = 0; t < n; t += 2) {
                 const bf16 *pair = vp + (t / 2) * 2 * d;
                 for (int f = 0; f < nf; f++)
-                    o[j][f] = dp_pair(o[j][f], (__m512bh)_mm512_load_si512(pair + f * 32), &p[j][t]);
+                    o[j][f] = dp_bcast(o[j][f], (__m512bh)_mm512_load_si512(pair + f * 32), &p[j][t]);
             }
         }
     }

@@ -42,12 +42,8 @@ void dequant_int8_##SUF(const int8_t *codes, const bf16 *scale, int64_t n, int64
 DEFINE_DEQUANT(f32, float, st_f, rnd_f)
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <immintrin.h>
 /* bf16 int4 with AVX512-BF16: a group in ~12 instructions (the portable loop's conversions did not
  * vectorise well: it ran no faster than torch's four passes). */
-static inline __m512 round_bf16(__m512 x) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)), 16));
-}
 
 void dequant_int4_bf16(const uint8_t *codes, const bf16 *scale, const bf16 *low, int64_t n, int64_t k,
                        bf16 *out) {
@@ -59,8 +55,8 @@ void dequant_int4_bf16(const uint8_t *codes, const bf16 *scale, const bf16 *low,
             __m512 s = _mm512_set1_ps(bf2f(scale[r * groups + g])), l = _mm512_set1_ps(bf2f(low[r * groups + g]));
             __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(c, _mm512_set1_epi32(15)));
             __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
-            lo = _mm512_add_ps(round_bf16(_mm512_mul_ps(lo, s)), l);
-            hi = _mm512_add_ps(round_bf16(_mm512_mul_ps(hi, s)), l);
+            lo = _mm512_add_ps(rnd_bf16x16(_mm512_mul_ps(lo, s)), l);
+            hi = _mm512_add_ps(rnd_bf16x16(_mm512_mul_ps(hi, s)), l);
             _mm512_storeu_si512(out + r * k + g * 32, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
 }

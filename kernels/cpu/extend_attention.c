@@ -24,7 +24,6 @@
 #include "common.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
 
 #define ROWS 6    /* query rows a tile: 6 x 4 fp32 accumulators + 4 loaded vectors fit 32 registers */
 #define KEYS 256  /* keys a softmax block (best of 64 / 128 / 256) */
@@ -70,14 +69,6 @@ static inline __m512 exp2_neg(__m512 t) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931219696998596f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999991655349731f));
     return _mm512_scalef_ps(p, n);
-}
-
-/* acc += b . (the bf16 pair at `pair`, broadcast): the broadcast rides in the load (an embedded
- * {1to16} operand), where a separate vpbroadcastd would take one of the vector pipes the dot
- * products need (it cost ~20% of q k). */
-static inline __m512 dp_bcast(__m512 acc, __m512bh b, const void *pair) {
-    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(b), "m"(*(const int32_t *)pair));
-    return acc;
 }
 
 /* s[r][col + 16c + i] = q_r . key (16 c + i) of the 4 packed blocks at kp, for c < nc. */
