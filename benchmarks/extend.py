@@ -37,24 +37,19 @@ def flops(cfg, new: int, before: int) -> float:
 
 
 @contextlib.contextmanager
-def previous_extend(engine, before: str = "gemm"):
-    """An earlier extend path on ``engine``'s CPU backend, for a before/after in one run.
-
-    ``gemm``: bf16 from oneDNN GEMMs plus the C row softmax (``kernels/cpu_matmul_attention.py``, the
-    path before the flash kernel of ``kernels/cpu/extend_attention.c``); ``flash``: CPU flash for both
-    dtypes (prefix mask-free and chunk causal, merged by log-sum-exp), the path before the GEMMs.
-    fp32 is the same ``kernels.reference`` path in all three."""
+def previous_extend(engine):
+    """The extend path before the flash kernel (``kernels/cpu/extend_attention.c``) on ``engine``: the
+    reference's, bf16 from oneDNN GEMMs plus the C row softmax (``kernels/cpu_matmul_attention.py``).
+    fp32 runs the same ``kernels.reference`` path on both sides."""
     from kernels import reference
 
     runner = engine.runner
-    saved, saved_pairs = runner.backend, reference._MATMUL_MIN_PAIRS
+    saved = runner.backend
     runner.backend = saved._replace(extend_attention=reference.extend_attention)
-    if before == "flash":
-        reference._MATMUL_MIN_PAIRS = sys.maxsize
     try:
         yield
     finally:
-        runner.backend, reference._MATMUL_MIN_PAIRS = saved, saved_pairs
+        runner.backend = saved
 
 
 class Runs:

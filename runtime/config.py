@@ -26,7 +26,9 @@ class EngineConfig:
     max_running: int = 64
     schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
     max_model_len: int | None = None
-    attention_backend: str = "auto"  # "reference" (torch), "cpu" (fused C decode kernels) or "triton"
+    attention_backend: str = (
+        "auto"  # "reference" (torch), "cpu" (the C kernels of kernels/native_cpu.py) or "triton"
+    )
     # none | int8 | int4 | gguf (a GGUF's own blocks). Dense by default: quantized decodes faster but
     # prefills slower (benchmarks/results/quantized.json)
     quantize: str = "none"
