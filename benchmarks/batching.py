@@ -41,7 +41,7 @@ class Driver:
     """One engine, fresh prompts, and step-level timing of token arrivals."""
 
     def __init__(self) -> None:
-        from runtime.engine import Engine
+        from runtime.engine.engine import Engine
 
         self.engine = Engine(dtype="float32", prefix_cache="off", kv_cache_memory="1G", max_running=64)
         self.seed = 10_000
@@ -51,7 +51,7 @@ class Driver:
         return synthetic_prompt(n, self.seed)
 
     def add(self, n_prompt: int, max_tokens: int) -> str:
-        from runtime.sampling import SamplingParams
+        from runtime.sampling.params import SamplingParams
 
         return self.engine.add_request(
             self.fresh(n_prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True)

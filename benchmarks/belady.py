@@ -18,10 +18,10 @@ import bisect
 import heapq
 from collections.abc import Sequence
 
-from runtime.cache_manager import CacheManager
+from runtime.cache.manager import CacheManager
 from runtime.request import Request
-from runtime.sampler import SampleResult
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
+from runtime.sampling.sampler import SampleResult
 from runtime.scheduler import Scheduler
 
 Trace = Sequence[tuple[list[int], list[int]]]

@@ -32,8 +32,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def run(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from runtime.engine import Engine
-    from runtime.sampling import SamplingParams
+    from runtime.engine.engine import Engine
+    from runtime.sampling.params import SamplingParams
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     out: dict = {"weights": "dense (dequantised GGUF)", "dtypes": args.dtypes, "per_dtype": {}}

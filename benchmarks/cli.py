@@ -18,6 +18,7 @@ BENCHES = {
 
 
 def main(argv: list[str]) -> int:
+    """benchmarks: `kvreuse bench patterns [--quick]` (`kvreuse bench` lists them)"""
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
         print("usage: kvreuse bench NAME [options]   (NAME --help for its options)\n", file=sys.stderr)
         for name, (_, what) in BENCHES.items():

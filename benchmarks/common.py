@@ -172,7 +172,7 @@ def bench_main(
 
 
 def model_dir() -> Path:
-    from runtime.model_source import resolve_model
+    from runtime.loading.model_source import resolve_model
 
     return Path(resolve_model(None)[0])
 

@@ -13,10 +13,10 @@ import time
 from typing import Any
 
 from benchmarks.common import base_parser, bench_main, format_table, interleave, median, progress, reps
-from runtime import sampler
-from runtime.constrained import json_schema, tool_call
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.sampling import sampler
+from runtime.sampling.constrained import json_schema, tool_call
+from runtime.sampling.params import SamplingParams
 
 STORY = {
     "type": "object",

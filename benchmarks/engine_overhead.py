@@ -33,8 +33,8 @@ def measure(
 ) -> dict:
     """One engine, ``streams`` decoding together; per-step overhead and forward seconds."""
     from benchmarks.common import median, synthetic_prompt
-    from runtime.engine import Engine
-    from runtime.sampling import SamplingParams
+    from runtime.engine.engine import Engine
+    from runtime.sampling.params import SamplingParams
 
     eng = Engine(
         model_dir=model_dir, dtype="float32", device="cpu", kv_cache_memory="512M", max_running=streams,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from benchmarks.belady import Trace, belady, replay
 from benchmarks.common import base_parser, bench_main, format_table, progress
-from runtime.eviction import POLICIES
+from runtime.cache.eviction import POLICIES
 
 PAGE = 16
 BELADY_SHARE, LRU_GAIN = 0.8, 2.0
@@ -122,8 +122,8 @@ def hit_rate(trace: Trace, cached: list[int]) -> float:
 
 def engine_check(policies: list[str]) -> dict:
     """A short cyclic trace through the Engine (tiny random model): cached tokens == token-level replay."""
-    from runtime.engine import Engine
-    from runtime.sampling import SamplingParams
+    from runtime.engine.engine import Engine
+    from runtime.sampling.params import SamplingParams
     from tests.helpers import make_tiny_model
 
     vocab, n_conv, first, new, out = 512, 3, 96, 16, 8

@@ -56,8 +56,8 @@ class Runs:
     """One radix engine per dtype; each method returns (TTFT seconds, cached tokens)."""
 
     def __init__(self, dtype: str, memory: str) -> None:
-        from runtime.engine import Engine
-        from runtime.sampling import SamplingParams
+        from runtime.engine.engine import Engine
+        from runtime.sampling.params import SamplingParams
 
         self.engine = Engine(dtype=dtype, kv_cache_memory=memory)
         self.params = SamplingParams(max_tokens=1, ignore_eos=True)

@@ -30,8 +30,8 @@ import transformers
 from benchmarks.gpu_checkpoint import ARCHS, build_checkpoint
 from benchmarks.gpu_timing import decode_row, prompt, suffix_len, timed
 from benchmarks.hf_bench import bench_hf
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.sampling.params import SamplingParams
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
 KV_CAP = {"qwen3-0.6b": 16 << 30, "qwen3-8b": 24 << 30, "smoke": 64 << 20}

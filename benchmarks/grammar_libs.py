@@ -161,8 +161,8 @@ LIBS = {"xgrammar": bench_xgrammar, "llguidance": bench_llguidance, "outlines_co
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from runtime.loading.tokenizer import load_tokenizer
     from runtime.models.config import ModelConfig
-    from runtime.tokenizer import load_tokenizer
 
     d = model_dir()
     tok = load_tokenizer(d)

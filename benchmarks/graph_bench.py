@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.cuda_graph import GRAPH_BATCH_SIZES, DecodeGraphRunner
-from runtime.forward_batch import ForwardBatch
-from runtime.model_runner import ModelRunner
+from runtime.runner.cuda_graph import GRAPH_BATCH_SIZES, DecodeGraphRunner
+from runtime.runner.forward_batch import ForwardBatch
+from runtime.runner.model_runner import ModelRunner
 
 PAGE_SIZE = 16
 

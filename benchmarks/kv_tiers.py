@@ -77,8 +77,8 @@ def restart(args: argparse.Namespace, workdir: Path, shape: str) -> dict:
     turn R+1's TTFT against the same prompt on a cold server and on one that still has turns 1..R
     in its pool (the best a store can do), same run."""
     from benchmarks.common import model_dir
+    from runtime.loading.tokenizer import load_tokenizer
     from runtime.server.launcher import ServerProcess
-    from runtime.tokenizer import load_tokenizer
 
     system, new = SHAPES[shape] if not args.quick else (args.system_tokens, args.new_tokens)
     turns = conversation(load_tokenizer(model_dir()), args.turns, args.seed, system, new)
@@ -136,8 +136,8 @@ def restart(args: argparse.Namespace, workdir: Path, shape: str) -> dict:
 
 def eviction(args: argparse.Namespace, workdir: Path) -> dict:
     from chat_templates import render
-    from runtime.engine import Engine
-    from runtime.sampling import SamplingParams
+    from runtime.engine.engine import Engine
+    from runtime.sampling.params import SamplingParams
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     probe = Engine(dtype="float32", num_pages=8)

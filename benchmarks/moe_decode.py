@@ -105,7 +105,7 @@ class Sides:
     def __init__(self, root: Path, spec: dict, max_prompt: int, max_streams: int) -> None:
         from transformers import AutoModelForCausalLM
 
-        from runtime.engine import Engine
+        from runtime.engine.engine import Engine
 
         moe, shape = spec["moe"], spec["shape"]
         active = moe["num_experts_per_tok"] * moe["moe_intermediate_size"]
@@ -130,7 +130,7 @@ class Sides:
         return [synthetic_prompt(n, self.seed * 100 + i, 3, VOCAB) for i in range(streams)]
 
     def ours_decode(self, which: str, prompt: int, n: int, streams: int) -> float:
-        from runtime.sampling import SamplingParams
+        from runtime.sampling.params import SamplingParams
 
         outs = self.ours[which].generate(
             self.prompts(prompt, streams), SamplingParams(max_tokens=n, ignore_eos=True)
@@ -139,7 +139,7 @@ class Sides:
         return max(o.decode_s for o in outs)
 
     def ours_prefill(self, which: str, prompt: int) -> float:
-        from runtime.sampling import SamplingParams
+        from runtime.sampling.params import SamplingParams
 
         ids = self.prompts(prompt, 1)
         return timed(lambda: self.ours[which].generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))[0]

@@ -44,7 +44,7 @@ def ideal_prefill(prompts: list[list[int]], outputs: list[list[int]]) -> list[in
 
 
 def replay(engine, prompts: list[list[int]], decode_tokens: int) -> dict:
-    from runtime.sampling import SamplingParams
+    from runtime.sampling.params import SamplingParams
 
     engine.reset_prefix_cache()
     one = SamplingParams(max_tokens=1, ignore_eos=True)
@@ -65,7 +65,7 @@ def replay(engine, prompts: list[list[int]], decode_tokens: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
 
     sizes = [int(x) for x in args.page_sizes.split(",")]
     engines = {ps: Engine(dtype="float32", prefix_cache="radix", page_size=ps, kv_cache_memory=args.kv_cache_memory)

@@ -69,7 +69,7 @@ def perplexity(engine, ids: list[int], chunk_size: int | None = None) -> float:
 
 
 def ours(engine, prompts: list[list[int]], new: int) -> list[dict]:
-    from runtime.sampling import SamplingParams
+    from runtime.sampling.params import SamplingParams
 
     res = []
     for p in prompts:
@@ -97,8 +97,8 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.engine import Engine
-    from runtime.model_source import embedded_gguf_path
+    from runtime.engine.engine import Engine
+    from runtime.loading.model_source import embedded_gguf_path
 
     args.gguf = embedded_gguf_path()
     # "cpu" is the fused C decode kernels (the default on CPU); "reference" the torch ops they replace

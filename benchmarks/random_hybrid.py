@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from runtime.model_source import cache_dir, resolve_model
+from runtime.loading.model_source import cache_dir, resolve_model
 from runtime.models.config import ModelConfig
 
 # cpu: the largest that keeps a 4K-token, 10-turn benchmark to minutes on 2 shared cores (~39M

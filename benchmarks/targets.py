@@ -26,12 +26,12 @@ class Measured(NamedTuple):
 
 
 class InProcessTarget:
-    """Renders each request with the chat template and sends token ids to a ``runtime.engine.Engine``."""
+    """Renders each request with the chat template and sends token ids to a ``runtime.engine.engine.Engine``."""
 
     name = "in-process"
 
     def __init__(self, engine: Any, max_tokens: int = 4) -> None:
-        from runtime.sampling import SamplingParams
+        from runtime.sampling.params import SamplingParams
 
         self.engine = engine
         self.tokenizer = engine.tokenizer
@@ -51,7 +51,7 @@ class InProcessTarget:
             self.engine.reset_prefix_cache()  # cache off: nothing survives from earlier requests
         params = self.params
         if forced:
-            from runtime.sampling import SamplingParams
+            from runtime.sampling.params import SamplingParams
 
             params = SamplingParams(max_tokens=len(forced), forced_tokens=forced, ignore_eos=True)
         out = self.engine.generate([token_ids], params)[0]

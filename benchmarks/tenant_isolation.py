@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import base_parser, bench_main, median, percentile, progress
-from runtime.cache_scope import CacheScope
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.cache.scope import CacheScope
+from runtime.engine.engine import Engine
+from runtime.sampling.params import SamplingParams
 
 VOCAB, PROMPT = 49152, 400
 

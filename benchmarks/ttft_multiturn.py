@@ -75,7 +75,7 @@ class SuffixLimit:
     """
 
     def __init__(self, engine, max_tokens: int) -> None:
-        from runtime.model_runner import ModelRunner
+        from runtime.runner.model_runner import ModelRunner
 
         self.page_size = engine.page_size
         n_pages = -(-max_tokens // self.page_size)
@@ -85,9 +85,9 @@ class SuffixLimit:
         self.tokens: list[int] = []  # whose K/V the pool holds, at their positions
 
     def _forward(self, tokens: list[int], start: int) -> None:
-        from runtime.forward_batch import SeqChunk, StepInput
-        from runtime.sampling import SamplingParams
-        from runtime.state_pool import StateInput
+        from runtime.runner.forward_batch import SeqChunk, StepInput
+        from runtime.runner.state_pool import StateInput
+        from runtime.sampling.params import SamplingParams
 
         pages = self.pages[: -(-(start + len(tokens)) // self.page_size)]
         # a hybrid's linear layers run from slot 0's state: the same work as from the real snapshot
@@ -112,8 +112,8 @@ class SuffixLimit:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.engine import Engine
-    from runtime.sampling import SamplingParams
+    from runtime.engine.engine import Engine
+    from runtime.sampling.params import SamplingParams
 
     opts = dict(dtype="float32", kv_cache_memory="512M", page_size=args.page_size, chunk_size=args.chunk_size)
     opts["model"] = args.model  # None: the embedded SmolLM2; a hybrid (Qwen3.5) reuses through snapshots

@@ -2,7 +2,7 @@
 
 These run on any device and are the test oracle for the Triton kernels.
 
-Layout shared by every kernel (see ``runtime/kv_pool.py``)::
+Layout shared by every kernel (see ``runtime/runner/kv_pool.py``)::
 
     k_cache, v_cache : [num_pages, page_size, num_kv_heads, head_dim]
     slot             = page * page_size + offset          (a flat token slot)

@@ -1,6 +1,6 @@
 """kvreuse runtime: the public API is ``Engine``, ``AsyncEngine`` and ``SamplingParams``.
 
-Imported lazily, so ``import runtime.cli`` (and ``kvreuse --help``) does not load torch.
+Imported lazily, so ``import runtime.cli.main`` (and ``kvreuse --help``) does not load torch.
 """
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runtime.async_engine import AsyncEngine
-    from runtime.engine import Engine
-    from runtime.sampling import SamplingParams
+    from runtime.engine.async_engine import AsyncEngine
+    from runtime.engine.engine import Engine
+    from runtime.sampling.params import SamplingParams
 
 __all__ = ["AsyncEngine", "Engine", "SamplingParams"]
 
 _HOMES = {
-    "Engine": "runtime.engine",
-    "AsyncEngine": "runtime.async_engine",
-    "SamplingParams": "runtime.sampling",
+    "Engine": "runtime.engine.engine",
+    "AsyncEngine": "runtime.engine.async_engine",
+    "SamplingParams": "runtime.sampling.params",
 }
 
 

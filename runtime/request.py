@@ -9,9 +9,9 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.cache_scope import PUBLIC, CacheScope
-from runtime.constrained.matcher import Matcher
-from runtime.sampling import SamplingParams
+from runtime.cache.scope import PUBLIC, CacheScope
+from runtime.sampling.constrained.matcher import Matcher
+from runtime.sampling.params import SamplingParams
 
 
 class Status(enum.Enum):
@@ -43,7 +43,7 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     handle: object = None  # the prefix cache's handle on the cached part, while admitted
-    scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (runtime/cache_scope.py)
+    scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (runtime/cache/scope.py)
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
     cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier

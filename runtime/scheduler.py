@@ -16,10 +16,10 @@ import time
 from collections import deque
 from typing import NamedTuple
 
-from runtime.cache_manager import CacheManager
-from runtime.forward_batch import SeqChunk, StepInput
+from runtime.cache.manager import CacheManager
 from runtime.request import Request, Status
-from runtime.sampler import SampleResult
+from runtime.runner.forward_batch import SeqChunk, StepInput
+from runtime.sampling.sampler import SampleResult
 
 POLICIES = ("fcfs", "lpm")
 LPM_MAX_QUEUE = 256  # matching every waiting request each step costs O(queue * prompt)

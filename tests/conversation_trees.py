@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 from runtime.request import Request
 from tests.engine_drive import assert_logits_close, assert_no_request_pages, greedy, random_ids, run_checked
 

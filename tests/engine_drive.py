@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 from runtime.request import Request, RequestOutput
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 
 def tiny_engine(model_dir: Path, record_logits: bool = False, **options) -> Engine:

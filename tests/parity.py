@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.engine import Engine
-from runtime.forward_batch import build_forward_batch
+from runtime.engine.engine import Engine
 from runtime.models.gated_deltanet import StateBatch
 from runtime.request import Request
-from runtime.sampling import SamplingParams
+from runtime.runner.forward_batch import build_forward_batch
+from runtime.sampling.params import SamplingParams
 
 
 def all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:

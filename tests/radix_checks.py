@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.radix_cache import InsertResult, RadixCache, TreeNode
+from runtime.cache.radix_cache import InsertResult, RadixCache, TreeNode
 
 
 def tree_pages(tree: RadixCache) -> dict[tuple[int, ...], int]:

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 import torch
 
-from runtime.async_engine import AsyncEngine
-from runtime.engine import Engine, EngineError
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.engine import Engine, EngineError
 from runtime.request import Status
 from tests.engine_drive import alone, assert_no_request_pages, greedy, random_ids, tiny_engine
 

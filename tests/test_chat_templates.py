@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from chat_templates import first_divergence, load_template, locate, render
-from runtime.model_source import resolve_model
+from runtime.loading.model_source import resolve_model
 
 WEATHER = {
     "type": "function",

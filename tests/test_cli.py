@@ -12,7 +12,7 @@ from tests.helpers import make_tiny_model
 
 def kvreuse(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "runtime.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "runtime.cli.main", *args], capture_output=True, text=True, timeout=timeout
     )
 
 

@@ -10,9 +10,10 @@ import jsonschema
 import pytest
 import torch
 
-from runtime.constrained import apply_constraints, json_object, json_schema, tool_call
-from runtime.engine import Engine, EngineError
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine, EngineError
+from runtime.sampling.constrained import json_object, json_schema, tool_call
+from runtime.sampling.masking import apply_constraints
+from runtime.sampling.params import SamplingParams
 
 PERSON = {
     "type": "object",

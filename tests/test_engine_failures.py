@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from runtime import sampler
-from runtime.async_engine import AsyncEngine, EngineDead, RequestFailed
-from runtime.engine import Engine
-from runtime.sampling import MIN_TEMPERATURE, SamplingParams
+from runtime.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
+from runtime.engine.engine import Engine
+from runtime.sampling import sampler
+from runtime.sampling.params import MIN_TEMPERATURE, SamplingParams
 from tests.engine_drive import alone, assert_no_request_pages, greedy, random_ids, run_checked, tiny_engine
 
 TINY_TEMPERATURES = (1e-300, 5e-324, 1e-38, 1e-20, MIN_TEMPERATURE / 2)

@@ -6,9 +6,9 @@ import pytest
 
 from benchmarks.belady import belady, replay
 from benchmarks.eviction_traces import PAGE, engine_check, hit_rate, traces
-from runtime.eviction import POLICIES, make_policy
-from runtime.page_allocator import PageAllocator
-from runtime.radix_cache import RadixCache
+from runtime.cache.eviction import POLICIES, make_policy
+from runtime.cache.page_allocator import PageAllocator
+from runtime.cache.radix_cache import RadixCache
 from tests.radix_checks import check_structure, insert_fresh, seq
 
 

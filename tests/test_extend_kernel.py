@@ -85,7 +85,7 @@ def test_other_dtypes_and_head_sizes_take_the_reference_path(ops, dtype, d) -> N
 def test_bf16_engine_scores_like_the_reference_backend(ops, tmp_path) -> None:
     """A whole bf16 model scoring a prompt in chunks (each chunk an extend over the cached ones): the
     cpu backend's flash kernel ran, and its logprobs track the reference backend's GEMM path."""
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
     from tests.helpers import make_tiny_model
 
     path = make_tiny_model(tmp_path / "m", arch="qwen3", vocab=512, seed=4, head_dim=64)

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 from tests.conversation_trees import check_conversation_tree
 from tests.conversation_trees import run_all as _run
 from tests.engine_drive import random_ids, tiny_engine

@@ -44,7 +44,7 @@ def test_unsupported_dtype_keeps_dense_weight() -> None:
 
 @needs_onednn
 def test_engine_packs_every_linear_and_keeps_tied_embedding(tmp_path) -> None:
-    from runtime.model_runner import ModelRunner
+    from runtime.runner.model_runner import ModelRunner
     from tests.helpers import make_tiny_model
 
     path = make_tiny_model(tmp_path / "m", arch="llama", tie=True)

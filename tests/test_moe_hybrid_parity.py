@@ -128,7 +128,7 @@ def test_multimodal_checkpoint_and_fused_experts_load_the_same(models, tmp_path)
 
 
 def test_tensor_parallel_refuses_the_moe_hybrids(models):
-    from runtime.distributed.sharding import local_config
+    from runtime.runner.distributed.sharding import local_config
 
     for d in models.values():
         with pytest.raises(ValueError, match="mixture-of-experts"):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 from runtime.models.config import ModelConfig
 from runtime.models.moe import SparseMoE
-from runtime.sampling import SamplingParams
-from runtime.weights import WeightsError, load_weights
+from runtime.models.weights import WeightsError, load_weights
+from runtime.sampling.params import SamplingParams
 from tests.engine_drive import (
     alone,
     assert_logits_close,

@@ -148,8 +148,8 @@ def test_fused_decode_engine_matches_the_reference_backend(ops, tmp_path, monkey
     """Whole decode steps: the fused path and the torch path give the same greedy tokens and close
     logprobs on a tiny Qwen3 (q/k norm) with batched streams."""
     import runtime.models.decoder as decoder
-    from runtime.engine import Engine
-    from runtime.sampling import SamplingParams
+    from runtime.engine.engine import Engine
+    from runtime.sampling.params import SamplingParams
     from tests.helpers import make_tiny_model
 
     fused_calls = []
@@ -185,8 +185,8 @@ def test_embedded_gguf_head_keeps_its_q8_0_blocks_and_tracks_the_dense_model(ops
     import numpy as np
     from gguf import GGUFReader, quants
 
-    from runtime.engine import Engine
-    from runtime.model_source import embedded_gguf_path
+    from runtime.engine.engine import Engine
+    from runtime.loading.model_source import embedded_gguf_path
     from runtime.models.block_int8 import BlockInt8Linear
 
     q = Engine(dtype="bfloat16", quantize="gguf", kv_cache_memory="32M")

@@ -19,7 +19,7 @@ from tests.test_patterns import FakeEngine, run_all
 def runs():
     import transformers
 
-    from runtime.model_source import resolve_model
+    from runtime.loading.model_source import resolve_model
 
     tok = transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
     return run_all(FakeEngine(tok), [*CHECKED, "naive"], load("coding", "quick"))
@@ -80,7 +80,7 @@ def test_every_check_fails_against_a_cache_off_run():
     """The same patterns sent to a target whose cache is off: every check must FAIL (reuse was required)."""
     import transformers
 
-    from runtime.model_source import resolve_model
+    from runtime.loading.model_source import resolve_model
 
     tok = transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
     off = run_all(FakeEngine(tok, cache=False), [*CHECKED, "status_append"], load("coding", "quick"))

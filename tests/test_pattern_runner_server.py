@@ -39,7 +39,7 @@ def counts(run):
 @pytest.mark.slow
 def test_server_target_accounts_like_the_in_process_engine(tmp_path):
     from benchmarks.targets import InProcessTarget, ServerTarget
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
     from runtime.server.launcher import ServerProcess
 
     traj = four_turns()

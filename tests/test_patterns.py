@@ -15,7 +15,7 @@ TEMPLATE = "qwen3"
 def tokenizer():
     import transformers
 
-    from runtime.model_source import resolve_model
+    from runtime.loading.model_source import resolve_model
 
     return transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
 
@@ -267,9 +267,9 @@ def test_runner_bookkeeping_and_report_with_a_fake_engine(tokenizer, tmp_path):
 @pytest.mark.slow
 def test_accounting_on_a_small_workload_with_the_real_engine():
     try:
-        from runtime.engine import Engine
+        from runtime.engine.engine import Engine
     except ImportError as e:  # the engine is written in parallel; this test needs it
-        pytest.skip(f"runtime.engine is not importable yet: {e}")
+        pytest.skip(f"runtime.engine.engine is not importable yet: {e}")
     engine = Engine(None, page_size=16)
     # replayed replies: decoding forced replies on the 135M model is slow on a CPU, and forced decoding has
     # its own engine test on a tiny model (tests/test_forced_decoding.py)

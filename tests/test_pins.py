@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.cache_scope import CacheScope
+from runtime.cache.scope import CacheScope
 from runtime.request import Request
 from tests.engine_drive import greedy, random_ids, run_checked, tiny_engine
 

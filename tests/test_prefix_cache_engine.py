@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 from runtime.request import Request
 from tests.engine_drive import (
     assert_logits_close,

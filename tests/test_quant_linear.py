@@ -107,7 +107,7 @@ def test_unpermute_matches_transformers_gguf_loader() -> None:
 def test_quantized_engine_tracks_the_dense_one(tmp_path, mode: str) -> None:
     """A tiny HF model under --quantize: every decoder linear swapped, next-token logits close to dense."""
     from runtime.models.quant_linear import QuantLinear
-    from runtime.sampling import SamplingParams
+    from runtime.sampling.params import SamplingParams
     from tests.engine_drive import generate_checked, tiny_engine
     from tests.helpers import make_tiny_model
 
@@ -125,7 +125,7 @@ def test_quantized_engine_tracks_the_dense_one(tmp_path, mode: str) -> None:
 
 
 def test_quantize_gguf_without_a_gguf_is_a_clear_error(tmp_path) -> None:
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
     from tests.helpers import make_tiny_model
 
     path = make_tiny_model(tmp_path / "m")

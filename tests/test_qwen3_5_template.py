@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from chat_templates import check_prefix_stability, default_conversations
 from chat_templates.parsers import OutputParser, parse_full
 from chat_templates.render import render_text
-from runtime.model_source import resolve_model
+from runtime.loading.model_source import resolve_model
 from runtime.server.core.templates import forced_tool_prefix, resolve_template
 
 OUTPUT = (

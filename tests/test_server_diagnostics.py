@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from chat_templates.render import first_divergence, render
-from runtime.model_source import resolve_model
+from runtime.loading.model_source import resolve_model
 from runtime.server.diagnostics import CacheDiagnostics, HistoryEntry
 
 PAGE = 16

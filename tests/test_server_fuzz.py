@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.async_engine import AsyncEngine
-from runtime.engine import Engine
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
 

@@ -123,7 +123,7 @@ def test_stream_cut_by_shutdown_timeout_ends_with_error_and_done(tmp_path):
 
 CRASHING_SERVER = """
 import sys
-import runtime.engine as engine
+import runtime.engine.engine as engine
 
 real = engine.Engine.step
 

@@ -112,7 +112,7 @@ def _shared_prompt_tokens() -> int:
     from transformers import AutoTokenizer
 
     from chat_templates.render import first_divergence, render
-    from runtime.model_source import resolve_model
+    from runtime.loading.model_source import resolve_model
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model(None)[0]))
     a, b = (

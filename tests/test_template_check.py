@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 
 from chat_templates import Conversation, check_prefix_stability, default_conversations
 from chat_templates.template_check import main as check_main
-from runtime.model_source import resolve_model
+from runtime.loading.model_source import resolve_model
 
 THINKING = Conversation(
     "thinking",

@@ -8,8 +8,8 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from runtime.async_engine import AsyncEngine
-from runtime.engine import Engine
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
 

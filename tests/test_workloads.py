@@ -12,7 +12,7 @@ from benchmarks.workloads.generate import build
 def tokenizer():
     import transformers
 
-    from runtime.model_source import resolve_model
+    from runtime.loading.model_source import resolve_model
 
     return transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
 

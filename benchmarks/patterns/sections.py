@@ -20,7 +20,7 @@ ACCOUNTED = {"agent"}
 
 def engine_for(family: str | None, args: argparse.Namespace) -> Any:
     """The in-process engine of a stack: the tiny real-vocabulary model, or ``--model`` (embedded)."""
-    from runtime.engine import Engine
+    from runtime.engine.engine import Engine
 
     if family is None:
         tiers = {k: getattr(args, k, None) for k in ("kv_cache_memory", "kv_host_memory", "kv_store")}
@@ -81,7 +81,7 @@ def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list
 
     from benchmarks.pattern_runner import render_all, run_pattern
     from benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
-    from runtime.model_source import resolve_model
+    from runtime.loading.model_source import resolve_model
 
     rounds_n = args.rounds or (1 if args.quick else 3)
     if args.server:
@@ -123,6 +123,6 @@ def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list
 
 
 def engine_params(n: int) -> Any:
-    from runtime.sampling import SamplingParams
+    from runtime.sampling.params import SamplingParams
 
     return SamplingParams(max_tokens=n)

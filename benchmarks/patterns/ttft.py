@@ -49,7 +49,7 @@ def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
 def context_curve(engine: Any, lengths: list[int], reps: int, progress: Callable[[str], None]) -> list[dict]:
     """Cold and warm TTFT per context length, medians and spreads over interleaved repetitions."""
     from benchmarks.common import synthetic_prompt
-    from runtime.sampling import SamplingParams
+    from runtime.sampling.params import SamplingParams
 
     one = SamplingParams(max_tokens=1)
     samples: dict[tuple[int, str], list[float]] = {}

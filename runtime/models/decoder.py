@@ -7,19 +7,22 @@ QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
 from kernels import AttentionBackend
-from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.fused_decode import LayerPlan, fusable, fused_decode_layer, layer_plan
 from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts, feed_forward
 from runtime.models.summary import ParamCounts, count_parameters
+
+# Annotations only: a lower layer names the type it is handed.
+if TYPE_CHECKING:
+    from runtime.runner.forward_batch import ForwardBatch
 
 
 class StepContext(NamedTuple):

@@ -1,7 +1,7 @@
 """Gated DeltaNet: the linear-attention layer of Qwen3.5 and Qwen3-Next, over a per-request state pool.
 
 A sequence's layer state is a recurrent matrix per value head (fp32) plus the last ``kernel - 1``
-inputs of the short causal convolution; both live in one slot of ``runtime/state_pool.py`` and
+inputs of the short causal convolution; both live in one slot of ``runtime/runner/state_pool.py`` and
 carry over from one chunk (or decode step) of the request to the next.
 """
 

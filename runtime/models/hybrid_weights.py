@@ -3,7 +3,7 @@
 Our Gated DeltaNet has one in-projection with rows ``[q | k | v | z | b | a]``; Qwen3.5 stores
 them as ``in_proj_qkv`` / ``_z`` / ``_b`` / ``_a``, Qwen3-Next as ``in_proj_qkvz`` / ``_ba`` grouped
 per key head (``[q k v z]`` of head 0, then head 1 ...), which is regrouped here once at load.
-Routed experts load in ``runtime/weights.py`` like Qwen3-MoE's; the shared expert's gate/up fuse
+Routed experts load in ``runtime/models/weights.py`` like Qwen3-MoE's; the shared expert's gate/up fuse
 here.  The multimodal Qwen3.5 checkpoint keeps the text model under ``model.language_model.``; its
 vision tower and multi-token-prediction head are not loaded.
 """

@@ -4,24 +4,29 @@ Differences from ``decoder.py``'s families: ``layer_types`` picks each layer's t
 full-attention layers gate their output (``q_proj`` emits a sigmoid gate beside each query head),
 rotate only ``partial_rotary_factor`` of each head, and every RMSNorm but the gated one scales by
 ``1 + weight``.  Only the full-attention layers own KV pages; the linear layers keep a recurrent
-state per request (``runtime/state_pool.py``).  The MoE variants swap the MLP for
+state per request (``runtime/runner/state_pool.py``).  The MoE variants swap the MLP for
 ``runtime/models/moe.py``'s sparse block with a gated shared expert, where the config says so.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend
-from runtime.forward_batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.decoder import CausalLM, StepContext, paged_attention
 from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
 from runtime.models.layers import RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import feed_forward
+
+# Annotations only: a lower layer names the type it is handed.
+if TYPE_CHECKING:
+    from runtime.runner.forward_batch import ForwardBatch
 
 
 class OffsetRMSNorm(nn.Module):

@@ -12,8 +12,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from runtime.async_engine import AsyncEngine
-from runtime.engine import EngineError
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.engine import EngineError
 from runtime.server.anthropic import errors as anthropic_errors
 from runtime.server.anthropic import routes as anthropic_routes
 from runtime.server.core.errors import APIError, bad_request, install_error_handlers

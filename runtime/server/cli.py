@@ -11,7 +11,7 @@ from pathlib import Path
 
 import uvicorn
 
-from runtime.engine_args import add_engine_args, engine_kwargs
+from runtime.engine.args import add_engine_args, engine_kwargs
 
 log = logging.getLogger("kvreuse.server")
 
@@ -130,8 +130,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from runtime.async_engine import AsyncEngine
-    from runtime.engine import Engine
+    from runtime.engine.async_engine import AsyncEngine
+    from runtime.engine.engine import Engine
     from runtime.server.app import create_app
     from runtime.server.guard import LOOPBACK_HOSTS
     from runtime.server.state import ServerConfig

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from runtime.async_engine import AsyncEngine
-from runtime.engine import EngineStats
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.engine import EngineStats
 from runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
 from runtime.server.core.errors import APIError, bad_request
 from runtime.server.core.templates import TemplateInfo, resolve_template

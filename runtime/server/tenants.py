@@ -2,7 +2,7 @@
 
 With keys configured (``--api-key``, ``--api-key-file``: one ``key [tenant-name]`` per line, ``#``
 comments), every route but ``/health`` needs ``Authorization: Bearer <key>`` (or ``x-api-key``),
-else 401.  The key's tenant salts the prefix cache (``runtime/cache_scope.py``): the namespace
+else 401.  The key's tenant salts the prefix cache (``runtime/cache/scope.py``): the namespace
 comes from the key, never from a client field, so a tenant only hits prefixes it computed
 itself (a cached prefix is observably faster: CVE-2025-46570).  The one opt-in is
 ``--public-system-prompt FILE``: a chat request whose first message is a system message with
@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from runtime.cache_scope import PUBLIC, CacheScope
+from runtime.cache.scope import PUBLIC, CacheScope
 from runtime.server.core.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})

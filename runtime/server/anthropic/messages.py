@@ -15,9 +15,9 @@ from contextlib import aclosing
 from typing import Any
 
 from chat_templates.render import first_divergence
-from runtime.engine import Engine
+from runtime.engine.engine import Engine
 from runtime.request import RequestOutput
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 from runtime.server.anthropic.convert import Breakpoint, Converted
 from runtime.server.anthropic.errors import error_object
 from runtime.server.anthropic.protocol import MessagesRequest

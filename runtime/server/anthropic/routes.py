@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from runtime.engine import EngineError
+from runtime.engine.engine import EngineError
 from runtime.server.anthropic import messages
 from runtime.server.anthropic.convert import convert
 from runtime.server.anthropic.errors import error_response

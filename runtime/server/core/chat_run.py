@@ -9,8 +9,8 @@ from typing import Any
 
 from chat_templates.parsers import OutputParser, parse_full
 from chat_templates.tool_calls import ParsedOutput
-from runtime.constrained import Grammar
 from runtime.request import RequestOutput
+from runtime.sampling.constrained import Grammar
 from runtime.server.core.constraints import tool_grammar
 from runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt
 from runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream

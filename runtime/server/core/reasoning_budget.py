@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from chat_templates.parsers import THINK_CLOSE
 from runtime.request import RequestOutput
-from runtime.sampling import SamplingParams
+from runtime.sampling.params import SamplingParams
 
 CLOSE = "\n" + THINK_CLOSE + "\n\n"
 

@@ -7,10 +7,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-from runtime.cache_scope import PUBLIC
-from runtime.constrained import Grammar
+from runtime.cache.scope import PUBLIC
 from runtime.request import RequestOutput
-from runtime.sampling import SamplingParams
+from runtime.sampling.constrained import Grammar
+from runtime.sampling.params import SamplingParams
 from runtime.server.core.streaming import merge_streams
 from runtime.server.fingerprint import system_fingerprint
 from runtime.server.state import ServerState

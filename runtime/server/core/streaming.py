@@ -12,7 +12,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from chat_templates.tool_calls import ParsedDelta
-from runtime.async_engine import EngineDead, RequestFailed
+from runtime.engine.async_engine import EngineDead, RequestFailed
 from runtime.request import RequestOutput
 
 log = logging.getLogger("kvreuse.server")

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from runtime.cache_scope import CacheScope
+from runtime.cache.scope import CacheScope
 from runtime.server.cache_info import cache_snapshot, describe
 from runtime.server.core.streaming import final_outputs
 from runtime.server.openai import chat

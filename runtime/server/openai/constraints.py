@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from runtime.constrained import Grammar, json_object, json_schema
+from runtime.sampling.constrained import Grammar, json_object, json_schema
 from runtime.server.openai.protocol import ChatCompletionRequest
 
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from chat_templates.tool_calls import ParsedDelta
-from runtime.async_engine import EngineDead, RequestFailed
+from runtime.engine.async_engine import EngineDead, RequestFailed
 
 DONE = "data: [DONE]\n\n"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.engine import Engine
-from runtime.sampling import SamplingParams
+from runtime.engine.engine import Engine
+from runtime.sampling.params import SamplingParams
 from runtime.server.core.errors import bad_request
 from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 

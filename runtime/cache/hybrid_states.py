@@ -1,0 +1,148 @@
+"""A hybrid model's linear-attention states beside the KV pages: slots for running requests, and
+the snapshots it offers the prefix cache, which keeps them on its tree nodes (``runtime/cache/node_states.py``).
+
+Where snapshots are taken (always at page boundaries, where the tree's KV pages end):
+
+* the last page boundary of every prefill chunk: the end of the prompt (where the next turn of a
+  conversation continues) and chunk ends on long prompts;
+* every ``every_pages`` pages inside a chunk (0: off);
+* where a request's KV match was cut back to an earlier snapshot: the end of that KV match, a
+  point where two prompts are known to diverge (a later prompt diverging there resumes from it);
+* the last page boundary a request reached when it ends or is retracted: the end of its output.
+  During decode the state at each page boundary replaces the request's held one, which is offered
+  only when the request leaves (a snapshot per decoded page would flood the budget).
+
+A match is the longest prefix that has both its KV pages in the tree and a snapshot at its end
+(the prefix cache's rule, ``MatchResult.state`` / ``cut_len``); the KV beyond it is recomputed.
+``NoStates`` is the same interface for dense models: no slots, nothing to offer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.runner.state_pool import Snapshot, StateInput, StatePool
+
+# Annotations only: the cache knows a request by its fields, never imports the scheduler's layer.
+if TYPE_CHECKING:
+    from runtime.request import Request
+
+
+class NoStates:
+    """A dense model's states: none (so the cache manager and the scheduler never ask which model runs)."""
+
+    def admit(self, req: Request, state: object, kv_len: int) -> None:
+        pass
+
+    def take(self, req: Request, upto: int, leaving: bool = False) -> list[tuple[int, Snapshot]]:
+        return []
+
+    def release(self, req: Request) -> None:
+        pass
+
+    def step_input(self, chunks: list[tuple[Request, int, int]]) -> StateInput | None:
+        return None
+
+    def check(self, live: set[Request]) -> None:
+        pass
+
+
+class HybridStates:
+    """State slots (``StatePool``) and the snapshots taken for the prefix cache (``keep``: it keeps them)."""
+
+    def __init__(self, pool: StatePool, page_size: int, keep: bool, every_pages: int = 0) -> None:
+        self.pool = pool
+        self.page_size = page_size
+        self.keep = keep
+        self.every_pages = every_pages
+        self._slots: dict[Request, int] = {}
+        self._pending: dict[Request, list[tuple[int, Snapshot]]] = {}  # offered once their pages are in
+        self._held: dict[Request, tuple[int, Snapshot]] = {}  # latest decode boundary, offered at release
+        self._forks: dict[Request, int] = {}  # the end of a KV match that was cut back
+
+    # -- the cache manager's side ---------------------------------------------------------
+    def admit(self, req: Request, state: Snapshot | None, kv_len: int) -> None:
+        """Give ``req`` a slot and restore the matched prefix's ``state`` into it (None: start from zero).
+
+        ``kv_len``: how far the KV pages matched; past the state's end it is a divergence point."""
+        if req not in self._slots:
+            self._slots[req] = self.pool.alloc()
+        if state is not None:
+            self.pool.restore(self._slots[req], state)
+        if kv_len > req.num_computed:
+            self._forks[req] = kv_len
+
+    def take(self, req: Request, upto: int, leaving: bool = False) -> list[tuple[int, Snapshot]]:
+        """The snapshots for the prefix cache within ``req.tokens[:upto]`` (its pages are being inserted);
+        ``leaving``: also the state where its decode stopped."""
+        out, keep = [], []
+        for n, snap in self._pending.pop(req, []):
+            (out if n <= upto else keep).append((n, snap))
+        if keep:
+            self._pending[req] = keep
+        held = self._held.pop(req, None) if leaving else None
+        if held is not None and 0 < held[0] <= upto and all(n != held[0] for n, _ in out):
+            out.append(held)
+        return out
+
+    def release(self, req: Request) -> None:
+        """The request leaves (finished, aborted or retracted): its slot and untaken snapshots go."""
+        self._pending.pop(req, None)
+        self._held.pop(req, None)
+        self._forks.pop(req, None)
+        slot = self._slots.pop(req, None)
+        if slot is not None:
+            self.pool.free(slot)
+
+    def slot(self, req: Request) -> int:
+        return self._slots[req]
+
+    # -- a step's states ---------------------------------------------------------------------
+    def step_input(self, chunks: list[tuple[Request, int, int]]) -> StateInput:
+        """The runner's view of a step's ``(request, start, length)`` chunks: slots, and empty snapshots
+        for the states the policy keeps (filled by the forward; pending or held from now on)."""
+        pool = self.pool
+        cuts, inside, ends = [], [], []
+        for req, start, length in chunks:
+            decode = length == 1 and start >= req.num_prompt
+            cut, at_end = self._cuts(start, length, decode, self._forks.get(req, 0))
+            cuts.append(cut)
+            for off in cut:
+                inside.append(snap := pool.empty_snapshot())
+                self._captured(req, start + off, snap, decode)
+            ends.append(snap := pool.empty_snapshot() if at_end else None)
+            if snap is not None:
+                self._captured(req, start + length, snap, decode)
+        return StateInput(
+            [self._slots[r] for r, _, _ in chunks], [s == 0 for _, s, _ in chunks], cuts, inside, ends
+        )
+
+    def _cuts(self, start: int, length: int, decode: bool, fork: int) -> tuple[list[int], bool]:
+        """Offsets inside a chunk whose states to capture, and whether to capture its end state too."""
+        if not self.keep:
+            return [], False
+        ps, end = self.page_size, start + length
+        if decode:
+            return [], end % ps == 0
+        last = end - end % ps
+        every = self.every_pages * ps
+        points = {n for n in range(start - start % ps + ps, end + 1, ps) if every and n % every == 0}
+        if last > start:
+            points.add(last)
+        if start < fork <= end:
+            points.add(fork)
+        inside = sorted(n - start for n in points if n < end)
+        return inside, end in points
+
+    def _captured(self, req: Request, n: int, snap: Snapshot, decode: bool) -> None:
+        """The state after ``req.tokens[:n]``: held (decode) or pending until its pages are in the tree."""
+        if not decode:
+            self._pending.setdefault(req, []).append((n, snap))
+        self._held[req] = (n, snap)
+
+    # -- accounting --------------------------------------------------------------------------
+    def check(self, live: set[Request]) -> None:
+        if set(self._slots) - live:
+            raise AssertionError("a state slot outlived its request")
+        if len(set(self._slots.values())) + self.pool.num_free != self.pool.num_slots:
+            raise AssertionError(f"state slot leak: {len(self._slots)} used, {self.pool.num_free} free")

@@ -1,0 +1,256 @@
+"""Page ownership between requests and the prefix cache.
+
+Every page is in exactly one place: the allocator's free list, the prefix cache, or one request's
+own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
+``runtime.cache.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
+run one code path; a hybrid model's linear-attention states go through the same calls (``states``:
+``HybridStates`` or, for dense models, ``NoStates``; their snapshots ride on ``insert`` / ``match``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from runtime.cache.eviction import DEFAULT_POLICY
+from runtime.cache.hybrid_states import HybridStates, NoStates
+from runtime.cache.node_states import NodeStates
+from runtime.cache.page_allocator import OutOfPages, PageAllocator
+from runtime.cache.pins import PinTable
+from runtime.cache.prefix_cache import NoPrefixCache, PrefixCache
+from runtime.cache.radix_cache import RadixCache
+from runtime.cache.scope import PUBLIC, CacheScope
+from runtime.cache.store.tiers import LowerTiers, TierStats
+from runtime.cache.tiered_cache import PageIO, TieredRadixCache
+
+# Annotations only: the cache knows a request by its fields, never imports the scheduler's layer.
+if TYPE_CHECKING:
+    from runtime.request import Request
+
+PREFIX_CACHES = ("radix", "off")
+
+
+def make_prefix_cache(
+    kind: str,
+    page_size: int,
+    allocator: PageAllocator,
+    eviction: str = DEFAULT_POLICY,
+    tiers: LowerTiers | None = None,
+    io: PageIO | None = None,
+    write_through: bool = False,
+    state_budget: int | None = None,
+) -> PrefixCache:
+    """``radix``: the radix tree over ``allocator``'s pages (with ``tiers`` below it, if given; with
+    per-node states in ``state_budget`` bytes, if given: a hybrid model's snapshots);
+    ``off``: no cache (the naive baseline)."""
+    if kind == "radix" and tiers is not None:
+        assert io is not None, "a tiered cache copies pages through the pool's PageIO"
+        assert state_budget is None, "the lower tiers do not keep node states"
+        return TieredRadixCache(page_size, allocator, io, tiers, write_through, eviction)
+    if kind == "radix":
+        states = None if state_budget is None else NodeStates(state_budget)
+        return RadixCache(page_size, allocator, eviction, states)
+    if kind == "off":
+        return NoPrefixCache(page_size)
+    raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {kind!r}")
+
+
+class CacheStats(NamedTuple):
+    """Pool occupancy right now."""
+
+    total_pages: int
+    free_pages: int
+    tree_pages: int
+    evictable_pages: int
+    request_pages: int
+    evicted_pages: int
+    pinned_pages: int = 0
+
+
+class CacheManager:
+    """Match, lock, allocate, insert and release pages for requests."""
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        mode: str = "radix",
+        eviction: str = DEFAULT_POLICY,
+        session_ttl: float = 300.0,
+        pinned_fraction: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        tiers: LowerTiers | None = None,
+        io: PageIO | None = None,
+        write_through: bool = False,
+        states: HybridStates | NoStates | None = None,
+        state_budget: int | None = None,
+    ) -> None:
+        self.page_size = page_size
+        self.allocator = PageAllocator(num_pages)
+        self.prefix: PrefixCache = make_prefix_cache(
+            mode, page_size, self.allocator, eviction, tiers, io, write_through, state_budget
+        )
+        self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
+        self.tiers = tiers
+        self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
+        self.live: set[Request] = set()
+        self.states = states if states is not None else NoStates()  # a hybrid's linear-attention slots
+
+    # -- admission ---------------------------------------------------------------
+    def admit(self, req: Request) -> None:
+        """Reuse the longest cached prefix, leaving at least one token to compute (for logits)."""
+        self.live.add(req)
+        if req.scope.session is not None:
+            self.pins.touch(req.scope.session)  # the session is back: its TTL starts again
+        t0 = time.perf_counter()
+        m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope.namespace, req.scope.public_len)
+        load_s = time.perf_counter() - t0 if m.host_len or m.disk_len else 0.0  # a tier's pages copied in
+        self.prefix.lock(m.handle)
+        req.handle, req.pages = m.handle, list(m.pages)
+        req.num_tree_pages = len(req.pages)
+        req.num_computed = m.cached_len
+        self.states.admit(req, m.state, m.cached_len + m.cut_len)
+        if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
+            req.cached_tokens = m.cached_len
+            req.cached_host_tokens, req.cached_disk_tokens = m.host_len, m.disk_len
+            req.snapshot_cut = m.cut_len
+            req.tier_load_s = load_s
+
+    def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
+        return self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
+
+    # -- allocation -------------------------------------------------------------
+    def pages_needed(self, req: Request, n_new: int) -> int:
+        total = req.num_computed + n_new
+        return max(0, -(-total // self.page_size) - len(req.pages))
+
+    def available(self) -> int:
+        return self.allocator.num_free + self.prefix.evictable_pages
+
+    def reserve(self, req: Request, n_new: int) -> bool:
+        """Give ``req`` pages for ``n_new`` more tokens, evicting cached pages if needed.
+
+        Pins lapse, oldest first, only when evicting everything unpinned is not enough.
+        """
+        need = self.pages_needed(req, n_new)
+        if need == 0:
+            return True
+        if need > self.allocator.num_free:
+            self.pins.expire()
+            self.prefix.evict(need - self.allocator.num_free)
+            while need > self.allocator.num_free and len(self.pins):
+                self.pins.lapse_oldest("pressure")
+                self.prefix.evict(need - self.allocator.num_free)
+        try:
+            req.pages.extend(self.allocator.alloc(need))
+        except OutOfPages:
+            return False
+        return True
+
+    # -- insertion / release ------------------------------------------------------
+    def cache_computed(self, req: Request, leaving: bool = False) -> None:
+        """Offer the request's whole computed pages (and, for hybrids, the states at their boundaries)
+        to the cache and adopt the cache's pages.
+
+        Pages another request inserted meanwhile for the same tokens replace ours (ours are freed).
+        """
+        n_pages = req.num_computed // self.page_size
+        n = n_pages * self.page_size
+        extra = self.states.take(req, n, leaving)
+        if n_pages <= req.num_tree_pages and not extra:
+            return
+        scope = req.scope
+        res = self.prefix.insert(
+            req.tokens[:n], req.pages[:n_pages], scope.namespace, scope.public_len, extra
+        )
+        dup_end = res.prefix_len // self.page_size
+        if dup_end > req.num_tree_pages:
+            self.allocator.free(req.pages[req.num_tree_pages : dup_end])
+        self.prefix.lock(res.handle)
+        self.prefix.unlock(req.handle)
+        req.handle = res.handle
+        req.pages[: len(res.pages)] = res.pages
+        req.num_tree_pages = len(res.pages)
+
+    def release(self, req: Request, cache: bool = True) -> None:
+        """Finished, aborted or retracted: keep computed pages in the cache, free the rest."""
+        self._loads.pop(req, None)
+        if req not in self.live:
+            return
+        if cache:
+            self.cache_computed(req, leaving=True)
+            if req.scope.session is not None:
+                self.pins.pin(req.scope.session, req.handle)  # the session's last node: prompt + output
+        self.allocator.free(req.own_pages)
+        self.states.release(req)
+        self.prefix.unlock(req.handle)
+        req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
+        self.live.discard(req)
+
+    def reset(self) -> None:
+        self.pins.clear()
+        self.prefix.reset()
+
+    # -- lower tiers -------------------------------------------------------------------
+    def persist(self, wait: bool = True) -> int:
+        """Write every cached page that is only in the pool to the disk tier; returns pages written."""
+        return self.prefix.persist(wait) if isinstance(self.prefix, TieredRadixCache) else 0
+
+    def prefetch(self, req: Request) -> None:
+        """A request was queued: start reading its disk-tier pages in the background."""
+        if isinstance(self.prefix, TieredRadixCache):
+            scope = req.scope
+            fut = self.prefix.prefetch(req.tokens[: len(req.tokens) - 1], scope.namespace, scope.public_len)
+            if fut is not None:
+                self._loads[req] = fut
+
+    def loading(self, req: Request, wait: bool = False) -> bool:
+        """Whether ``req``'s read-ahead is still running (``wait``: finish it first)."""
+        fut = self._loads.get(req)
+        if fut is None:
+            return False
+        if wait:
+            fut.result()
+        if fut.done():
+            del self._loads[req]
+            return False
+        return True
+
+    def load_stored(self) -> int:
+        """Load stored prefixes from the disk tier into the pool while it has free pages; returns tokens."""
+        return self.prefix.load_stored() if isinstance(self.prefix, TieredRadixCache) else 0
+
+    def close(self) -> None:
+        """Persist and close the lower tiers (shutdown); the engine runs nothing after this."""
+        if self.tiers is not None:
+            self.persist()
+            self.tiers.close()
+            self.tiers = None
+
+    def tier_stats(self) -> TierStats | None:
+        return self.tiers.stats() if self.tiers is not None else None
+
+    # -- accounting ------------------------------------------------------------------
+    def stats(self) -> CacheStats:
+        ps = self.prefix.stats()
+        return CacheStats(
+            total_pages=self.allocator.num_pages,
+            free_pages=self.allocator.num_free,
+            tree_pages=ps.cached_pages,
+            evictable_pages=ps.evictable_pages,
+            request_pages=sum(len(r.own_pages) for r in self.live),
+            evicted_pages=ps.evicted_pages,
+            pinned_pages=ps.pinned_pages,
+        )
+
+    def check_integrity(self) -> CacheStats:
+        s = self.stats()
+        if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
+            raise AssertionError(f"KV page leak: {s}")
+        self.pins.check()  # every pin on the cache is one of the table's, and within the budget
+        if self.tiers is not None:
+            self.tiers.check()
+        self.prefix.check()  # the cache's own accounting: node states' bytes and budget
+        self.states.check(self.live)
+        return s

@@ -1,0 +1,105 @@
+"""Extra state hanging off radix-tree nodes (a hybrid model's linear-attention snapshots), LRU in a budget.
+
+A node's state is the state *after* the prefix the node ends (root to the end of its key), so it
+moves with the node's end: when the tree splits a node, the state stays on the lower half (whose
+key still ends where the state was taken) and the new upper node has none.  When the tree evicts
+a node its state goes with it (``dropped``); when the budget is short, the least recently used
+states are freed first (``evicted``) and their nodes keep their KV pages.
+
+The store knows nothing about what a state holds beyond ``nbytes``; the tree only asks it to
+``attach`` / ``touch`` / ``drop`` and to ``check`` its accounting against the nodes it finds.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any, NamedTuple, Protocol
+
+
+class NodeState(Protocol):
+    """What the store needs of a state: its size (``runtime.runner.state_pool.Snapshot`` is one)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class NodeStateStats(NamedTuple):
+    """States held now, their bytes, the budget; totals since start: stored, evicted (budget), dropped
+    (their node was evicted or reset)."""
+
+    count: int
+    bytes: int
+    budget_bytes: int
+    stored: int
+    evicted: int
+    dropped: int
+
+
+class NodeStates:
+    """The per-node states of one tree: ``node.extra`` holds the state, this store its order and bytes."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"state budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._lru: OrderedDict[Any, None] = OrderedDict()  # nodes holding a state, least recent first
+        self.nbytes = 0
+        self._stored = self._evicted = self._dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def attach(self, node: Any, state: NodeState) -> bool:
+        """Give ``node`` its state (it had none), freeing LRU states for room; False if it cannot fit."""
+        assert node.extra is None, "a node holds at most one state"
+        if state.nbytes > self.budget_bytes:
+            return False
+        while self._lru and self.nbytes + state.nbytes > self.budget_bytes:
+            self._free(next(iter(self._lru)))
+            self._evicted += 1
+        node.extra = state
+        self._lru[node] = None
+        self.nbytes += state.nbytes
+        self._stored += 1
+        return True
+
+    def touch(self, node: Any) -> None:
+        """A match resumed from ``node``'s state: it is the most recently used now."""
+        self._lru.move_to_end(node)
+
+    def drop(self, node: Any) -> None:
+        """``node`` leaves the tree: its state goes with it."""
+        if node.extra is not None:
+            self._free(node)
+            self._dropped += 1
+
+    def reset(self) -> None:
+        for node in self._lru:
+            node.extra = None
+        self._lru.clear()
+        self.nbytes = 0
+
+    def stats(self) -> NodeStateStats:
+        return NodeStateStats(
+            len(self._lru), self.nbytes, self.budget_bytes, self._stored, self._evicted, self._dropped
+        )
+
+    def check(self, nodes_with_state: Iterable[Any]) -> None:
+        """Integrity: the nodes of the tree that hold a state are exactly this store's, bytes add up,
+        the budget holds."""
+        found = list(nodes_with_state)
+        if set(found) != set(self._lru) or len(found) != len(self._lru):
+            raise AssertionError(
+                f"node states: {len(found)} nodes hold one, the store counts {len(self._lru)}"
+            )
+        total = sum(n.extra.nbytes for n in found)
+        if total != self.nbytes or total > self.budget_bytes:
+            raise AssertionError(
+                f"node state bytes: {total} held, {self.nbytes} counted, budget {self.budget_bytes}"
+            )
+
+    def _free(self, node: Any) -> None:
+        del self._lru[node]
+        self.nbytes -= node.extra.nbytes
+        node.extra = None

@@ -1,0 +1,134 @@
+"""Pins: named, expiring locks on radix-tree nodes within a page budget.
+
+A pin keeps a prefix (a node and all its ancestors) out of eviction for ``ttl`` seconds after it
+was last set or used.  Its owner is any hashable key: a session (``("session", tenant, id)``:
+the session's last node, prompt + output, re-pinned at the end of each of its requests) or an
+explicit cache breakpoint (``("breakpoint", tenant, ...)``, e.g. a prewarmed prefix or an
+Anthropic ``cache_control`` mark, with its own TTL).  One owner holds one pin; pinning again
+moves it.
+
+Pinned pages are the union of the pinned paths (a shared prefix counts once), kept by the cache
+(``PrefixCache.stats().pinned_pages``; the naive baseline pins nothing).  They never exceed ``budget`` pages: over it, the pins used
+longest ago lapse first, so pins cannot starve admission; when the pool is short even after
+evicting everything unpinned, the cache manager lapses pins the same way.  Lapses are counted
+by cause (``ttl``, ``budget``, ``pressure``, ``moved``: the owner pinned another node).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from runtime.cache.prefix_cache import PrefixCache
+
+
+@dataclass
+class Pin:
+    """One owner's pin: the node it holds and until when."""
+
+    handle: object
+    ttl: float
+    expires: float
+    tokens: int  # prefix length the pin covers
+
+
+class PinInfo(NamedTuple):
+    """What introspection shows of a pin (no token content)."""
+
+    owner: Hashable
+    tokens: int
+    ttl_left: float
+
+
+class PinTable:
+    """The pins of one prefix cache, oldest-used first (see the module docstring)."""
+
+    def __init__(
+        self,
+        cache: PrefixCache,
+        budget_pages: int,
+        ttl: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if ttl <= 0:
+            raise ValueError(f"pin ttl must be > 0 seconds, got {ttl}")
+        self.cache, self.budget, self.ttl, self.clock = cache, budget_pages, ttl, clock
+        self._pins: OrderedDict[Hashable, Pin] = OrderedDict()
+        self.lapsed: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def __contains__(self, owner: Hashable) -> bool:
+        return owner in self._pins
+
+    def pin(self, owner: Hashable, handle: object, ttl: float | None = None) -> bool:
+        """Pin ``handle`` for ``owner`` (moving its earlier pin); returns whether the pin survived the budget.
+
+        An empty prefix (the cache holds nothing for it) is not pinned.
+        """
+        self.expire()
+        ttl = self.ttl if ttl is None else ttl
+        if ttl <= 0:
+            raise ValueError(f"pin ttl must be > 0 seconds, got {ttl}")
+        tokens = self.cache.handle_len(handle)
+        if tokens == 0:
+            return False
+        self.cache.pin(handle)  # before dropping the old pin, so a shared prefix never flips
+        old = self._pins.pop(owner, None)
+        if old is not None:
+            self.cache.unpin(old.handle)
+            if old.handle is not handle:
+                self.lapsed["moved"] += 1
+        self._pins[owner] = Pin(handle, ttl, self.clock() + ttl, tokens)
+        while self.cache.stats().pinned_pages > self.budget and self._pins:
+            self.lapse_oldest("budget")
+        return owner in self._pins
+
+    def touch(self, owner: Hashable) -> None:
+        """A use of the owner's prefix: its TTL starts again and it becomes the newest pin."""
+        pin = self._pins.get(owner)
+        if pin is not None:
+            pin.expires = self.clock() + pin.ttl
+            self._pins.move_to_end(owner)
+
+    def unpin(self, owner: Hashable) -> None:
+        pin = self._pins.pop(owner, None)
+        if pin is not None:
+            self.cache.unpin(pin.handle)
+
+    def expire(self) -> int:
+        """Lapse every pin past its TTL; returns how many."""
+        now = self.clock()
+        dead = [owner for owner, pin in self._pins.items() if pin.expires <= now]
+        for owner in dead:
+            self.unpin(owner)
+        self.lapsed["ttl"] += len(dead)
+        return len(dead)
+
+    def lapse_oldest(self, cause: str) -> None:
+        owner = next(iter(self._pins))
+        self.unpin(owner)
+        self.lapsed[cause] += 1
+
+    def clear(self) -> None:
+        while self._pins:
+            self.unpin(next(iter(self._pins)))
+
+    def info(self) -> list[PinInfo]:
+        now = self.clock()
+        return [PinInfo(o, p.tokens, max(0.0, p.expires - now)) for o, p in self._pins.items()]
+
+    def check(self) -> int:
+        """The cache's pins are exactly this table's, within the budget; returns the pinned pages."""
+        s = self.cache.stats()
+        if s.pins != len(self._pins):
+            raise AssertionError(
+                f"pinned pages: the cache holds {s.pins} pins, the pin table {len(self._pins)}"
+            )
+        if s.pinned_pages > min(self.budget, s.cached_pages):
+            raise AssertionError(f"{s.pinned_pages} pinned pages over the budget {self.budget} or the cache")
+        return s.pinned_pages

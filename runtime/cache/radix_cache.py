@@ -1,0 +1,294 @@
+"""Radix tree of KV pages: which token prefixes already have their K/V computed, and where.
+
+The algorithm is SGLang's radix cache; the handle API (``match`` / ``lock`` / ``insert`` /
+``unlock``) follows mini-sglang.  The tree itself (nodes, whole-page keys, walks that split a node
+where a match ends inside it, namespaces) is ``runtime.cache.radix_tree``; this module owns what the
+tree's pages mean:
+
+* ``insert(tokens, pages)`` needs ``len(tokens) == len(pages) * page_size``.  For the part of the
+  key already in the tree the tree keeps *its* pages and the caller keeps ownership of the pages
+  it passed for that part (it frees those that differ from the tree's; ids that came from a
+  ``match`` are the tree's own and must not be freed).  The tree takes ownership of the pages of
+  the new remainder.  ``prefix_len`` says how many tokens were already present.
+* ``lock(handle)`` adds one reference to the node and every ancestor; a node with a non-zero
+  ref count is never evicted.  So ref counts never increase going down, and the unlocked nodes
+  form whole subtrees: ``evictable_pages`` is every page in a node with ref count 0.
+* ``evict(n)`` frees unlocked leaves in the order of the tree's eviction policy (a strategy
+  object from ``runtime/cache/eviction.py``; ``match`` and ``insert`` stamp the nodes on their path with
+  a monotonic clock and report uses to it); a parent left childless and unlocked becomes a
+  candidate in the same call.  A policy that trims (all but ``lru``) frees only the tail pages
+  it needs from the last victim, splitting it, so the head of that prefix stays cached.
+  Evictable leaves are tracked incrementally in a set, so one eviction costs a heap over the
+  candidate leaves, never a walk of the whole tree.
+* Namespaces (``runtime/cache/radix_tree.py``): ``match``/``insert`` take the request's namespace and how
+  many leading tokens are public, so tenants never match each other's prefixes.
+* ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
+  shared prefixes once); ``runtime/cache/pins.py`` gives pins owners, TTLs and a page budget.
+* Per-node extra state (``states``: a ``runtime.cache.node_states.NodeStates``; a hybrid model's
+  linear-attention snapshots): ``node.extra`` is the state after the prefix the node ends.
+  ``insert(..., extra=[(n, state)])`` splits the path at ``n`` tokens and hangs the state there.
+  With a state store a prefix is usable only where a state is: ``match`` / ``peek_len`` return the
+  longest matched prefix whose last node holds one (or the root: the empty prefix, state zero);
+  ``MatchResult.state`` is that state and ``cut_len`` the KV-matched tokens past it.  A split
+  leaves the state on the lower half; evicting a node drops its state; the store frees states
+  (not pages) LRU within its own byte budget.  ``check()`` re-counts them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Sequence
+
+from runtime.cache.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
+from runtime.cache.node_states import NodeState, NodeStates
+from runtime.cache.page_allocator import PageAllocator
+from runtime.cache.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
+from runtime.cache.radix_tree import RadixTree, TreeNode
+
+__all__ = ["InsertResult", "MatchResult", "RadixCache", "TreeNode"]
+
+
+class RadixCache(RadixTree):
+    """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring).
+
+    Implements ``runtime.cache.prefix_cache.PrefixCache``; handles are ``TreeNode`` objects.
+    """
+
+    def __init__(
+        self,
+        page_size: int,
+        allocator: PageAllocator,
+        policy: EvictionPolicy | str = DEFAULT_POLICY,
+        states: NodeStates | None = None,
+    ) -> None:
+        super().__init__(page_size, make_policy(policy) if isinstance(policy, str) else policy)
+        self.allocator = allocator
+        self._evictable: set[TreeNode] = set()
+        self._total_pages = 0
+        self._locked_pages = 0
+        self._pinned_pages = 0
+        self._num_pins = 0
+        self.evicted_pages_total = 0
+        self.states = states  # per-node extra state; with one, matches end where a state is
+
+    @property
+    def total_pages(self) -> int:
+        return self._total_pages
+
+    @property
+    def locked_pages(self) -> int:
+        return self._locked_pages
+
+    @property
+    def pinned_pages(self) -> int:
+        return self._pinned_pages
+
+    @property
+    def evictable_pages(self) -> int:
+        return self._total_pages - self._locked_pages
+
+    def stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            self._total_pages,
+            self.evictable_pages,
+            self.evicted_pages_total,
+            self._pinned_pages,
+            self._num_pins,
+            *((len(self.states), self.states.nbytes) if self.states is not None else ()),
+        )
+
+    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
+        """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed.
+
+        Only prefixes of ``namespace`` match, except the first ``public_len`` tokens, which match
+        public ones (``runtime/cache/scope.py``).
+        """
+        node, pos, pages = self._walk(tuple(token_ids), namespace, public_len, self._tick())
+        if self.states is None:
+            return MatchResult(node, pos, pages)
+        kv_len = pos
+        while node is not self.root and node.extra is None:  # back to the last node with a state
+            pos -= len(node.key)
+            node = node.parent
+        if node.extra is not None:
+            self.states.touch(node)
+        return MatchResult(node, pos, pages[: pos // self.page_size], state=node.extra, cut_len=kv_len - pos)
+
+    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int:
+        """``match(token_ids).cached_len`` without its side effects: no split, no access-time update.
+
+        For scheduling estimates, which must not make a prefix look recently used.
+        """
+        tokens = tuple(token_ids)
+        node: TreeNode | None = self.root
+        pos = usable = 0
+        while node is not None:
+            node, n_pages = self._peek_step(node, tokens, pos, namespace, public_len)
+            pos += n_pages * self.page_size
+            if node is not None and n_pages < len(node.pages):
+                break
+            if node is not None and node.extra is not None:
+                usable = pos
+        return pos if self.states is None else usable
+
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        namespace: Hashable = None,
+        public_len: int = 0,
+        extra: Sequence[tuple[int, NodeState]] = (),
+    ) -> InsertResult:
+        """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership.
+
+        New nodes go to ``namespace``, except those within the first ``public_len`` tokens.
+        ``extra``: ``(n, state)``, the state after ``token_ids[:n]`` (``n`` whole pages, ``0 < n <=
+        len``), kept on the node ending there if the tree has a state store (a state already there
+        is kept: the same prefix gives the same state).
+        """
+        tokens = tuple(token_ids)
+        if len(tokens) != len(pages) * self.page_size:
+            raise ValueError(
+                f"insert needs whole pages: {len(tokens)} tokens for {len(pages)} pages of {self.page_size}"
+            )
+        now = self._tick()
+        node, pos, held = self._walk(tokens, namespace, public_len, now)
+        prefix_len = pos
+        while pos < len(tokens):  # one new leaf, or two where it crosses from public to private
+            ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
+            ps = self.page_size
+            leaf = TreeNode(tokens[pos:end], list(pages[pos // ps : end // ps]), node, next(self._uids), ns)
+            leaf.last_access = now
+            self.policy.added(leaf, now)
+            node.children[(ns, leaf.key[:ps])] = leaf
+            self.num_nodes += 1
+            self._total_pages += len(leaf.pages)
+            self._refresh(node)
+            self._refresh(leaf)
+            node, pos = leaf, end
+        if self.states is not None:
+            for n, state in extra:
+                self._attach(tokens[:n], state, namespace, public_len)
+        return InsertResult(prefix_len, node, held + list(pages[prefix_len // self.page_size :]))
+
+    def _attach(
+        self, tokens: tuple[int, ...], state: NodeState, namespace: Hashable, public_len: int
+    ) -> None:
+        assert self.states is not None and len(tokens) % self.page_size == 0 and tokens
+        node, pos, _ = self._walk(tokens, namespace, public_len, None)  # insert stamped the path
+        assert pos == len(tokens), "a state for a prefix the tree does not hold"
+        if node.extra is None:
+            self.states.attach(node, state)
+        else:
+            self.states.touch(node)
+
+    def lock(self, handle: TreeNode) -> None:
+        """Protect the handle's prefix from eviction (one more reference on it and its ancestors)."""
+        self._add_ref(handle, 1, pin=False)
+
+    def unlock(self, handle: TreeNode) -> None:
+        """Drop one reference taken by :meth:`lock`."""
+        self._add_ref(handle, -1, pin=False)
+
+    def pin(self, handle: TreeNode) -> None:
+        """A lock that also counts the path's pages in ``pinned_pages``; undone by :meth:`unpin`."""
+        self._add_ref(handle, 1, pin=True)
+
+    def unpin(self, handle: TreeNode) -> None:
+        self._add_ref(handle, -1, pin=True)
+
+    def evict(self, n_pages: int) -> int:
+        """Free at least ``n_pages`` pages if possible, in policy order; returns pages freed.
+
+        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.
+        """
+        policy, now = self.policy, self._clock
+        heap = [(policy.priority(leaf, now), leaf.uid, leaf) for leaf in self._evictable]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < n_pages and heap:
+            _, _, leaf = heapq.heappop(heap)
+            if policy.spare(leaf):
+                heapq.heappush(heap, (policy.priority(leaf, now), leaf.uid, leaf))
+                continue
+            want = n_pages - freed
+            if policy.trim and want < len(leaf.pages):
+                self._split(leaf, len(leaf.pages) - want)  # ``leaf`` is now just its tail
+            parent = leaf.parent
+            assert parent is not None
+            self._before_evict(leaf)
+            if self.states is not None:
+                self.states.drop(leaf)
+            del parent.children[(leaf.ns, leaf.key[: self.page_size])]
+            self._evictable.discard(leaf)
+            policy.removed(leaf)
+            leaf.parent = None
+            self.allocator.free(leaf.pages)
+            freed += len(leaf.pages)
+            self._total_pages -= len(leaf.pages)
+            self.num_nodes -= 1
+            self._refresh(parent)
+            if parent in self._evictable:
+                heapq.heappush(heap, (policy.priority(parent, now), parent.uid, parent))
+        self.evicted_pages_total += freed
+        return freed
+
+    def _before_evict(self, leaf: TreeNode) -> None:
+        """Called with a leaf about to be evicted, still attached: a tiered cache copies it down here."""
+
+    def reset(self) -> None:
+        """Drop the whole tree and free its pages; only allowed while nothing is locked."""
+        if self._locked_pages:
+            raise RuntimeError(f"reset of a radix cache with {self._locked_pages} locked pages")
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            self.allocator.free(node.pages)
+            self.policy.removed(node)
+            node.parent = None
+        self.root.children.clear()
+        if self.states is not None:
+            self.states.reset()
+        self._evictable.clear()
+        self._total_pages = 0
+        self.num_nodes = 0
+
+    def check(self) -> None:
+        """Integrity of what the counters cannot show: every node state is the store's, bytes add up."""
+        if self.states is None:
+            return
+        nodes, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.extra is not None:
+                nodes.append(node)
+        self.states.check(nodes)
+
+    def _add_ref(self, handle: TreeNode, delta: int, pin: bool) -> None:
+        """Add ``delta`` references (pins when ``pin``) to ``handle`` and every ancestor."""
+        self._check_attached(handle)
+        if delta < 0 and handle is not self.root and (handle.pin if pin else handle.ref - handle.pin) <= 0:
+            verb, state = ("unpin", "pinned") if pin else ("unlock", "locked")
+            raise ValueError(f"{verb} of a node that is not {state}: {handle!r}")
+        node: TreeNode | None = handle
+        while node is not None and node is not self.root:
+            n = len(node.pages)
+            was_locked, was_pinned = node.ref > 0, node.pin > 0
+            node.ref += delta
+            if pin:
+                node.pin += delta
+                self._pinned_pages += n * ((node.pin > 0) - was_pinned)
+            self._locked_pages += n * ((node.ref > 0) - was_locked)
+            self._refresh(node)
+            node = node.parent
+        if pin:
+            self._num_pins += delta
+
+    def _refresh(self, node: TreeNode) -> None:
+        """Re-derive whether ``node`` is an evictable leaf after its children or ref count changed."""
+        if node is not self.root and node.ref == 0 and not node.children:
+            self._evictable.add(node)
+        else:
+            self._evictable.discard(node)

@@ -1,0 +1,272 @@
+"""The tiers below the pool, as one object: host memory above disk, writes in the background.
+
+``match`` says how far a chain of page keys continues in the lower tiers (host pages first,
+then disk pages); ``load`` brings those pages' K/V up; ``write_back`` takes pages the pool is
+about to drop and keeps them: in the host tier when there is one (its LRU overflow goes to disk),
+else straight to disk on a writer thread, so the engine step that evicts never waits for a file.
+A page being written is still served from the writer's queue, so nothing is lost in between.
+``prefetch`` reads a waiting request's disk pages on a reader thread into a bounded staging area,
+so the engine keeps computing other requests meanwhile and the admission only copies them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
+
+import torch
+
+from runtime.cache.store.disk import DiskStore
+from runtime.cache.store.host import HostStore
+
+
+class TierMatch(NamedTuple):
+    """Leading pages of a key chain found in each lower tier (host ones come first)."""
+
+    host: int
+    disk: int
+
+    @property
+    def total(self) -> int:
+        return self.host + self.disk
+
+
+class TierStats(NamedTuple):
+    """Counters since start and the tiers' size now."""
+
+    loaded_host_pages: int
+    loaded_disk_pages: int
+    load_seconds: float  # the engine thread's time loading pages (picking up read-ahead included)
+    written_pages: int
+    host_pages: int
+    disk_pages: int
+    disk_bytes: int
+    read_ahead_seconds: float = 0.0  # background disk reads (overlapping other requests' compute)
+
+
+class LowerTiers:
+    """Host tier (optional) over disk tier (optional); see the module docstring."""
+
+    def __init__(
+        self, host: HostStore | None, disk: DiskStore | None, staging_bytes: int = 512 << 20
+    ) -> None:
+        self.host = host
+        self.disk = disk
+        self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
+        self._staged: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # read ahead from disk
+        self._staged_bytes = 0
+        self.staging_bytes = staging_bytes
+        self._reader = ThreadPoolExecutor(1, "kvreuse-kv-prefetch") if disk is not None else None
+        self._mu = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._counts = {"host": 0, "disk": 0, "written": 0}
+        self._load_s = self._read_ahead_s = 0.0
+        self._writer = None
+        if disk is not None:
+            if host is not None:
+                host.on_evict = self._enqueue
+            self._writer = threading.Thread(target=self._write_loop, name="kvreuse-kv-writer", daemon=True)
+            self._writer.start()
+
+    # -- reads -------------------------------------------------------------------------
+    def match(self, keys: Sequence[bytes], durable: bool = False) -> TierMatch:
+        """Leading ``keys`` held below the pool; ``durable``: on disk (or queued for it) only."""
+        n_host = self.host.match(keys) if self.host is not None and not durable else 0
+        rest = keys[n_host:]
+        n = 0
+        while n < len(rest):
+            with self._mu:
+                start = n
+                while n < len(rest) and (rest[n] in self._pending or rest[n] in self._staged):
+                    n += 1
+            if self.disk is not None and n < len(rest):
+                n += self.disk.match(rest[n:])
+            if n == start:
+                break
+        return TierMatch(n_host, n)
+
+    def load(self, keys: Sequence[bytes], m: TierMatch) -> torch.Tensor | None:
+        """K/V of ``keys`` (matched as ``m``) stacked ``[n, ...]``; None if a disk group failed its check."""
+        t0 = time.perf_counter()
+        parts = []
+        if m.host:
+            parts.append(self.host.get(keys[: m.host]))
+        disk_keys = list(keys[m.host : m.total])
+        i = 0
+        while i < len(disk_keys):
+            with self._mu:
+                run = []
+                while i + len(run) < len(disk_keys):
+                    k = disk_keys[i + len(run)]
+                    t = self._pending.get(k)
+                    if t is None and k in self._staged:
+                        t = self._staged.pop(k)
+                        self._staged_bytes -= t.numel() * t.element_size()
+                    if t is None:
+                        break
+                    run.append(t)
+            if run:
+                parts.append(_rows(run))
+                i += len(run)
+                continue
+            j = i  # the longest run the disk itself must serve
+            with self._mu:
+                while (
+                    j < len(disk_keys)
+                    and disk_keys[j] not in self._pending
+                    and disk_keys[j] not in self._staged
+                ):
+                    j += 1
+            got = self.disk.get(disk_keys[i:j])
+            if got is None:
+                return None
+            parts.append(got)
+            i = j
+        self._counts["host"] += m.host
+        self._counts["disk"] += len(disk_keys)
+        self._load_s += time.perf_counter() - t0
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def prefetch(self, keys: Sequence[bytes]) -> Future | None:
+        """Start reading the disk-only part of ``keys`` (leading pages below the pool) ahead of use."""
+        if self._reader is None:
+            return None
+        m = self.match(keys)
+        with self._mu:
+            todo = [k for k in keys[m.host : m.total] if k not in self._pending and k not in self._staged]
+        if not todo:
+            return None
+        return self._reader.submit(self._stage, todo)
+
+    def _stage(self, keys: list[bytes]) -> None:
+        t0 = time.perf_counter()
+        kv = self.disk.get(keys)
+        with self._mu:
+            self._read_ahead_s += time.perf_counter() - t0
+        if kv is None:
+            return
+        with self._mu:
+            for k, t in zip(keys, kv):
+                if k not in self._staged:
+                    self._staged[k] = t
+                    self._staged_bytes += t.numel() * t.element_size()
+            while self._staged_bytes > self.staging_bytes and self._staged:  # unclaimed reads age out
+                _, old = self._staged.popitem(last=False)
+                self._staged_bytes -= old.numel() * old.element_size()
+
+    # -- writes --------------------------------------------------------------------------
+    def write_back(
+        self,
+        parent: bytes,
+        parent_is_root: bool,
+        keys: list[bytes],
+        tokens: list[tuple[int, ...]],
+        kv: torch.Tensor,
+        durable: bool = False,
+    ) -> None:
+        """Keep pages the pool drops (``kv`` must already be a copy: the pool pages are reused at once).
+
+        To the host tier when there is one, else (or with ``durable``) to disk in the background.
+        """
+        if self.host is not None and not (durable and self.disk is not None):
+            self.host.put(parent, parent_is_root, keys, tokens, kv)
+        elif self.disk is not None:
+            self._enqueue(parent, parent_is_root, keys, tokens, kv)
+
+    def _enqueue(self, parent, parent_is_root, keys, tokens, kv) -> None:
+        with self._mu:
+            for k, t in zip(keys, kv):
+                self._pending[k] = t
+        self._queue.put((parent, parent_is_root, list(keys), list(tokens), kv))
+
+    def _write_loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                self._queue.task_done()
+                return
+            parent, is_root, keys, tokens, kv = job
+            try:
+                self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
+            finally:
+                with self._mu:
+                    for k in keys:
+                        self._pending.pop(k, None)
+                self._queue.task_done()
+
+    def flush(self, drain_host: bool = False) -> None:
+        """Wait until every queued write is on disk (and, with ``drain_host``, the host tier too)."""
+        if drain_host and self.host is not None and self.disk is not None:
+            self.host.drain()
+        if self._writer is not None:
+            self._queue.join()
+
+    def clear(self) -> None:
+        """Drop every page of every lower tier (after the queued writes land, so none arrives later)."""
+        self.flush()
+        with self._mu:
+            self._staged.clear()
+            self._staged_bytes = 0
+        if self.host is not None:
+            self.host.clear()
+        if self.disk is not None:
+            self.disk.clear()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
+        self.flush(drain_host=True)
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join()
+            self._writer = None
+        if self.disk is not None:
+            self.disk.close()
+
+    def check(self) -> None:
+        """Every tier's invariants (see ``HostStore.check`` and ``DiskStore.check``)."""
+        if self.host is not None:
+            self.host.check()
+        if self.disk is not None:
+            self.disk.check()
+            with self._mu:
+                pending = set(self._pending)
+            lost = {
+                k
+                for k in self.disk.orphan_parents()
+                if k not in pending and (self.host is None or k not in self.host) and not self.disk.match([k])
+            }  # the last test: the writer may have stored it since the first query
+            if lost:
+                raise AssertionError(f"{len(lost)} disk pages have a parent stored in no tier")
+
+    def stats(self) -> TierStats:
+        ds = self.disk.stats() if self.disk is not None else None
+        return TierStats(
+            loaded_host_pages=self._counts["host"],
+            loaded_disk_pages=self._counts["disk"],
+            load_seconds=self._load_s,
+            written_pages=self._counts["written"],
+            host_pages=len(self.host) if self.host is not None else 0,
+            disk_pages=ds.pages if ds else 0,
+            disk_bytes=ds.nbytes if ds else 0,
+            read_ahead_seconds=self._read_ahead_s,
+        )
+
+
+def _rows(pages: list[torch.Tensor]) -> torch.Tensor:
+    """Pages stacked ``[n, ...]``: a view when they are consecutive rows of one tensor (the pages of
+    a group read ahead together), a copy otherwise."""
+    first, step = pages[0], pages[0].numel()
+    base = first.untyped_storage().data_ptr()
+    if first.is_contiguous() and all(
+        p.untyped_storage().data_ptr() == base and p.storage_offset() == first.storage_offset() + i * step
+        for i, p in enumerate(pages)
+    ):
+        return first.as_strided((len(pages), *first.shape), (step, *first.stride()))
+    return torch.stack(pages)

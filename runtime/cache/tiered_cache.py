@@ -1,0 +1,218 @@
+"""The radix tree with host and disk tiers below it: pages evicted from the pool are kept, not lost.
+
+The tree holds what is in the pool.  Below it, :class:`runtime.cache.store.tiers.LowerTiers` holds
+pages keyed by their prefix chain (:mod:`runtime.cache.store.page_keys`), so its index is a tree too
+and continues the radix tree past its leaves::
+
+    tokens : | p0 | p1 | p2 | p3 | p4 | p5 |
+    pool   : [ tree   tree ]                     match in the radix tree: 2 pages
+    host   :             [ p2 ]                  then the chain continues in host memory
+    disk   :                  [ p3   p4 ]        and on disk; p5 was never computed
+    result : 5 pages, 3 of them loaded into pool pages allocated now and inserted into the tree
+
+* ``match`` loads the lower-tier part of a prefix into fresh pool pages (evicting, i.e. demoting,
+  other leaves if the free list is short), inserts them into the tree, and returns the whole
+  prefix, so callers only ever see pool pages; ``MatchResult.host_len`` / ``disk_len`` say how many
+  of the matched tokens came from each tier.
+* Eviction demotes: the leaf's K/V are copied out before its pages are freed and handed to the
+  tiers (host memory first when there is a host tier, its overflow to disk; else straight to disk,
+  written on a background thread).  With ``write_through`` every insert is also written down at
+  once, so a crash loses nothing that was computed.
+* ``persist`` writes every page still only in the pool down (shutdown, and periodically), so a
+  server started on the same store finds the whole tree again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+import torch
+
+from runtime.cache.eviction import DEFAULT_POLICY
+from runtime.cache.page_allocator import PageAllocator
+from runtime.cache.prefix_cache import MatchResult
+from runtime.cache.radix_cache import RadixCache, TreeNode
+from runtime.cache.store.page_keys import page_keys, root_key, scope_namespaces
+from runtime.cache.store.tiers import LowerTiers, TierMatch
+
+
+class PageIO(Protocol):
+    """Copies whole pages' K/V between the pool and host tensors ``[n, layers, 2, page, heads, dim]``."""
+
+    def read_pages(self, pages: Sequence[int]) -> torch.Tensor: ...
+
+    def write_pages(self, pages: Sequence[int], kv: torch.Tensor) -> None: ...
+
+
+class TieredRadixCache(RadixCache):
+    """A :class:`RadixCache` whose evictions go to lower tiers and whose matches come back from them."""
+
+    def __init__(
+        self,
+        page_size: int,
+        allocator: PageAllocator,
+        io: PageIO,
+        tiers: LowerTiers,
+        write_through: bool = False,
+        policy: str = DEFAULT_POLICY,
+    ) -> None:
+        super().__init__(page_size, allocator, policy)
+        self.io = io
+        self.tiers = tiers
+        self.write_through = write_through
+        self.root_key = root_key()
+
+    # -- reads --------------------------------------------------------------------------
+    def _keys(self, tokens: list[int], namespace: Hashable, public_len: int) -> list[bytes]:
+        n_pages = len(tokens) // self.page_size
+        ns = scope_namespaces(n_pages, self.page_size, namespace, public_len)
+        return page_keys(tokens[: n_pages * self.page_size], self.page_size, self.root_key, namespaces=ns)
+
+    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
+        m = super().match(token_ids, namespace, public_len)
+        tokens = list(token_ids)
+        n_pages = len(tokens) // self.page_size
+        first = len(m.pages)
+        if first == n_pages:
+            return m
+        keys = self._keys(tokens, namespace, public_len)
+        tm = self.tiers.match(keys[first:])
+        if tm.total == 0:
+            return m
+        self.lock(m.handle)  # the matched prefix must survive the evictions that make room below
+        try:
+            n = self._room_for(tm.total)
+            if n == 0:
+                return m
+            tm = TierMatch(min(tm.host, n), n - min(tm.host, n))
+            kv = self.tiers.load(keys[first : first + n], tm)
+            if kv is None:  # a disk group failed its checksum: those tokens are recomputed
+                return m
+            pages = self.allocator.alloc(n)
+            self.io.write_pages(pages, kv)
+            end = (first + n) * self.page_size
+            res = super().insert(tokens[:end], list(m.pages) + pages, namespace, public_len)
+            assert res.prefix_len == m.cached_len, "the tree changed between match and load"
+        finally:
+            self.unlock(m.handle)
+        full = super().match(tokens[:end], namespace, public_len)
+        ps = self.page_size
+        return MatchResult(full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps)
+
+    def prefetch(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0):
+        """Start reading the lower-tier part of this prefix from disk in the background (a Future or None)."""
+        tokens = list(token_ids)
+        n_pages = len(tokens) // self.page_size
+        first = self.peek_len(tokens, namespace, public_len) // self.page_size
+        if first == n_pages:
+            return None
+        return self.tiers.prefetch(self._keys(tokens, namespace, public_len)[first:])
+
+    def reset(self) -> None:
+        """Drop the tree and what the tiers below it hold: a reset cache serves nothing (the naive
+        baseline of a benchmark resets between requests, so a tier must not answer for the pool)."""
+        super().reset()
+        self.tiers.clear()
+
+    def _room_for(self, n: int) -> int:
+        short = n - self.allocator.num_free
+        if short > 0:
+            self.evict(short)
+        return min(n, self.allocator.num_free)
+
+    # -- writes -------------------------------------------------------------------------
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        pages: Sequence[int],
+        namespace: Hashable = None,
+        public_len: int = 0,
+        extra: Sequence[tuple[int, object]] = (),
+    ):
+        res = super().insert(token_ids, pages, namespace, public_len, extra)
+        if self.write_through and res.prefix_len < len(token_ids):
+            self._write_down(res.handle)
+        return res
+
+    def _before_evict(self, leaf: TreeNode) -> None:
+        self._write_down(leaf)
+
+    def _write_down(self, node: TreeNode, durable: bool = False) -> int:
+        """Copy the pages of the path ending at ``node`` that no lower tier has yet down to the tiers.
+
+        The whole path, not only ``node``'s pages: a stored page names its parent, and one whose
+        parent is stored nowhere could never be matched after a restart.  The pages are copied
+        out now, since the pool reuses them right after an eviction.  ``durable``: to disk, past
+        the host tier (persistence).
+        """
+        path, path_pages = self.path_tokens(node), self.path_pages(node)
+        keys = page_keys(path, self.page_size, self.root_key, namespaces=self.path_namespaces(node))
+        first = self.tiers.match(keys, durable).total
+        if first >= len(keys):
+            return 0
+        ps = self.page_size
+        toks = [tuple(path[i * ps : (i + 1) * ps]) for i in range(first, len(keys))]
+        parent = keys[first - 1] if first else self.root_key
+        kv = self.io.read_pages(path_pages[first:])
+        self.tiers.write_back(parent, first == 0, keys[first:], toks, kv, durable)
+        return len(keys) - first
+
+    def persist(self, wait: bool = True) -> int:
+        """Write every tree page that is not on disk yet down to disk; returns pages queued.
+
+        Leaves only: writing a leaf's path covers its ancestors.  ``wait``: until the writes are on
+        disk (shutdown); a periodic sync only queues them for the writer thread.
+        """
+        written = 0
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            else:
+                written += self._write_down(node, durable=True)
+        if wait:
+            self.tiers.flush()
+        return written
+
+    def load_stored(self) -> int:
+        """Bring stored prefixes from disk into the pool while free pages last; returns tokens loaded.
+
+        Longest chains first; stops before a chain would need evictions (which would only demote
+        what was just loaded).
+        """
+        if self.tiers.disk is None:
+            return 0
+        loaded = 0
+        for tokens in self.tiers.disk.chains(self.root_key):
+            need = (len(tokens) - self.peek_len(tokens)) // self.page_size
+            if need > self.allocator.num_free:
+                continue
+            m = self.match(tokens)
+            loaded += m.host_len + m.disk_len
+        return loaded
+
+    def path_namespaces(self, node: TreeNode) -> list[Hashable]:
+        """The namespace of each page of the prefix that ends at ``node``."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append([node.ns] * len(node.pages))
+            node = node.parent
+        return [ns for part in reversed(parts) for ns in part]
+
+    def path_pages(self, node: TreeNode) -> list[int]:
+        """The pool pages of the whole prefix that ends at ``node``."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.pages)
+            node = node.parent
+        return [p for part in reversed(parts) for p in part]
+
+    def path_tokens(self, node: TreeNode) -> list[int]:
+        """The whole token prefix that ends at ``node``."""
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.key)
+            node = node.parent
+        return [t for part in reversed(parts) for t in part]

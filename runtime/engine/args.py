@@ -1,0 +1,119 @@
+"""Command-line flags that configure an engine, shared by every subcommand that runs one."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="HF model dir, hub id, .gguf file; default: embedded SmolLM2-135M-Instruct",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="default: bf16 on GPU, else fp32",
+    )
+    g.add_argument("--device", default=None, help="cpu or cuda[:N]; default: cuda if available")
+    g.add_argument(
+        "--kv-cache-memory",
+        default=None,
+        help="KV pool size, e.g. 512M or 2G (default 1G on CPU, 85%% of free GPU memory)",
+    )
+    g.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
+    g.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per step (default 512)")
+    g.add_argument("--max-running", type=int, default=64, help="most requests decoded together (default 64)")
+    g.add_argument(
+        "--prefix-cache", choices=["radix", "off"], default="radix", help="off = recompute every prompt"
+    )
+    g.add_argument(
+        "--eviction-policy",
+        choices=sorted(POLICIES),
+        default=DEFAULT_POLICY,
+        help=f"which cached prefixes give way first (default {DEFAULT_POLICY}; see benchmarks/eviction_traces.py)",
+    )
+    g.add_argument(
+        "--session-ttl",
+        type=float,
+        default=300.0,
+        help="seconds a session's last prompt + output stays pinned after its last use (default 300)",
+    )
+    g.add_argument(
+        "--pinned-fraction",
+        type=float,
+        default=0.5,
+        help="most of the KV pool that pins may hold; over it the oldest pins lapse (default 0.5)",
+    )
+    g.add_argument(
+        "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
+    )
+    g.add_argument("--attention-backend", choices=["auto", "reference", "cpu", "triton"], default="auto")
+    g.add_argument(
+        "--quantize",
+        choices=["none", "int8", "int4", "gguf"],
+        default="none",
+        help="weight-only quantized linears on CPU; gguf = a GGUF model's own blocks (default none)",
+    )
+    g.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="torch.compile decode steps' layers (faster CPU decode; compiles at the first step)",
+    )
+    g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
+    g.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="shard the model over N ranks (torch.distributed)"
+    )
+    t = p.add_argument_group("KV tiers below the pool")
+    t.add_argument(
+        "--kv-store", default=None, help="disk tier directory: evicted KV pages survive eviction and restarts"
+    )
+    t.add_argument("--kv-store-size", default="20G", help="disk tier budget (default 20G)")
+    t.add_argument("--kv-host-memory", default=None, help="host-memory tier budget, e.g. 8G (default: none)")
+    t.add_argument(
+        "--kv-write-through", action="store_true", help="write cached pages down at once, not on eviction"
+    )
+    g.add_argument(
+        "--snapshot-memory",
+        default=None,
+        help="hybrid models (Qwen3.5): budget for linear-attention state snapshots, e.g. 2G (default 1G)",
+    )
+    g.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="hybrid models: also snapshot every K pages inside a prefill chunk (default 0: chunk ends only)",
+    )
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        dtype=args.dtype,
+        device=args.device,
+        kv_cache_memory=args.kv_cache_memory,
+        page_size=args.page_size,
+        chunk_size=args.chunk_size,
+        max_running=args.max_running,
+        prefix_cache=args.prefix_cache,
+        eviction_policy=args.eviction_policy,
+        session_ttl=args.session_ttl,
+        pinned_fraction=args.pinned_fraction,
+        schedule_policy=args.schedule_policy,
+        attention_backend=args.attention_backend,
+        quantize=args.quantize,
+        compile_decode=args.compile_decode,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size,
+        kv_store=args.kv_store,
+        kv_store_size=args.kv_store_size,
+        kv_host_memory=args.kv_host_memory,
+        kv_write_through=args.kv_write_through,
+        snapshot_memory=args.snapshot_memory,
+        snapshot_every=args.snapshot_every,
+    )

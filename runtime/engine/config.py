@@ -1,0 +1,80 @@
+"""Engine options, one place, with the defaults and why (the CLI flags read their defaults from here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+
+
+@dataclass
+class EngineConfig:
+    """Everything that shapes an engine; the CLI and server map their flags onto it."""
+
+    model: str | None = None
+    model_dir: str | None = None  # an already-resolved local directory (skips model_source)
+    dtype: str | None = None  # None: bf16 on GPU / bf16-capable CPU, else fp32
+    device: str | None = None  # None: cuda if available else cpu
+    prefix_cache: str = "radix"  # "off": the naive baseline, recompute every prompt
+    session_ttl: float = 300.0  # seconds a session's last node stays pinned after its last use
+    pinned_fraction: float = 0.5  # of the pool at most pinned, so pins never starve admission
+    eviction_policy: str = (
+        DEFAULT_POLICY  # runtime/cache/eviction.py; chosen on benchmarks/eviction_traces.py
+    )
+    page_size: int = 16  # see benchmarks/results/page_size.json for why 16
+    kv_cache_memory: int | str | None = None  # bytes or "2G"; None: 1 GiB on CPU, 85% of free GPU memory
+    num_pages: int | None = None  # exact pool size (tests); overrides kv_cache_memory
+    chunk_size: int = 512  # prefill tokens per step: the longest stall a running decode sees
+    max_running: int = 64
+    schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
+    max_model_len: int | None = None
+    attention_backend: str = (
+        "auto"  # "reference" (torch), "cpu" (the C kernels of kernels/native_cpu.py) or "triton"
+    )
+    # none | int8 | int4 | gguf (a GGUF's own blocks). Dense by default: quantized decodes faster but
+    # prefills slower (benchmarks/results/quantized.json)
+    quantize: str = "none"
+    compile_decode: bool = False  # torch.compile decode steps' layers (CPU dispatch-bound); see decoder.py
+    seed: int = 0
+    tensor_parallel_size: int = 1  # ranks on torch.distributed (gloo on CPU, NCCL on GPUs); rank 0 schedules
+    kv_store: str | None = None  # directory of the disk tier (KV pages that outlive eviction and restarts)
+    kv_store_size: int | str = "20G"  # the disk tier's byte budget
+    kv_host_memory: int | str | None = None  # host-memory tier budget (pinned on GPU); None: no host tier
+    kv_write_through: bool = False  # write every cached page down at once, not only when evicted
+    kv_store_sync_s: float = 60.0  # how often pool-only pages are written to the disk tier
+
+    # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/cache/hybrid_states.py)
+    snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
+    snapshot_every: int = 0  # also snapshot every K pages inside a prefill chunk (0: chunk ends only)
+
+    def __post_init__(self) -> None:
+        from runtime.runner.kv_pool import parse_memory  # here, so the CLI reads these defaults without torch
+
+        self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        self.snapshot_memory = parse_memory(self.snapshot_memory)
+        self.kv_store_size = parse_memory(self.kv_store_size)
+        self.kv_host_memory = parse_memory(self.kv_host_memory)
+        if (self.kv_store or self.kv_host_memory) and self.prefix_cache != "radix":
+            raise ValueError("--kv-store / --kv-host-memory need the radix prefix cache")
+        if self.snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.eviction_policy not in POLICIES:
+            raise ValueError(
+                f"eviction_policy must be one of {', '.join(POLICIES)}, got {self.eviction_policy!r}"
+            )
+        if self.session_ttl <= 0:
+            raise ValueError(f"session_ttl must be > 0 seconds, got {self.session_ttl}")
+        if not 0 <= self.pinned_fraction <= 1:
+            raise ValueError(f"pinned_fraction must be in [0, 1], got {self.pinned_fraction}")
+        if self.tensor_parallel_size > 1 and self.quantize != "none":
+            raise ValueError("--quantize does not work with --tensor-parallel-size > 1 yet")
+        if self.tensor_parallel_size > 1 and (self.kv_store or self.kv_host_memory):
+            raise ValueError("--kv-store / --kv-host-memory do not work with --tensor-parallel-size > 1 yet")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")

@@ -1,0 +1,372 @@
+"""The offline engine: tokens in, tokens out, KV reused across requests.
+
+``Engine.step`` is the whole loop body: drain the inbox (adds, aborts and calls from any
+thread), let the scheduler pick a batch, run it (forward + sample), let the scheduler commit
+the result (progress, cached pages, finished requests), detokenise, and return outputs.
+``AsyncEngine`` runs it in a background thread; ``generate`` runs it inline.  Callers use the
+methods and properties here, never the runner, cache manager or scheduler directly.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from runtime.cache.hybrid_states import HybridStates
+from runtime.cache.manager import CacheManager, CacheStats
+from runtime.cache.pins import PinInfo
+from runtime.cache.scope import CacheScope
+from runtime.cache.store.open import open_tiers
+from runtime.engine.admission import Admission, EngineError
+from runtime.engine.config import EngineConfig
+from runtime.engine.detokenizer import IncrementalDetokenizer
+from runtime.engine.outputs import make_output
+from runtime.engine.scoring import Entry, prompt_logprobs
+from runtime.engine.stats import EngineStats, engine_stats
+from runtime.loading.model_source import cache_dir, resolve_model
+from runtime.loading.tokenizer import eos_token_ids, load_tokenizer
+from runtime.request import Request, RequestOutput
+from runtime.runner.distributed.launch import TPError
+from runtime.runner.model_runner import ModelRunner, default_dtype
+from runtime.sampling.constrained import GrammarCompiler
+from runtime.sampling.params import SamplingParams
+from runtime.sampling.sampler import SampleResult
+from runtime.scheduler import Batch, Scheduler
+
+DEFAULT_SNAPSHOT_BYTES = 1 << 30
+
+
+def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
+    """A hybrid model's state slots, and the byte budget of the snapshots on the prefix cache's nodes
+    (None for dense models; snapshots are taken only when a prefix cache keeps them)."""
+    if runner.state_pool is None:
+        return None, None
+    budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
+    keep = cfg.prefix_cache == "radix"
+    return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
+
+
+class Engine:
+    """Runs one model with a paged KV pool and a radix prefix cache (or none: ``prefix_cache="off"``)."""
+
+    def __init__(self, model: str | None = None, **options) -> None:
+        self.config = cfg = EngineConfig(model=model, **options)
+        self.model_dir, self.model_name = (
+            resolve_model(model) if cfg.model_dir is None else (Path(cfg.model_dir), str(cfg.model_dir))
+        )
+        device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = cfg.dtype or default_dtype(torch.device(device))
+        self.runner = ModelRunner(
+            self.model_dir,
+            dtype,
+            device,
+            cfg.page_size,
+            cfg.kv_cache_memory,
+            cfg.num_pages,
+            cfg.attention_backend,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            state_slots=cfg.max_running,
+            quantize=cfg.quantize,
+            compile_decode=cfg.compile_decode,
+        )
+        self.dtype, self.device = dtype, self.runner.device
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.eos_ids = frozenset(eos_token_ids(self.model_dir, self.runner.cfg, self.tokenizer))
+        mc = self.runner.cfg
+        model_len = min(mc.max_position_embeddings, mc.sliding_window or 1 << 30)
+        if cfg.max_model_len is not None and cfg.max_model_len > model_len:  # positions past it have no rope
+            raise EngineError(
+                f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
+            )
+        self.max_model_len = cfg.max_model_len or model_len
+        if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
+            raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
+        if (
+            self.runner.device.type == "cuda"
+            and self.runner.backend.name == "triton"
+            and cfg.tensor_parallel_size == 1
+            and self.runner.state_pool is None
+        ):
+            self.runner.enable_decode_graphs(self.max_model_len)  # decode is launch-bound on a GPU
+        tiers = open_tiers(
+            cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
+            pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
+        )  # fmt: skip
+        states, state_budget = hybrid_states(self.runner, cfg)
+        self.cache = CacheManager(
+            self.runner.pool.num_pages,
+            cfg.page_size,
+            cfg.prefix_cache,
+            cfg.eviction_policy,
+            cfg.session_ttl,
+            cfg.pinned_fraction,
+            tiers=tiers,
+            io=self.runner.pool,
+            write_through=cfg.kv_write_through,
+            states=states,
+            state_budget=state_budget,
+        )
+        self._next_persist = time.monotonic() + cfg.kv_store_sync_s
+        self.scheduler = Scheduler(
+            self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, self.max_model_len
+        )
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests: dict[str, Request] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
+        self._closed = False
+        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
+        self.admission = Admission(
+            self.tokenizer, mc.vocab_size, self.max_model_len, self.runner.pool.num_tokens,
+            self.eos_ids, self.grammars, cfg.seed,
+        )  # fmt: skip
+
+    # -- requests -----------------------------------------------------------------------
+    def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Tokenise and check a prompt (in the caller's thread); raises EngineError with a one-line reason.
+
+        Side-effect free, so a server can reject a request before its response starts.
+        """
+        return self.admission.validate(prompt, params)
+
+    def make_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Request:
+        """A validated request, its sampling generator seeded; raises EngineError like :meth:`validate`."""
+        return self.admission.make(prompt, params, request_id)
+
+    def submit(self, req: Request) -> None:
+        """Thread-safe: queue a request for the next step."""
+        if self._closed:
+            raise EngineError("the engine is closed")
+        self._inbox.put(("add", req))
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe: cancel a request; its pages are freed at the next step."""
+        self._inbox.put(("abort", request_id))
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        """Validate, queue, and return the request's id (outputs come from :meth:`step`)."""
+        req = self.make_request(prompt, params, request_id)
+        self.submit(req)
+        return req.request_id
+
+    # -- the loop ---------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty()
+
+    def step(self) -> list[RequestOutput]:
+        """inbox -> schedule -> forward + sample -> commit -> detokenise -> outputs."""
+        if self._closed:  # its store is released and its ranks are gone: nothing may run on them
+            raise EngineError("the engine is closed")
+        outputs = self._drain_inbox()
+        if self.cache.tiers is not None and time.monotonic() >= self._next_persist:
+            self._next_persist = time.monotonic() + self.config.kv_store_sync_s
+            self.cache.persist(wait=False)
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return outputs
+        try:
+            result = self.runner.step(batch.step)
+            batch, samples, failed = _without_failed_rows(batch, result.samples)
+            outputs += [self._fail(req, e) for req, e in failed]  # only those requests: the rest commit
+            for s in self.scheduler.commit(batch, samples):
+                outputs.append(self._emit(s.req, s.token, s.finish_reason))
+        except TPError:  # a tensor-parallel rank is gone: no later step can run, the engine dies
+            raise
+        except Exception as e:  # a failed forward is not one request's: fail the batch, keep serving
+            outputs += [self._fail(c.req, e) for c in batch.chunks if c.req.request_id in self._requests]
+        return outputs
+
+    def _fail(self, req: Request, e: Exception) -> RequestOutput:
+        return self.finish_request(req, "error", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        outs = []
+        while not self._inbox.empty():
+            kind, item = self._inbox.get()
+            if kind == "add":
+                self._requests[item.request_id] = item
+                self._detok[item.request_id] = IncrementalDetokenizer(self.tokenizer, item.params.stop)
+                self._totals["requests"] += 1
+                self._totals["prompt"] += item.num_prompt
+                self.scheduler.add(item)
+            elif kind == "call":
+                item()
+            elif (req := self._requests.get(item)) is not None:
+                outs.append(self.finish_request(req, "abort"))
+        return outs
+
+    def _emit(self, req: Request, tok: int, reason: str | None) -> RequestOutput:
+        """Detokenise a committed token; a stop string ends the request here."""
+        detok = self._detok[req.request_id]
+        delta = detok.add(tok)
+        if detok.stopped:
+            reason = "stop"
+        if reason is None:
+            return make_output(req, detok, delta, 1)
+        return self.finish_request(req, reason, delta, new_tokens=1)
+
+    def finish_request(
+        self, req: Request, reason: str, delta: str = "", new_tokens: int = 0, error: str | None = None
+    ) -> RequestOutput:
+        """End ``req`` now (between steps: a stop, an abort, or ``reason="error"`` with ``error``), freeing
+        its pages; returns its final output."""
+        self.scheduler.finish(req, reason)
+        self._totals["snapshot_cut"] += req.snapshot_cut
+        detok = self._detok.pop(req.request_id)
+        self._requests.pop(req.request_id, None)
+        return make_output(req, detok, delta + detok.flush(), new_tokens, error)
+
+    # -- conveniences -------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: str | list[int] | list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion (batched together); outputs in input order."""
+        single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
+        plist = [prompts] if single else list(prompts)
+        params = params or SamplingParams()
+        plist_params = params if isinstance(params, list) else [params] * len(plist)
+        reqs = [self.make_request(p, sp) for p, sp in zip(plist, plist_params)]
+        for r in reqs:
+            self.submit(r)
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(reqs):
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[r.request_id] for r in reqs]
+
+    # -- the public surface for servers and benchmarks ------------------------------------------
+    @property
+    def page_size(self) -> int:
+        return self.cache.page_size
+
+    @property
+    def snapshot_policy(self) -> tuple[int, int, int] | None:
+        """A hybrid's snapshot placement ``(page_size, chunk_size, every_pages)`` (runtime/cache/hybrid_states.py);
+        None for dense models or without a prefix cache."""
+        cfg = self.config
+        if self.runner.state_pool is None or cfg.prefix_cache != "radix":
+            return None
+        return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.cfg.vocab_size
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV pool holds: the most one request can use, whatever is cached."""
+        return self.runner.pool.num_tokens
+
+    @property
+    def token_capacity(self) -> int:
+        """The most tokens (prompt + output) one request can have: context length and KV pool both."""
+        return min(self.max_model_len, self.kv_capacity_tokens)
+
+    def call_between_steps(self, fn: Callable[[], object]) -> None:
+        """Thread-safe: run ``fn()`` on the engine's thread before the next step (e.g. a cache reset)."""
+        self._inbox.put(("call", fn))
+
+    def stats(self) -> EngineStats:
+        t = self._totals
+        return engine_stats(self.cache, self.scheduler, t["requests"], t["prompt"], t["snapshot_cut"])
+
+    def cache_stats(self) -> CacheStats:
+        """The pool's pages by owner (free, tree, pinned, evictable, requests'), expired pins dropped first."""
+        self.cache.pins.expire()
+        return self.cache.stats()
+
+    def pins(self) -> tuple[list[PinInfo], dict[str, int]]:
+        """The live pins (owner, tokens, TTL left) and the pins lapsed so far by cause."""
+        return self.cache.pins.info(), dict(self.cache.pins.lapsed)
+
+    def is_pinned(self, owner: object) -> bool:
+        return owner in self.cache.pins
+
+    def pin_prefix(
+        self, owner: object, ids: list[int], scope: CacheScope, ttl: float | None
+    ) -> tuple[int, bool]:
+        """Pin the cached part of ``ids`` (in ``scope``) for ``ttl`` seconds under ``owner``, within the pin
+        budget; returns (tokens the pin covers, whether it was taken)."""
+        cm = self.cache
+        handle = cm.prefix.match(ids, scope.namespace, scope.public_len).handle
+        return cm.prefix.handle_len(handle), cm.pins.pin(owner, handle, ttl)
+
+    def prompt_logprobs(self, ids: list[int], top: int, chunk_size: int | None = None) -> list[Entry]:
+        """Logprobs of a prompt's own tokens (only between steps): see ``runtime.engine.scoring``.  A small
+        ``chunk_size`` scores through the kernels decode uses (the quantized head's take <= 8 rows)."""
+        return prompt_logprobs(self.runner, self.cache, chunk_size or self.config.chunk_size, ids, top)
+
+    # -- instrumentation for benchmarks: read-only views, and one knob ------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """The loaded ``CausalLM``: for parameter counts, or wrapping its forward to time it; never drive it."""
+        return self.runner.model
+
+    @property
+    def model_config(self):
+        """The architecture (``runtime.models.config.ModelConfig``) of the loaded model."""
+        return self.runner.cfg
+
+    @property
+    def attention_backend(self) -> str:
+        return self.runner.backend.name
+
+    def set_chunk_size(self, tokens: int) -> None:
+        """Prefill token budget per step from the next step on (benchmarks sweep it in one engine)."""
+        self.scheduler.chunk_size = tokens
+
+    def check_integrity(self) -> CacheStats:
+        """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
+        return self.cache.check_integrity()
+
+    def persist_cache(self) -> int:
+        """Write every cached page that is only in the pool to the disk tier (``--kv-store``); returns pages."""
+        return self.cache.persist()
+
+    def load_cache(self) -> int:
+        """Load what the disk tier (``--kv-store``) holds into the pool, as far as free pages allow
+        (only between steps); returns tokens loaded.  Matches load lazily anyway: this prewarms."""
+        return self.cache.load_stored()
+
+    def close(self) -> None:
+        """Persist the cache to the disk tier, release the store (its lock) and stop the other
+        tensor-parallel ranks; idempotent.  A closed engine refuses new requests and steps."""
+        self._closed = True
+        self.cache.close()
+        self.runner.close()
+
+    def tier_stats(self):
+        """Lower-tier counters (``runtime.cache.store.tiers.TierStats``), or None without tiers."""
+        return self.cache.tier_stats()
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached page (only when idle)."""
+        if self.scheduler.running:
+            raise EngineError("cannot reset the prefix cache while requests are running")
+        self.cache.reset()
+
+
+def _without_failed_rows(
+    batch: Batch, samples: SampleResult | None
+) -> tuple[Batch, SampleResult | None, list[tuple[Request, Exception]]]:
+    """The batch and samples without the requests whose sampling failed, and those requests."""
+    if samples is None or not samples.errors:
+        return batch, samples, []
+    sampled = [c for c in batch.chunks if c.sample]
+    failed = [(sampled[r].req, e) for r, e in samples.errors.items()]
+    keep = [r for r in range(len(sampled)) if r not in samples.errors]
+    bad = {id(req) for req, _ in failed}
+    chunks = [c for c in batch.chunks if id(c.req) not in bad]
+    kept = SampleResult([samples.tokens[r] for r in keep], [samples.logprobs[r] for r in keep])
+    return batch._replace(chunks=chunks), kept, failed

@@ -1,0 +1,52 @@
+"""Build caller-facing outputs of a request from this step's deltas.
+
+A step's output carries only what is new (tokens, text, logprobs), so building it costs the same
+however long the prompt and output are; only the final output copies the whole output once.
+"""
+
+from __future__ import annotations
+
+from runtime.engine.detokenizer import IncrementalDetokenizer
+from runtime.request import Request, RequestOutput
+
+
+def make_output(
+    req: Request,
+    detok: IncrementalDetokenizer,
+    delta: str,
+    new_tokens: int,
+    error: str | None = None,
+) -> RequestOutput:
+    """The output of a step that added ``new_tokens`` tokens (0 or 1) and ``delta`` text to ``req``."""
+    first = req.first_token_time
+    end = req.finish_time
+    finished = end is not None
+    new_ids = req.tokens[len(req.tokens) - new_tokens :] if new_tokens else []
+    new_lps = (
+        req.logprobs[len(req.logprobs) - new_tokens :]
+        if new_tokens and req.params.logprobs is not None
+        else []
+    )
+    return RequestOutput(
+        request_id=req.request_id,
+        prompt_token_ids=req.prompt_ids,
+        new_token_ids=new_ids,
+        delta=delta,
+        new_logprobs=new_lps,
+        finished=finished,
+        finish_reason=req.finish_reason,
+        cached_tokens=max(req.cached_tokens, 0),
+        prefilled_tokens=req.prefilled_tokens,
+        ttft_s=None if first is None else first - req.arrival,
+        prefill_s=None if first is None or req.admitted_time is None else first - req.admitted_time,
+        decode_s=None if first is None or end is None else end - first,
+        e2e_s=None if end is None else end - req.arrival,
+        output_token_ids=list(req.output_ids) if finished else [],
+        text=detok.text if finished else "",
+        logprobs=list(req.logprobs) if finished else [],
+        error=error,
+        cached_host_tokens=req.cached_host_tokens,
+        cached_disk_tokens=req.cached_disk_tokens,
+        tier_load_s=req.tier_load_s,
+        snapshot_cut=req.snapshot_cut,
+    )

@@ -1,0 +1,70 @@
+"""The engine's figures in one record: request and token totals, the pool, the lower KV tiers and
+a hybrid model's state snapshots (``Engine.stats``; the server's metrics and ``/v1/cache`` read it)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from runtime.cache.manager import CacheManager
+from runtime.scheduler import Scheduler
+
+
+class EngineStats(NamedTuple):
+    """Totals since start (counters) and the pool right now (gauges)."""
+
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    evicted_pages: int
+    retractions: int
+    running: int
+    waiting: int
+    total_pages: int
+    free_pages: int
+    tree_pages: int
+    request_pages: int
+    page_size: int
+    host_loaded_tokens: int = 0  # cached tokens loaded back from the host tier
+    disk_loaded_tokens: int = 0  # cached tokens loaded back from the disk tier
+    tier_load_s: float = 0.0  # time spent loading them (the engine thread's part)
+    tier_read_ahead_s: float = 0.0  # background disk reads of them, overlapping other requests' compute
+    host_tier_pages: int = 0
+    disk_tier_pages: int = 0
+    disk_tier_bytes: int = 0
+    snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes, and
+    snapshot_bytes: int = 0  # KV-matched tokens of finished requests recomputed for want of a snapshot
+    snapshot_cut_tokens: int = 0
+
+
+def engine_stats(
+    cache: CacheManager, scheduler: Scheduler, requests: int, prompt_tokens: int, snapshot_cut: int
+) -> EngineStats:
+    """Read the figures off the cache manager and the scheduler (on the engine's thread)."""
+    cs, st = cache.stats(), scheduler.totals
+    return EngineStats(
+        requests=requests, prompt_tokens=prompt_tokens, cached_tokens=st.cached,
+        prefilled_tokens=st.prefilled, generated_tokens=st.generated, evicted_pages=cs.evicted_pages,
+        retractions=scheduler.num_retractions, running=len(scheduler.running),
+        waiting=len(scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
+        tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=cache.page_size,
+        **_tier_fields(cache), **_snapshot_fields(cache, snapshot_cut),
+    )  # fmt: skip
+
+
+def _tier_fields(cache: CacheManager) -> dict:
+    ts = cache.tier_stats()
+    if ts is None:
+        return {}
+    ps = cache.page_size
+    return dict(
+        host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
+        tier_load_s=ts.load_seconds, tier_read_ahead_s=ts.read_ahead_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
+        disk_tier_bytes=ts.disk_bytes,
+    )  # fmt: skip
+
+
+def _snapshot_fields(cache: CacheManager, snapshot_cut: int) -> dict[str, int]:
+    ps = cache.prefix.stats()  # hybrids' snapshots live on the prefix cache's nodes (0 for dense models)
+    return dict(snapshots=ps.states, snapshot_bytes=ps.state_bytes, snapshot_cut_tokens=snapshot_cut)

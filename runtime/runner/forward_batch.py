@@ -1,0 +1,103 @@
+"""One flat varlen batch: what a single model forward computes.
+
+Every scheduled sequence contributes its next chunk of tokens (a prompt chunk or one
+decode token) to flat tensors without padding::
+
+    input_ids     [T]        tokens of seq0's chunk | seq1's chunk | ...
+    positions     [T]        absolute position of each token in its sequence
+    slot_mapping  [T]        KV pool slot (page * page_size + offset) each token's K/V goes to
+    cu_seqlens_q  [B+1]      chunk boundaries in the flat tensors
+    seq_lens_k    [B]        keys each sequence attends to after this step (cached + chunk)
+    page_table    [B, P]     each sequence's pages in order (padded with 0 past its length)
+    logits_rows   [S]        rows whose next-token logits are sampled (ends of finished prefills)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from runtime.runner.state_pool import StateInput
+from runtime.sampling.constrained.matcher import Matcher
+from runtime.sampling.params import SamplingParams
+
+
+class SeqChunk(NamedTuple):
+    """One sequence's part of a step: token ids computed now, their first position, its pages."""
+
+    tokens: list[int]
+    start: int
+    pages: list[int]
+
+
+class StepInput(NamedTuple):
+    """What the model runner runs in one step: the chunks, and how to sample the rows that end a sequence.
+
+    ``params`` / ``generators`` have one entry per ``True`` in ``sample_mask``, in order.
+    ``states``: a hybrid model's state slots and snapshot captures (``runtime.runner.state_pool.StateInput``).
+    """
+
+    seqs: list[SeqChunk]
+    sample_mask: list[bool]
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+    states: StateInput | None = None
+    matchers: list[Matcher | None] | None = (
+        None  # grammar state per sampled row (runtime/sampling/constrained)
+    )
+
+
+class ForwardBatch(NamedTuple):
+    """Tensors of one step; ``is_decode`` when every chunk is a single token."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens_k: torch.Tensor
+    page_table: torch.Tensor
+    logits_rows: torch.Tensor
+    is_decode: bool
+
+
+def build_forward_batch(
+    chunks: list[SeqChunk] | list[tuple[list[int], int, list[int]]],
+    sample_mask: list[bool],
+    page_size: int,
+    device: torch.device,
+) -> ForwardBatch:
+    """``chunks``: per sequence (chunk token ids, start position, pages covering start+len tokens)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    cu = [0]
+    lens_k: list[int] = []
+    rows: list[int] = []
+    max_pages = max(len(p) for _, _, p in chunks)
+    table = torch.zeros(len(chunks), max_pages, dtype=torch.int32)
+    for i, (tokens, start, pages) in enumerate(chunks):
+        n = len(tokens)
+        ids.extend(tokens)
+        p = range(start, start + n)
+        pos.extend(p)
+        slots.extend(pages[x // page_size] * page_size + x % page_size for x in p)
+        cu.append(cu[-1] + n)
+        lens_k.append(start + n)
+        table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        if sample_mask[i]:
+            rows.append(cu[-1] - 1)
+
+    def t(x: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(x, dtype=dtype, device=device)
+
+    return ForwardBatch(
+        input_ids=t(ids),
+        positions=t(pos),
+        slot_mapping=t(slots),
+        cu_seqlens_q=t(cu, torch.int32),
+        seq_lens_k=t(lens_k, torch.int32),
+        page_table=table.to(device),
+        logits_rows=t(rows),
+        is_decode=all(len(c[0]) == 1 for c in chunks),
+    )

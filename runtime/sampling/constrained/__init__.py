@@ -1,0 +1,22 @@
+"""Constrained decoding: grammars (JSON schemas, tool calls) turned into per-token masks.
+
+``spec`` builds grammar text (plain data that travels in ``SamplingParams``), ``compiler`` compiles
+each grammar once and hands every request its own ``Matcher``; ``runtime.sampling.masking`` applies
+the masks (and ``logit_bias``) to the rows of a batch that have them.  Backed by llguidance; what the
+server builds with it: docs/api.md (tool calls, ``response_format``).
+"""
+
+from runtime.sampling.constrained.compiler import GrammarCompiler, GrammarError
+from runtime.sampling.constrained.matcher import Matcher
+from runtime.sampling.constrained.spec import CALL_FORMATS, Grammar, json_object, json_schema, tool_call
+
+__all__ = [
+    "CALL_FORMATS",
+    "Grammar",
+    "GrammarCompiler",
+    "GrammarError",
+    "Matcher",
+    "json_object",
+    "json_schema",
+    "tool_call",
+]
