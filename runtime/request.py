@@ -82,6 +82,8 @@ class Request:
     retractions: int = 0
     logprobs: list = field(default_factory=list)
     matcher: Matcher | None = None  # grammar state (params.grammar); advanced by the scheduler on commit
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for this request and verified
+    accepted_tokens: int = 0  # of those, accepted (emitted without a step of their own)
 
     def __post_init__(self) -> None:
         # one copy of the prompt shared by every output snapshot (never mutated)
@@ -99,16 +101,27 @@ class Request:
     def own_pages(self) -> list[int]:
         return self.pages[self.num_tree_pages :]
 
-    def stop_reason(self, token: int, text_stopped: bool = False) -> str | None:
+    def drop_tail(self, n: int) -> None:
+        """Forget the last ``n`` output tokens (appended in one step after a token that stopped the
+        request): their KV, if computed, is past ``num_computed`` and so never cached."""
+        if n <= 0:
+            return
+        del self.tokens[len(self.tokens) - n :]
+        if self.params.logprobs is not None:
+            del self.logprobs[len(self.logprobs) - n :]
+        self.num_computed = min(self.num_computed, len(self.tokens))
+
+    def stop_reason(self, token: int, text_stopped: bool = False, after: int = 0) -> str | None:
         """Why the request ends with ``token`` just appended, or None: the one place a stop is decided.
 
         ``text_stopped``: the detokeniser found a stop string.  A stop (a stop string, an EOS or stop
         token) wins over ``length`` when both happen on the same token.  Admission has checked that
         prompt + ``max_tokens`` fits the context, so ``max_tokens`` is the only length limit.
+        ``after``: tokens appended in the same step after ``token`` (an accepted draft), not counted.
         """
         p = self.params
         if text_stopped or (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
-        if len(self.tokens) - self.num_prompt >= p.max_tokens:
+        if len(self.tokens) - after - self.num_prompt >= p.max_tokens:
             return "length"
         return None

@@ -6,7 +6,9 @@ newly admitted ones, so a long prompt delays running decodes by at most one chun
 run out, the newest running request is retracted: its computed pages go to the prefix cache, it
 returns to the front of the queue with its output so far, and is later re-prefilled (mostly from
 the cache).  ``commit()`` applies the step's result: progress, page insertion and sampled
-tokens.  ``finish()`` ends a request (a stop, ``length``, an abort, an error)
+tokens.  A decoding request may also verify a draft (``runtime/speculative``): its chunk is its
+last token plus the drafted ones, and ``commit`` keeps the accepted part and frees the pages of the
+rest.  ``finish()`` ends a request (a stop, ``length``, an abort, an error)
 and releases its pages; whether a token ends a request is ``Request.stop_reason``'s call.
 """
 
@@ -20,18 +22,21 @@ from runtime.cache.manager import CacheManager
 from runtime.request import Request, Status
 from runtime.runner.forward_batch import SeqChunk, StepInput
 from runtime.sampling.sampler import SampleResult
+from runtime.speculative.drafter import NoDrafts, PromptLookup
 
 POLICIES = ("fcfs", "lpm")
 LPM_MAX_QUEUE = 256  # matching every waiting request each step costs O(queue * prompt)
 
 
 class Chunk(NamedTuple):
-    """Tokens ``start:start+length`` of ``req`` computed this step; sampled when they end the sequence."""
+    """Tokens ``start:start+length`` of ``req`` computed this step; sampled when they end the sequence.
+    ``draft``: tokens proposed after them, computed and verified in the same forward."""
 
     req: Request
     start: int
     length: int
     sample: bool
+    draft: tuple[int, ...] = ()
 
 
 class Batch(NamedTuple):
@@ -42,11 +47,12 @@ class Batch(NamedTuple):
 
 
 class Sampled(NamedTuple):
-    """A token ``commit`` appended to ``req``; whether it ends the request is ``Request.stop_reason``'s
-    call, made by the engine once the token's text is known (stop strings)."""
+    """The tokens ``commit`` appended to ``req`` (one, or an accepted draft and the token after it);
+    whether one ends the request is ``Request.stop_reason``'s call, made by the engine once its text is
+    known (stop strings); it cuts the rest off with ``Scheduler.cut_output``."""
 
     req: Request
-    token: int
+    tokens: list[int]
 
 
 class SchedulerTotals(NamedTuple):
@@ -66,6 +72,7 @@ class Scheduler:
         chunk_size: int,
         max_running: int,
         policy: str = "fcfs",
+        drafter: NoDrafts | PromptLookup | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"schedule policy must be one of {POLICIES}, got {policy!r}")
@@ -73,6 +80,7 @@ class Scheduler:
         self.chunk_size = chunk_size
         self.max_running = max_running
         self.policy = policy
+        self.drafter = drafter if drafter is not None else NoDrafts()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_retractions = 0
@@ -97,6 +105,12 @@ class Scheduler:
             self.waiting.remove(req)
         self.cache.release(req)
         req.status = Status.FINISHED
+        self.drafter.finish(req, req.tokens, req.scope.namespace)
+
+    def cut_output(self, req: Request, n: int) -> None:
+        """Drop the last ``n`` tokens ``commit`` appended (they came after the one that stopped ``req``)."""
+        req.drop_tail(n)
+        self._generated -= n
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -114,7 +128,10 @@ class Scheduler:
             decoding = req.remaining == 1 and req.num_computed >= req.num_prompt
             if req not in self.running or not decoding:
                 continue
-            if self._reserve(req, 1, chunks):
+            draft = self._draft(req)
+            if draft and self.cache.reserve(req, 1 + len(draft)):  # a draft never retracts anyone
+                chunks[req] = Chunk(req, req.num_computed, 1, True, tuple(draft))
+            elif self._reserve(req, 1, chunks):
                 chunks[req] = Chunk(req, req.num_computed, 1, True)
             elif len(self.running) > 1:
                 self._retract(req)  # the newest yields its pages (to the cache) so older ones progress
@@ -155,15 +172,30 @@ class Scheduler:
             return None
         batch = list(chunks.values())
         sampled = [c.req for c in batch if c.sample]
+        drafting = any(c.draft for c in batch)
         step = StepInput(
-            seqs=[SeqChunk(c.req.tokens[c.start : c.start + c.length], c.start, c.req.pages) for c in batch],
-            sample_mask=[c.sample for c in batch],
+            seqs=[
+                SeqChunk(c.req.tokens[c.start : c.start + c.length] + list(c.draft), c.start, c.req.pages)
+                for c in batch
+            ],
+            sample_mask=[c.sample and 1 + len(c.draft) for c in batch]
+            if drafting
+            else [c.sample for c in batch],
             params=[r.params for r in sampled],
             generators=[r.generator for r in sampled],
             states=self.cache.states.step_input([(c.req, c.start, c.length) for c in batch]),
             matchers=[r.matcher for r in sampled],
+            drafts=[list(c.draft) for c in batch if c.sample] if drafting else None,
         )
         return Batch(batch, step)
+
+    def _draft(self, req: Request) -> list[int]:
+        """Tokens to verify after ``req``'s last one: never past ``max_tokens``, never under a grammar
+        (its mask would have to advance through tokens not yet accepted)."""
+        limit = req.params.max_tokens - (len(req.tokens) - req.num_prompt) - 1
+        if limit <= 0 or req.matcher is not None:
+            return []
+        return self.drafter.propose(req, req.tokens, req.scope.namespace, limit)
 
     def _reserve(self, req: Request, n: int, chunks: dict[Request, Chunk]) -> bool:
         """Reserve pages, retracting requests admitted after ``req`` (newest first) while needed.
@@ -205,15 +237,35 @@ class Scheduler:
             if not c.sample:
                 continue
             assert samples is not None
-            tok = req.params.forced_at(len(req.tokens) - req.num_prompt, samples.tokens[row])
-            if req.params.logprobs is not None:
-                req.logprobs.append((tok, samples.logprobs[row]))
+            targets = [(samples.tokens[row], samples.logprobs[row])]
+            if samples.verified is not None:
+                targets += samples.verified[row]
             row += 1
             if req.first_token_time is None:
                 req.first_token_time = now
+            toks = self._append(req, c.draft, targets)
+            if c.draft:
+                accepted = len(toks) - 1
+                req.num_computed += accepted  # the accepted drafts' KV stands; the rest is cut off
+                req.drafted_tokens += len(c.draft)
+                req.accepted_tokens += accepted
+                self.drafter.observe(req, len(c.draft), accepted)
+                self.cache.trim(req)
+            out.append(Sampled(req, toks))
+        return out
+
+    def _append(self, req: Request, draft: tuple[int, ...], targets: list) -> list[int]:
+        """Append the target tokens up to and including the first that differs from the draft."""
+        toks = []
+        for j, (target, lp) in enumerate(targets):
+            tok = req.params.forced_at(len(req.tokens) - req.num_prompt, target)
+            if req.params.logprobs is not None:
+                req.logprobs.append((tok, lp))
             req.tokens.append(tok)
             if req.matcher is not None:
                 req.matcher.advance(tok)
-            self._generated += 1
-            out.append(Sampled(req, tok))
-        return out
+            toks.append(tok)
+            if j >= len(draft) or tok != draft[j]:
+                break
+        self._generated += len(toks)
+        return toks

@@ -116,6 +116,13 @@ class CacheManager:
             return False
         return True
 
+    def trim(self, req: Request) -> None:
+        """Free ``req``'s own pages past its computed tokens (a rejected draft's)."""
+        keep = max(req.num_tree_pages, -(-req.num_computed // self.page_size))
+        if len(req.pages) > keep:
+            self.allocator.free(req.pages[keep:])
+            del req.pages[keep:]
+
     # -- insertion / release ------------------------------------------------------
     def cache_computed(self, req: Request, leaving: bool = False) -> None:
         """Offer the request's whole computed pages (and, for hybrids, the states at their boundaries)

@@ -104,6 +104,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=D["tensor_parallel_size"],
         help="shard the model over N ranks (torch.distributed)",
     )
+    g.add_argument(
+        "--speculative",
+        choices=["off", "ngram", "suffix"],
+        default=D["speculative"],
+        help="draft tokens from the request's own text (ngram) or also its tenant's recent requests "
+        f"(suffix), verified in one forward (default {D['speculative']})",
+    )
     t = p.add_argument_group("KV tiers below the pool")
     t.add_argument(
         "--kv-store", default=None, help="disk tier directory: evicted KV pages survive eviction and restarts"
@@ -152,4 +159,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kv_write_through=args.kv_write_through,
         snapshot_memory=args.snapshot_memory,
         snapshot_every=args.snapshot_every,
+        speculative=args.speculative,
     )

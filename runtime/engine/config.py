@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 from runtime.cache.registry import DEFAULT_KIND, cache_kind
+from runtime.speculative.drafter import MODES as SPECULATIVE_MODES
 
 
 @dataclass
@@ -37,6 +38,8 @@ class EngineConfig:
     quantize: str = "none"
     compile_decode: bool = False  # torch.compile decode steps' layers (CPU dispatch-bound); see decoder.py
     seed: int = 0
+    # speculative decoding drafted from tokens already seen (runtime/speculative): off | ngram | suffix
+    speculative: str = "off"
     tensor_parallel_size: int = 1  # ranks on torch.distributed (gloo on CPU, NCCL on GPUs); rank 0 schedules
     kv_store: str | None = None  # directory of the disk tier (KV pages that outlive eviction and restarts)
     kv_store_size: int | str = "20G"  # the disk tier's byte budget
@@ -79,5 +82,9 @@ class EngineConfig:
             raise ValueError("--quantize does not work with --tensor-parallel-size > 1 yet")
         if self.tensor_parallel_size > 1 and (self.kv_store or self.kv_host_memory):
             raise ValueError("--kv-store / --kv-host-memory do not work with --tensor-parallel-size > 1 yet")
+        if self.speculative not in SPECULATIVE_MODES:
+            raise ValueError(
+                f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.speculative!r}"
+            )
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")

@@ -36,6 +36,7 @@ from runtime.sampling.constrained import GrammarCompiler
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import SampleResult
 from runtime.scheduler import Batch, Scheduler
+from runtime.speculative.drafter import make_drafter
 
 DEFAULT_SNAPSHOT_BYTES = 1 << 30
 
@@ -83,6 +84,11 @@ class Engine:
                 f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
             )
         self.max_model_len = cfg.max_model_len or model_len
+        if cfg.speculative != "off" and self.runner.state_pool is not None:
+            raise EngineError(
+                "--speculative does not work with hybrid models yet: a rejected draft would need the "
+                "linear-attention state rolled back"
+            )
         if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
             raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
         self.runner.choose_decode(self.max_model_len)
@@ -105,7 +111,9 @@ class Engine:
             state_budget=state_budget,
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
-        self.scheduler = Scheduler(self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy)
+        self.scheduler = Scheduler(
+            self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, make_drafter(cfg.speculative)
+        )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -168,7 +176,7 @@ class Engine:
             batch, samples, failed = _without_failed_rows(batch, result.samples)
             outputs += [self._fail(req, e) for req, e in failed]  # only those requests: the rest commit
             for s in self.scheduler.commit(batch, samples):
-                outputs.append(self._emit(s.req, s.token))
+                outputs.append(self._emit(s.req, s.tokens))
         except TPError:  # a tensor-parallel rank is gone: no later step can run, the engine dies
             raise
         except Exception as e:  # a failed forward is not one request's: fail the batch, keep serving
@@ -194,14 +202,19 @@ class Engine:
                 outs.append(self.finish_request(req, "abort"))
         return outs
 
-    def _emit(self, req: Request, tok: int) -> RequestOutput:
-        """Detokenise a committed token and end the request if it stops there (``Request.stop_reason``)."""
+    def _emit(self, req: Request, toks: list[int]) -> RequestOutput:
+        """Detokenise a step's committed tokens and end the request at the first that stops it
+        (``Request.stop_reason``); tokens after that one are dropped."""
         detok = self._detok[req.request_id]
-        delta = detok.add(tok)
-        reason = req.stop_reason(tok, detok.stopped)
-        if reason is None:
-            return make_output(req, detok, delta, 1)
-        return self.finish_request(req, reason, delta, new_tokens=1)
+        delta = ""
+        for i, tok in enumerate(toks):
+            delta += detok.add(tok)
+            after = len(toks) - 1 - i
+            reason = req.stop_reason(tok, detok.stopped, after)
+            if reason is not None:
+                self.scheduler.cut_output(req, after)
+                return self.finish_request(req, reason, delta, new_tokens=i + 1)
+        return make_output(req, detok, delta, len(toks))
 
     def finish_request(
         self, req: Request, reason: str, delta: str = "", new_tokens: int = 0, error: str | None = None
@@ -363,5 +376,8 @@ def _without_failed_rows(
     keep = [r for r in range(len(sampled)) if r not in samples.errors]
     bad = {id(req) for req, _ in failed}
     chunks = [c for c in batch.chunks if id(c.req) not in bad]
-    kept = SampleResult([samples.tokens[r] for r in keep], [samples.logprobs[r] for r in keep])
+    verified = None if samples.verified is None else [samples.verified[r] for r in keep]
+    kept = SampleResult(
+        [samples.tokens[r] for r in keep], [samples.logprobs[r] for r in keep], None, verified
+    )
     return batch._replace(chunks=chunks), kept, failed

@@ -44,6 +44,8 @@ class RequestOutput(NamedTuple):
         0.0  # time the engine spent loading them into the pool (background read-ahead excluded)
     )
     snapshot_cut: int = 0  # hybrids: KV-matched prompt tokens recomputed after the last state snapshot
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified so far
+    accepted_tokens: int = 0  # of those, accepted
 
     @property
     def prompt_tokens(self) -> int:
@@ -57,7 +59,8 @@ def make_output(
     new_tokens: int,
     error: str | None = None,
 ) -> RequestOutput:
-    """The output of a step that added ``new_tokens`` tokens (0 or 1) and ``delta`` text to ``req``."""
+    """The output of a step that added ``new_tokens`` tokens (0, 1, or an accepted draft's) and ``delta``
+    text to ``req``."""
     first = req.first_token_time
     end = req.finish_time
     finished = end is not None
@@ -89,4 +92,6 @@ def make_output(
         cached_disk_tokens=req.cached_disk_tokens,
         tier_load_s=req.tier_load_s,
         snapshot_cut=req.snapshot_cut,
+        drafted_tokens=req.drafted_tokens,
+        accepted_tokens=req.accepted_tokens,
     )

@@ -10,7 +10,8 @@ decode token) to flat tensors without padding::
     cu_seqlens_q  [B+1]      chunk boundaries in the flat tensors
     seq_lens_k    [B]        keys each sequence attends to after this step (cached + chunk)
     page_table    [B, P]     each sequence's pages in order (padded with 0 past its length)
-    logits_rows   [S]        rows whose next-token logits are sampled (ends of finished prefills)
+    logits_rows   [S]        rows whose next-token logits are sampled (ends of finished prefills; a
+                             speculating decode's last token and every drafted one)
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class StepInput(NamedTuple):
     """What the model runner runs in one step: the chunks, and how to sample the rows that end a sequence.
 
     ``params`` / ``generators`` have one entry per ``True`` in ``sample_mask``, in order.
+    ``drafts``: per sampled sequence, the drafted tokens its chunk ends with (``runtime/speculative``):
+    such a sequence's ``sample_mask`` entry is the number of rows to sample, ``1 + len(draft)``.
     ``states``: a hybrid model's state slots and snapshot captures (``runtime.runner.state_pool.StateInput``).
     """
 
@@ -48,15 +51,17 @@ class StepInput(NamedTuple):
     matchers: list[Matcher | None] | None = (
         None  # grammar state per sampled row (runtime/sampling/constrained)
     )
+    drafts: list[list[int]] | None = None  # None: no sequence drafted this step
 
 
 def build_forward_batch(
     chunks: list[SeqChunk] | list[tuple[list[int], int, list[int]]],
-    sample_mask: list[bool],
+    sample_mask: list[bool] | list[int],
     page_size: int,
     device: torch.device,
 ) -> ForwardBatch:
-    """``chunks``: per sequence (chunk token ids, start position, pages covering start+len tokens)."""
+    """``chunks``: per sequence (chunk token ids, start position, pages covering start+len tokens);
+    ``sample_mask``: per sequence, how many of its last positions' logits are wanted (a bool: 0 or 1)."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -74,8 +79,7 @@ def build_forward_batch(
         cu.append(cu[-1] + n)
         lens_k.append(start + n)
         table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        if sample_mask[i]:
-            rows.append(cu[-1] - 1)
+        rows.extend(range(cu[-1] - int(sample_mask[i]), cu[-1]))
 
     def t(x: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
         return torch.tensor(x, dtype=dtype, device=device)

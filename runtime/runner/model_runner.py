@@ -31,6 +31,7 @@ from runtime.runner.forward_batch import ForwardBatch, StepInput, build_forward_
 from runtime.runner.kv_pool import KVPool
 from runtime.runner.state_pool import StateInput, StatePool
 from runtime.sampling.sampler import SampleResult, sample
+from runtime.speculative.verify import verify
 
 log = logging.getLogger("kvreuse.model")
 
@@ -150,11 +151,16 @@ class ModelRunner:
         return local
 
     def step(self, batch: StepInput) -> StepResult:
-        """Forward the chunks; sample the rows that end their sequence."""
+        """Forward the chunks; sample the rows that end their sequence (and verify drafted ones)."""
         fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
         logits = self.forward(fb, batch.states)
-        samples = sample(logits, batch.params, batch.generators, batch.matchers) if batch.params else None
-        return StepResult(logits, samples)
+        if not batch.params:
+            return StepResult(logits, None)
+        if batch.drafts is not None:
+            return StepResult(
+                logits, verify(logits, batch.params, batch.generators, batch.matchers, batch.drafts)
+            )
+        return StepResult(logits, sample(logits, batch.params, batch.generators, batch.matchers))
 
     def forward(self, fb: ForwardBatch, states: StateInput | None = None) -> torch.Tensor:
         """The one door to the model: every forward rank 0 runs (a step, a prompt's scoring) goes

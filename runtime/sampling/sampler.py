@@ -32,6 +32,9 @@ class SampleResult(NamedTuple):
     tokens: list[int]
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
     errors: dict[int, Exception] | None = None
+    # speculative rows: per sampled sequence, (token, logprobs) at each drafted position after the first
+    # (``runtime/speculative/verify.py``); None when no row drafted
+    verified: list[list[tuple[int, tuple[float, list[tuple[int, float]]] | None]]] | None = None
 
 
 def sample(
@@ -50,6 +53,11 @@ def sample(
                 tokens[i] = _sample_row(logits[i], p, generators[i])
             except (RuntimeError, ValueError) as e:  # one row's failure is that request's, not the batch's
                 errors[i] = e
+    return SampleResult(tokens, row_logprobs(logits, params, tokens), errors or None)
+
+
+def row_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]) -> list:
+    """Per row, for the rows that ask: (logprob of its token, top alternatives); None elsewhere."""
     lps: list = [None] * len(params)
     if any(p.logprobs is not None for p in params):
         logp = torch.log_softmax(logits, dim=-1)
@@ -58,10 +66,15 @@ def sample(
                 top = torch.topk(logp[i], p.logprobs) if p.logprobs > 0 else None
                 alts = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
                 lps[i] = (float(logp[i, tokens[i]]), alts)
-    return SampleResult(tokens, lps, errors or None)
+    return lps
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+    return int(torch.multinomial(probabilities(row, p).cpu(), 1, generator=gen).item())
+
+
+def probabilities(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy row samples from: temperature, then top-k, then top-p."""
     row = row / p.temperature  # finite: fp32 logits over a temperature >= MIN_TEMPERATURE
     if p.top_k > 0:
         kth = torch.topk(row, min(p.top_k, row.numel())).values[-1]
@@ -73,4 +86,4 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | Non
         drop = cum - sorted_p > p.top_p  # keep the smallest set whose mass reaches top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
-    return int(torch.multinomial(probs.cpu(), 1, generator=gen).item())
+    return probs

@@ -1,0 +1,1 @@
+"""Speculative decoding: drafts from tokens the engine has already seen, verified in one forward."""
