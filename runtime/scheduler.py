@@ -61,6 +61,8 @@ class SchedulerTotals(NamedTuple):
     cached: int
     prefilled: int
     generated: int
+    drafted: int = 0  # speculative decoding: tokens drafted and verified
+    accepted: int = 0  # of those, accepted
 
 
 class Scheduler:
@@ -85,6 +87,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_retractions = 0
         self._cached = self._prefilled = self._generated = 0
+        self._drafted = self._accepted = 0
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -117,7 +120,7 @@ class Scheduler:
 
     @property
     def totals(self) -> SchedulerTotals:
-        return SchedulerTotals(self._cached, self._prefilled, self._generated)
+        return SchedulerTotals(self._cached, self._prefilled, self._generated, self._drafted, self._accepted)
 
     # -- choosing a step ----------------------------------------------------------------
     def schedule(self) -> Batch | None:
@@ -249,6 +252,8 @@ class Scheduler:
                 req.num_computed += accepted  # the accepted drafts' KV stands; the rest is cut off
                 req.drafted_tokens += len(c.draft)
                 req.accepted_tokens += accepted
+                self._drafted += len(c.draft)
+                self._accepted += accepted
                 self.drafter.observe(req, len(c.draft), accepted)
                 self.cache.trim(req)
             out.append(Sampled(req, toks))

@@ -36,6 +36,8 @@ class EngineStats(NamedTuple):
     snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes, and
     snapshot_bytes: int = 0  # KV-matched tokens of finished requests recomputed for want of a snapshot
     snapshot_cut_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified, and of those accepted
+    accepted_tokens: int = 0
 
 
 def engine_stats(
@@ -49,6 +51,7 @@ def engine_stats(
         retractions=scheduler.num_retractions, running=len(scheduler.running),
         waiting=len(scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
         tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=cache.page_size,
+        drafted_tokens=st.drafted, accepted_tokens=st.accepted,
         **_tier_fields(cache), **_snapshot_fields(cache, snapshot_cut),
     )  # fmt: skip
 

@@ -17,6 +17,8 @@ _COUNTERS = (
     ("prefilled_tokens", "prefilled_tokens", "Prompt tokens computed (not cached)"),
     ("generated_tokens", "generated_tokens", "Tokens generated"),
     ("evicted_pages", "evicted_pages", "KV pages evicted from the prefix cache"),
+    ("drafted_tokens", "speculative_drafted_tokens", "Tokens drafted by speculative decoding and verified"),
+    ("accepted_tokens", "speculative_accepted_tokens", "Drafted tokens accepted (emitted without a step)"),
 )
 
 

@@ -94,6 +94,10 @@ class ChatRun(EngineRun):
             div.get("token_index"), div.get("where"),
         )  # fmt: skip
         ext: dict[str, Any] = {"cache": diag}
+        ext["speculative"] = {  # over the choices: tokens drafted and verified, and accepted
+            "drafted_tokens": sum(o.drafted_tokens for o in outs),
+            "accepted_tokens": sum(o.accepted_tokens for o in outs),
+        }
         if self.budget_reports:
             ext["reasoning"] = [self.budget_reports[i]._asdict() for i in sorted(self.budget_reports)]
         return ext
