@@ -17,7 +17,13 @@ of medians in one run.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import time
+from pathlib import Path
+
+import torch
 
 from benchmarks.common import base_parser, bench_main, format_table, median, progress, reps
 from benchmarks.speculative_workloads import WORKLOADS, make
@@ -33,7 +39,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16: this CPU's default)")
     p.add_argument("--batches", default="1,8", help="batch sizes (default 1,8)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--max-reply", type=int, default=None, help="cap on reply tokens (default 700, quick 120)")
+    p.add_argument("--max-reply", type=int, default=None, help="cap on reply tokens (default 400, quick 120)")
+    p.add_argument(
+        "--llamacpp-python", default=None, help="interpreter with numpy + cffi for llama.cpp's side"
+    )
+    p.add_argument(
+        "--llamacpp-module", default=None, help="directory of llama-cpp-cffi's _llama_cpp_cpu module"
+    )
+    p.add_argument("--llamacpp-preload", default=None, help="LD_PRELOAD for it (benchmarks/README.md)")
+    p.add_argument(
+        "--gguf", type=Path, default=None, help="GGUF for llama.cpp (default: the embedded model's)"
+    )
     return p.parse_args(argv)
 
 
@@ -69,9 +85,37 @@ def one_round(eng: Engine, workload: str, batch: int, rnd: int, max_reply: int) 
                 prompt_tokens=sum(map(len, prompts)) // batch)  # fmt: skip
 
 
+def llamacpp(args: argparse.Namespace, eng: Engine, workload: str, n: int, max_reply: int) -> dict | None:
+    """llama.cpp on the same GGUF, prompts and scripted replies, batch 1: plain decode and prompt lookup
+    (``benchmarks/llamacpp_lookup_side.py``); medians over the rounds' variants."""
+    if not args.llamacpp_python:
+        return None
+    items = [make(workload, 1000 * rnd) for rnd in range(n)]
+    prompts = [chat_ids(eng, w.messages) for w in items]
+    replies = [eng.tokenizer.encode(w.reply, add_special_tokens=False)[:max_reply] for w in items]
+    gguf = (
+        args.gguf
+        or next(Path(eng.model_dir).parent.glob("*.gguf"), None)
+        or next((Path.home() / ".cache/kvreuse/embedded").glob("*.gguf"))
+    )
+    job = dict(
+        gguf=str(gguf), threads=torch.get_num_threads(), prompts=prompts, replies=replies, ngram=2, k=10
+    )
+    env = dict(os.environ, LD_PRELOAD=args.llamacpp_preload) if args.llamacpp_preload else None
+    side = Path(__file__).with_name("llamacpp_lookup_side.py")
+    r = subprocess.run([args.llamacpp_python, str(side), args.llamacpp_module], input=json.dumps(job),
+                       capture_output=True, text=True, env=env, check=True)  # fmt: skip
+    res = json.loads(r.stdout)["results"]
+    tps = {m: median([x[m]["tokens"] / x[m]["decode_s"] for x in res]) for m in ("off", "lookup")}
+    tok = sum(x["lookup"]["tokens"] for x in res)
+    steps = sum(x["lookup"]["steps"] for x in res)
+    return dict(gguf=gguf.name, decode_tok_s=tps, lookup_vs_off=tps["lookup"] / tps["off"],
+                lookup_tokens_per_step=tok / steps, runs=res)  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> dict:
     n = reps(args, 3)
-    max_reply = args.max_reply or (120 if args.quick else 700)
+    max_reply = args.max_reply or (120 if args.quick else 400)
     engines = {m: Engine(dtype=args.dtype, speculative=m, kv_cache_memory="1G", max_running=8) for m in MODES}
     results, rows = [], []
     for wl in args.workloads.split(","):
@@ -91,6 +135,10 @@ def run(args: argparse.Namespace) -> dict:
                 entry[f"{m}_tokens_per_step"] = tok / (tok - acc)
                 entry[f"{m}_accepted_per_step"] = acc / (tok - acc)
                 entry[f"{m}_acceptance"] = acc / max(1, sum(r["drafted"] for r in runs[m]))
+            if batch == 1:
+                entry["llamacpp"] = lc = llamacpp(args, engines["off"], wl, n, max_reply)
+                if lc is not None:
+                    progress(f"{wl} llama.cpp: {lc['decode_tok_s']}")
             results.append(entry)
             rows.append([wl, batch, tps["off"], tps["ngram"], entry["ngram_vs_off"], entry["ngram_tokens_per_step"],
                          tps["suffix"], entry["suffix_vs_off"], entry["suffix_tokens_per_step"]])  # fmt: skip
@@ -102,6 +150,24 @@ def run(args: argparse.Namespace) -> dict:
     print(
         f"dtype {args.dtype}, threads {__import__('torch').get_num_threads()}, max reply {max_reply} tokens\n"
     )
+    lc_rows = [[e["workload"], e["llamacpp"]["decode_tok_s"]["off"], e["llamacpp"]["decode_tok_s"]["lookup"],
+                e["llamacpp"]["lookup_vs_off"], e["llamacpp"]["lookup_tokens_per_step"], e["ngram_vs_off"]]
+               for e in results if e.get("llamacpp")]  # fmt: skip
+    if lc_rows:
+        table += (
+            "\n\nllama.cpp (same GGUF, prompts, scripted replies; batch 1; threads as ours):\n"
+            + format_table(
+                [
+                    "workload",
+                    "llama.cpp off tok/s",
+                    "lookup tok/s",
+                    "lookup / off",
+                    "lookup tok/step",
+                    "ours ngram / off",
+                ],
+                lc_rows,
+            )
+        )
     print(table)
     scripted = "every reply forced (SamplingParams.forced_tokens): the 135M model would not write them"
     return dict(dtype=args.dtype, max_reply=max_reply, scripted=scripted, results=results, table=table)

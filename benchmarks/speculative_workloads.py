@@ -6,7 +6,7 @@ real reply costs, and a draft is accepted only where it equals the forced token,
 a larger model wrote that text.
 
 1. ``rewrite``: the agent read a 150-line Python file (a tool result) and writes it back with 3 small
-   edits;
+   edits (in its first 35 lines: the benchmark times the first ``--max-reply`` tokens of the reply);
 2. ``tool_json``: after earlier tool calls, a tool call whose JSON repeats their arguments;
 3. ``summary``: a summary that quotes sentences of a tool result;
 4. ``chat``: free chat: a reply that shares nothing with the prompt but ordinary English.
@@ -76,7 +76,7 @@ def python_file(rng: random.Random, lines: int = 150) -> list[str]:
 def rewrite(rng: random.Random) -> Workload:
     src = python_file(rng)
     new = list(src)
-    for i in rng.sample(range(5, len(src)), 3):  # three small edits
+    for i in rng.sample(range(5, 35), 3):  # three small edits, inside the replies the benchmark times
         new[i] = new[i].replace("limit", "cap") if "limit" in new[i] else new[i] + "  # checked"
     body = "\n".join(src)
     msgs = [
