@@ -148,3 +148,17 @@ def test_hybrid_models_are_refused_clearly(tmp_path):
 def test_unknown_mode_is_a_clear_error(tiny_models):
     with pytest.raises(ValueError, match="speculative must be one of off, ngram, suffix"):
         tiny_engine(tiny_models[("llama", False)], speculative="eagle")
+
+
+def test_tensor_parallel_ranks_verify_the_same_drafts(tiny_models):
+    d = tiny_models[("llama", False)]
+    prompts = _repetitive_prompts(3, 3)
+    params = [greedy(30) for _ in prompts]
+    ref = _outputs(tiny_engine(d), prompts, params)
+    two = tiny_engine(d, tensor_parallel_size=2, speculative="ngram")
+    try:
+        got = _outputs(two, prompts, params)
+    finally:
+        two.close()
+    assert [r.output_ids for r in got] == [r.output_ids for r in ref]
+    assert sum(r.accepted_tokens for r in got) > 0
