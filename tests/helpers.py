@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,13 @@ import torch
 from runtime.loading.model_source import resolve_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """A sample's value in a Prometheus text exposition (``/metrics``)."""
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$", text, re.M)
+    assert m, f"{name}{labels} not in /metrics"
+    return float(m.group(1))
 
 
 def embedded_dir() -> Path:

@@ -4,8 +4,6 @@ tier below it. Expected values come from the engine's own per-request counts and
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from fastapi.testclient import TestClient
 
@@ -13,7 +11,7 @@ from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
-from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_model, metric_value
 
 pytestmark = pytest.mark.timeout(300)
 PS = 16
@@ -45,10 +43,7 @@ def _chat(client, topic: str) -> dict:
     return r.json()
 
 
-def _metric(text: str, name: str, labels: str = "") -> float:
-    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$", text, re.M)
-    assert m, f"{name}{labels} not in /metrics"
-    return float(m.group(1))
+_metric = metric_value
 
 
 def test_hits_say_which_tier_they_came_from(client):

@@ -3,8 +3,6 @@ chat response, equal to the Prometheus counters' increase; output equal to a ser
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from fastapi.testclient import TestClient
 
@@ -12,7 +10,7 @@ from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
-from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_model, metric_value
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,10 +27,7 @@ def _client(model_dir, mode: str):
     return TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
 
 
-def _metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
+_metric = metric_value
 
 
 def test_drafted_and_accepted_tokens_are_reported_and_counted(model_dir):
