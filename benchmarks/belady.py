@@ -93,11 +93,15 @@ def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
     return hits
 
 
-def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size: int = 512) -> list[int]:
+def replay(
+    trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size: int = 512, check: bool = True
+) -> list[int]:
     """Cached tokens of each request through the real scheduler, cache manager and radix tree.
 
     Nothing is computed: each batch the scheduler hands out is committed with the trace's next
-    output tokens as the samples, exactly where the engine commits sampled ones.
+    output tokens as the samples, exactly where the engine commits sampled ones.  ``check``: the
+    cache manager's integrity check after every batch (off for long production traces, where it
+    would walk a large tree thousands of times).
     """
     cache = CacheManager(num_pages, page_size, "radix", policy)
     sched = Scheduler(cache, chunk_size, 1, "fcfs")
@@ -111,6 +115,7 @@ def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size
             assert batch is not None, "a trace request does not fit the pool"
             tokens = [output[len(c.req.tokens) - c.req.num_prompt] for c in batch.chunks if c.sample]
             sched.commit(batch, SampleResult(tokens, [None] * len(tokens)))
-            cache.check_integrity()
+            if check:
+                cache.check_integrity()
         out.append(req.cached_tokens)
     return out
