@@ -114,7 +114,9 @@ def replay(
             batch = sched.schedule()
             assert batch is not None, "a trace request does not fit the pool"
             tokens = [output[len(c.req.tokens) - c.req.num_prompt] for c in batch.chunks if c.sample]
-            sched.commit(batch, SampleResult(tokens, [None] * len(tokens)))
+            for s in sched.commit(batch, SampleResult(tokens, [None] * len(tokens))):
+                if (reason := s.req.stop_reason(s.token)) is not None:  # as the engine ends a request
+                    sched.finish(s.req, reason)
             if check:
                 cache.check_integrity()
         out.append(req.cached_tokens)

@@ -98,15 +98,9 @@ class ModelRunner:
         self.dtype = DTYPES[dtype]
         self.model = self._load(Path(model_dir))
         apply_quantization(self.model, quantize, model_dir)
-        self.quantize = quantize
         self.model.prepare()
         self.model.eval()
-        if compile_decode:
-            if not hasattr(self.model, "compile_decode"):
-                raise ValueError(
-                    f"--compile-decode supports the dense decoder models, not {self.cfg.model_type}"
-                )
-            self.model.compile_decode()
+        self.compile_decode = compile_decode
         log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
         pool_cfg = local_config(self.cfg, tp.world) if tp else self.cfg
         self.pool = KVPool(pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
@@ -116,6 +110,22 @@ class ModelRunner:
         self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device) if hybrid else None
         self.linear_backend = select_linear_backend(self.device) if hybrid else None
         self.graphs: DecodeGraphRunner | None = None
+        self.decode_path = "eager"  # see choose_decode
+
+    def choose_decode(self, max_seq_len: int | None) -> str:
+        """How decode steps run, decided here once for the runner's life (``decode_path``):
+        ``cuda-graphs`` (replayed graphs over static buffers: decode is launch-bound on a GPU; the
+        Triton backend on one device, dense models), else the model's own choice among ``fused``
+        (the CPU kernels), ``compiled`` (``--compile-decode``) and ``eager``.  ``max_seq_len``: the
+        longest sequence a graph must hold (None: no graphs, e.g. a tensor-parallel worker)."""
+        layers = self.pool.layers
+        self.decode_path = self.model.choose_decode(self.backend, layers[0][0] if layers else None,
+                                                    self.compile_decode)  # fmt: skip
+        graphs = self.device.type == "cuda" and self.backend.name == "triton" and self.state_pool is None
+        if graphs and max_seq_len is not None and self.tp is None:
+            self.enable_decode_graphs(max_seq_len)
+            self.decode_path = "cuda-graphs"
+        return self.decode_path
 
     def enable_decode_graphs(self, max_seq_len: int, capture: bool | None = None) -> None:
         """Run decode steps through static buffers: replayed CUDA graphs on a GPU (``capture=None``: when
@@ -142,18 +152,23 @@ class ModelRunner:
     def step(self, batch: StepInput) -> StepResult:
         """Forward the chunks; sample the rows that end their sequence."""
         fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
-        if self.tp is not None:  # rank 0 (a worker runs its own loop, never step)
+        logits = self.forward(fb, batch.states)
+        samples = sample(logits, batch.params, batch.generators, batch.matchers) if batch.params else None
+        return StepResult(logits, samples)
+
+    def forward(self, fb: ForwardBatch, states: StateInput | None = None) -> torch.Tensor:
+        """The one door to the model: every forward rank 0 runs (a step, a prompt's scoring) goes
+        through here, so the other tensor-parallel ranks run it too (a forward they did not see would
+        leave rank 0 alone in the first all-reduce).  Returns the logits of ``fb.logits_rows``."""
+        if self.tp is not None:  # rank 0 (a worker runs its own loop, never this)
             if self.workers is not None:
                 self.workers.check()
             send_batch(fb, self.tp.group, self.device)
-        if batch.states is not None:
-            logits = self._hybrid_forward(fb, batch.states)
-        elif self.graphs is not None and self.graphs.can_run(fb):
-            logits = self.graphs.run(fb)  # a static buffer's view: consumed before the next step
-        else:
-            logits = self.model(fb, self.pool.layers, self.backend)
-        samples = sample(logits, batch.params, batch.generators, batch.matchers) if batch.params else None
-        return StepResult(logits, samples)
+        if states is not None:
+            return self._hybrid_forward(fb, states)
+        if self.graphs is not None and self.graphs.can_run(fb):
+            return self.graphs.run(fb)  # a static buffer's view: consumed before the next step
+        return self.model(fb, self.pool.layers, self.backend)
 
     def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
         """Forward over the sequences' state slots, filling the snapshots the step asked for."""
@@ -197,5 +212,6 @@ def tp_worker(rank: int, world: int, port: int, model_dir: str, dtype: str, devi
 def run_worker(tp: TPGroup, model_dir, dtype: str, device: str, *rest) -> None:
     """Load this rank's shard and run the forward of every batch rank 0 broadcasts, until it stops."""
     runner = ModelRunner(Path(model_dir), dtype, device, *rest, tp=tp)
+    runner.choose_decode(None)  # the same layer path as rank 0 (graphs never run under tensor parallelism)
     while (fb := recv_batch(tp.group, runner.device)) is not None:
         runner.model(fb, runner.pool.layers, runner.backend)
