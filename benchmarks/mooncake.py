@@ -48,7 +48,10 @@ def load(path: Path | str = DEFAULT_TRACE, limit: int | None = None) -> list[Tra
             try:
                 d = json.loads(line)
                 req = TraceRequest(
-                    float(d["timestamp"]), int(d["input_length"]), int(d["output_length"]), tuple(d["hash_ids"])
+                    float(d["timestamp"]),
+                    int(d["input_length"]),
+                    int(d["output_length"]),
+                    tuple(d["hash_ids"]),
                 )
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{path}:{n}: not a Mooncake trace line ({e})") from None
@@ -83,7 +86,11 @@ def materialise(
             prompt += blocks[h]
             if len(prompt) >= n:
                 break
-        prompt = prompt[:n] if len(prompt) >= n else prompt + [rng.randrange(3, vocab) for _ in range(n - len(prompt))]
+        prompt = (
+            prompt[:n]
+            if len(prompt) >= n
+            else prompt + [rng.randrange(3, vocab) for _ in range(n - len(prompt))]
+        )
         output = [rng.randrange(3, vocab) for _ in range(max(1, -(-r.output_length // unit)))]
         trace.append((prompt, output))
     return trace
