@@ -55,10 +55,12 @@ def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES) -> di
     return out
 
 
-def traces(path: Path, quick: bool) -> dict[str, list[mooncake.TraceRequest]]:
+def traces(path: Path, quick: bool, which: list[str]) -> dict[str, list[mooncake.TraceRequest]]:
     reqs = mooncake.load(path, limit=600 if quick else None)
     first, second = mooncake.halves(reqs)
-    return {"first_half (tuning)": first, "second_half (held out)": second, "full (held out)": reqs}
+    named = {"first": ("first_half (tuning)", first), "second": ("second_half (held out)", second),
+             "full": ("full (held out)", reqs)}  # fmt: skip
+    return dict(named[w] for w in which)
 
 
 def verdict(results: dict) -> dict:
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> dict:
     pages = [int(x) for x in args.pages.split(",")]
     results: dict[str, dict] = {}
     table = []
-    for name, reqs in traces(args.trace, args.quick).items():
+    for name, reqs in traces(args.trace, args.quick, args.traces.split(",")).items():
         trace = mooncake.materialise(reqs, args.unit)
         results[name] = {}
         for page in pages:
@@ -109,6 +111,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--unit", type=int, default=16, help="trace tokens per replayed token (default 16)")
     p.add_argument("--pages", default="4,32", help="page sizes in replayed tokens (default 4,32: 64, 512)")
     p.add_argument("--policies", default="", help="comma-separated (default: every policy)")
+    p.add_argument(
+        "--traces", default="first,second,full", help="which of first,second,full (halves by time)"
+    )
     return p.parse_args(argv)
 
 

@@ -31,7 +31,7 @@ from runtime.cache.manager import CacheManager
 from runtime.cache.store.host import HostStore
 from runtime.cache.store.tiers import LowerTiers
 
-TIER_SHARES = (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
+TIER_SHARES = (0.0, 0.1, 0.2, 0.4, 0.7, 1.0)
 RECOVER = 0.9
 
 
