@@ -27,10 +27,10 @@ PAGE, CHUNK, UNIT, VOCAB = 16, 64, 16, 512  # a 512-token block is 32 tokens her
 def small_trace() -> list[mooncake.TraceRequest]:
     """Four documents asked about over several turns, with one-off requests scanning between them."""
     rng = random.Random(5)
-    docs = {d: list(range(100 * d, 100 * d + rng.randrange(3, 6))) for d in range(4)}
+    docs = [list(range(100 * d, 100 * d + rng.randrange(3, 6))) for d in range(4)]
     reqs, t, one_off = [], 0.0, 1000
-    for turn in range(4):
-        for d, blocks in docs.items():
+    for _ in range(4):  # turns
+        for blocks in docs:
             if rng.random() < 0.8:
                 n = len(blocks) * mooncake.BLOCK - rng.randrange(0, 400)  # the last block partly filled
                 reqs.append(mooncake.TraceRequest(t, n, rng.randrange(16, 96), tuple(blocks)))
