@@ -80,7 +80,9 @@ def run_aiperf(aiperf: str, server: ServerProcess, model: str, trace: Path, bloc
            "--streaming", "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace", "--fixed-schedule",
            "--isl-block-size", str(block), "--tokenizer", str(embedded_model_dir()), "--ui", "none",
            "--artifact-dir", str(out), "--no-server-metrics", "--no-gpu-telemetry"]  # fmt: skip
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, timeout=1800)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"aiperf exited with {done.returncode}:\n{done.stdout[-4000:]}")
     d = json.loads((out / "profile_export_aiperf.json").read_text())
     ttft = d["time_to_first_token"]
     return {"requests": d["request_count"]["avg"], "ttft_p50_s": ttft["p50"] / 1000, "ttft_p99_s": ttft["p99"] / 1000,
