@@ -56,11 +56,11 @@ def shown_figures(page, request_id: str) -> tuple[int, int]:
             int(row.locator('[data-field="prefilled"]').inner_text()))  # fmt: skip
 
 
-def keep_screenshot(page, out: Path, docs_name: str) -> Path:
+def keep_screenshot(page, out: Path, docs_name: str, full_page: bool = True) -> Path:
     """Screenshot into the test's output; with ``KVREUSE_UPDATE_DOCS=1`` also into ``docs/`` (so a
     plain test run never rewrites a tracked file)."""
     path = out / docs_name
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     if os.environ.get("KVREUSE_UPDATE_DOCS") == "1":
         (Path(__file__).resolve().parents[1] / "docs" / docs_name).write_bytes(path.read_bytes())
     return path
