@@ -1,5 +1,6 @@
 """The live page's data route in-process (tiny random model): records bounded per tenant and equal to
-the API's usage, ``after`` paging, bad input as a 400, and ``ui=False`` (``--no-ui``) serving nothing."""
+the API's usage, ``after`` paging, bad input as a 400, cached tokens by tier and the tiers' occupancy,
+Anthropic requests, and ``ui=False`` (``--no-ui``) serving nothing."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("ui") / "m", vocab=49152)
 
 
-def _client(model_dir, **config) -> TestClient:
-    engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", num_pages=128, page_size=16)
+def _client(model_dir, engine_options: dict | None = None, **config) -> TestClient:
+    options = {"num_pages": 128, **(engine_options or {})}
+    engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", page_size=16, **options)
     aengine = AsyncEngine(engine)
     app = create_app(aengine, ServerConfig("tiny", **config), on_shutdown=aengine.shutdown)
     return TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
@@ -67,3 +69,39 @@ def test_no_ui_serves_and_keeps_nothing(model_dir):
         for path in ("/ui", "/ui/static/ui.js", "/ui/api/live"):
             assert c.get(path).status_code == 404, path
         assert c.app.state.kv.activity.since(None) == []
+
+
+def _chat(c: TestClient, topic: str) -> dict:
+    text = " ".join(f"{topic}{i}" for i in range(140))
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    r = c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_tiers_and_anthropic_requests(model_dir, tmp_path):
+    # 40 pool pages: one ~300-token conversation fits, two do not, so the first goes down the tiers
+    options = {"num_pages": 40, "kv_store": str(tmp_path / "store"), "kv_host_memory": "1M"}
+    with _client(model_dir, options) as c:
+        _chat(c, "alpha"), _chat(c, "beta")
+        again = _chat(c, "alpha")
+        by_tier = again["kvreuse"]["cache"]["cached_by_tier"]
+        assert by_tier["host"] + by_tier["disk"] > 0, by_tier  # loaded back from a lower tier
+        body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]}
+        msg = c.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}).json()
+        live = c.get("/ui/api/live").json()
+        rec = {r["id"]: r for r in live["requests"]}
+        shown = rec[again["id"]]["cached_by_tier"]
+        assert shown == {k: by_tier[k] for k in ("pool", "host", "disk")}
+        assert rec[msg["id"]]["cache"]["cause"] == "new_conversation"
+        u, m = msg["usage"], rec[msg["id"]]
+        assert m["cached_tokens"] == u["cache_read_input_tokens"]
+        assert m["prefilled_tokens"] == u["input_tokens"] + u["cache_creation_input_tokens"]
+        tiers = live["tiers"]
+        assert tiers["host"]["pages"] + tiers["disk"]["pages"] > 0 and tiers["disk"]["budget_bytes"] > 0
+        assert tiers["host"]["capacity_pages"] == (1 << 20) // tiers["page_bytes"]
