@@ -40,7 +40,7 @@ def test_top_once_shows_the_servers_figures(server):
         r = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=headers, timeout=60)
         assert r.status_code == 200, r.text
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-    metrics = httpx.get(f"{server.url}/metrics", headers=headers).text
+    metrics = httpx.get(f"{server.url}/metrics", headers=headers, timeout=60).text
     value = {x.split()[0]: float(x.split()[1]) for x in metrics.splitlines() if x and not x.startswith("#")}
     prompt, pages = value["kvreuse_prompt_tokens_total"], int(value["kvreuse_kv_pages_total"])
     out = _top("--url", server.url, "--api-key", "k1")

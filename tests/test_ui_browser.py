@@ -14,6 +14,7 @@ from tests.ui_browser import SYSTEM, browser, converse, keep_screenshot, shown_f
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 MODEL = "smol"
+TIMEOUT_MS = 90_000  # a loaded 2-core machine: polls and renders can take seconds
 SERVER_ARGS = ["--kv-cache-memory", "256M", "--served-model-name", MODEL, "--max-running", "4"]
 
 
@@ -23,14 +24,14 @@ def chromium():
         yield b
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one server at a time: each test has its own, stopped when it ends
 def server(tmp_path_factory):
     proc = ServerProcess(SERVER_ARGS, tmp_path_factory.mktemp("ui") / "server.log").start()
     yield proc
     proc.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def keyed_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("ui-keys")
     (d / "keys").write_text("key-a alice\nkey-b bob\n")
@@ -45,7 +46,7 @@ def _client(server, key: str = "none") -> openai.OpenAI:
 
 def test_page_shows_the_break_and_the_apis_figures(server, chromium, tmp_path):
     client = _client(server)
-    responses = converse(client, MODEL)
+    responses = converse(client, MODEL, user="agent-1")  # a session: its pin is listed with its TTL
     # the same conversation with the system prompt's timestamp moved: the prefix breaks in message 0
     broken = converse(client, MODEL, system=SYSTEM.replace("09:00:00", "09:00:07"), turns=1)[0]
     diag = broken.model_extra["kvreuse"]["cache"]
@@ -53,6 +54,7 @@ def test_page_shows_the_break_and_the_apis_figures(server, chromium, tmp_path):
     assert responses[-1].usage.prompt_tokens_details.cached_tokens > 0  # the conversation hit its own history
 
     page = chromium.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
     page.goto(f"{server.url}/ui")
     rows = page.locator('[data-testid="request"]')
     rows.first.wait_for()
@@ -80,6 +82,9 @@ def test_page_shows_the_break_and_the_apis_figures(server, chromium, tmp_path):
         .startswith(str(broken.usage.prompt_tokens_details.cached_tokens))
     )
     assert page.locator('[data-tier="pool"]').is_visible()
+    pinned = httpx.get(f"{server.base_url}/cache", timeout=60).json()["sessions"][0]
+    pin = page.locator('#pins [data-pin="agent-1"] td').all_inner_texts()
+    assert pin[:3] == ["session", "agent-1", f"{pinned['pinned_tokens']:,}"] and pin[3].endswith(" s"), pin
     shot = keep_screenshot(page, tmp_path, "ui.png")
     assert shot.stat().st_size > 10_000
     page.close()
@@ -87,20 +92,24 @@ def test_page_shows_the_break_and_the_apis_figures(server, chromium, tmp_path):
 
 def test_without_a_key_no_data_and_tenants_see_only_their_own(keyed_server, chromium, tmp_path):
     url = keyed_server.url
-    r = httpx.get(f"{url}/ui/api/live")
+    r = httpx.get(f"{url}/ui/api/live", timeout=60)
     assert r.status_code == 401
     assert r.json()["error"]["type"] == "authentication_error"  # OpenAI's shape
-    assert httpx.get(f"{url}/ui/api/live", headers={"Authorization": "Bearer key-c"}).status_code == 401
-    page_html = httpx.get(f"{url}/ui")  # the page's files are open and hold no data
+    assert (
+        httpx.get(f"{url}/ui/api/live", headers={"Authorization": "Bearer key-c"}, timeout=60).status_code
+        == 401
+    )
+    page_html = httpx.get(f"{url}/ui", timeout=60)  # the page's files are open and hold no data
     assert page_html.status_code == 200 and "Content-Security-Policy" in page_html.headers
 
     a = converse(_client(keyed_server, "key-a"), MODEL, turns=2)
     b = converse(_client(keyed_server, "key-b"), MODEL, turns=1, user="bob-session")
-    live_b = httpx.get(f"{url}/ui/api/live", headers={"Authorization": "Bearer key-b"}).json()
+    live_b = httpx.get(f"{url}/ui/api/live", headers={"Authorization": "Bearer key-b"}, timeout=60).json()
     assert [x["id"] for x in live_b["requests"]] == [b[0].id]
     assert [s["id"] for s in live_b["cache"]["sessions"]] == ["bob-session"]
 
     page = chromium.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(TIMEOUT_MS)
     page.goto(f"{url}/ui")
     page.locator("#login").wait_for()
     assert page.locator('[data-testid="request"]').count() == 0 and page.locator("#main").is_hidden()

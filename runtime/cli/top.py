@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     console = Console()
     try:
-        with httpx.Client(headers=headers, timeout=max(5.0, args.interval)) as client:
+        with httpx.Client(headers=headers, timeout=max(30.0, args.interval)) as client:
             sample = fetch(client, url)
             if args.once:
                 console.print(render(url, sample, None))

@@ -116,10 +116,12 @@ function meter(label, used, total, parts) {
 function renderTiers(t) {
   const p = t.pool;
   const out = [meter("pool", `${fmt(p.total - p.free)} / ${fmt(p.total)} pages`, p.total, [
-    ["seg-prefill", p.in_use, `${p.in_use} pages held by running requests`],
-    ["seg-disk", p.pinned, `${p.pinned} pages pinned (sessions, prewarm)`],
-    ["seg-pool", p.cached, `${p.cached} cached pages, evictable`],
-  ])];
+    ["p-inuse", p.in_use, `${p.in_use} pages held by running requests`],
+    ["p-pinned", p.pinned, `${p.pinned} pages pinned (sessions, prewarm)`],
+    ["p-cached", p.cached, `${p.cached} cached pages, evictable`],
+  ]), el("div", { class: "legend sub" }, el("i", { class: "p-inuse" }), `requests ${fmt(p.in_use)}`,
+    el("i", { class: "p-pinned" }), `pinned ${fmt(p.pinned)}`, el("i", { class: "p-cached" }),
+    `cached ${fmt(p.cached)}`, ` · free ${fmt(p.free)}`)];
   out.push(t.host
     ? meter("host", `${fmt(t.host.pages)} / ${fmt(t.host.capacity_pages)} pages`, t.host.capacity_pages,
         [["seg-host", t.host.pages, "host tier pages"]])
