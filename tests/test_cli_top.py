@@ -36,7 +36,12 @@ def _top(*args: str) -> subprocess.CompletedProcess:
 def test_top_once_shows_the_servers_figures(server):
     headers = {"Authorization": "Bearer k1"}
     for _ in range(2):  # the second hits the first's prefix
-        body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3, "user": "sess-7"}
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 3,
+            "user": "sess-7",
+        }
         r = httpx.post(f"{server.base_url}/chat/completions", json=body, headers=headers, timeout=60)
         assert r.status_code == 200, r.text
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]

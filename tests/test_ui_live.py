@@ -11,7 +11,7 @@ from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
-from tests.helpers import make_tiny_model
+from tests.helpers import chat_topic, make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 PROMPT = " ".join(f"word{i}" for i in range(60))
@@ -71,25 +71,12 @@ def test_no_ui_serves_and_keeps_nothing(model_dir):
         assert c.app.state.kv.activity.since(None) == []
 
 
-def _chat(c: TestClient, topic: str) -> dict:
-    text = " ".join(f"{topic}{i}" for i in range(140))
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": 2,
-        "temperature": 0,
-    }
-    r = c.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
 def test_tiers_and_anthropic_requests(model_dir, tmp_path):
     # 40 pool pages: one ~300-token conversation fits, two do not, so the first goes down the tiers
     options = {"num_pages": 40, "kv_store": str(tmp_path / "store"), "kv_host_memory": "1M"}
     with _client(model_dir, options) as c:
-        _chat(c, "alpha"), _chat(c, "beta")
-        again = _chat(c, "alpha")
+        chat_topic(c, "alpha"), chat_topic(c, "beta")
+        again = chat_topic(c, "alpha")
         by_tier = again["kvreuse"]["cache"]["cached_by_tier"]
         assert by_tier["host"] + by_tier["disk"] > 0, by_tier  # loaded back from a lower tier
         body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]}
