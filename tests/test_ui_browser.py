@@ -8,6 +8,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from playwright.sync_api import expect
 
 from runtime.server.launcher import ServerProcess
 from tests.ui_browser import SYSTEM, browser, converse, keep_screenshot, shown_figures
@@ -58,7 +59,9 @@ def test_page_shows_the_break_and_the_apis_figures(server, chromium, tmp_path):
     page.goto(f"{server.url}/ui")
     rows = page.locator('[data-testid="request"]')
     rows.first.wait_for()
-    page.wait_for_function("document.querySelectorAll('[data-testid=request]').length >= 5")
+    rows.nth(
+        4
+    ).wait_for()  # all five (locators: the page's CSP forbids the eval wait_for_function polls with)
     for r in [*responses, broken]:
         cached = r.usage.prompt_tokens_details.cached_tokens
         assert shown_figures(page, r.id) == (cached, r.usage.prompt_tokens - cached), r.id
@@ -115,11 +118,11 @@ def test_without_a_key_no_data_and_tenants_see_only_their_own(keyed_server, chro
     assert page.locator('[data-testid="request"]').count() == 0 and page.locator("#main").is_hidden()
     page.fill("#key", "wrong")
     page.click("#login button")
-    page.wait_for_function("document.getElementById('login-error').textContent.length > 0")
+    expect(page.locator("#login-error")).to_contain_text("API key", timeout=TIMEOUT_MS)
     assert page.locator("#main").is_hidden()
     page.fill("#key", "key-a")
     page.click("#login button")
-    page.wait_for_function("document.querySelectorAll('[data-testid=request]').length >= 2")
+    page.locator('[data-testid="request"]').nth(1).wait_for()
     page.wait_for_timeout(2000)  # another poll: nothing of bob's arrives
     shown = page.locator('[data-testid="request"]').evaluate_all("rows => rows.map(r => r.dataset.id)")
     assert sorted(shown) == sorted(r.id for r in a), shown
