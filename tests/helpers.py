@@ -118,3 +118,17 @@ def load_hf(model_dir: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def chat_topic(client, topic: str, words: int = 140) -> dict:
+    """A one-message chat of ``words`` numbered words (~2 tokens each) through a TestClient; the response."""
+    text = " ".join(f"{topic}{i}" for i in range(words))
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
