@@ -166,7 +166,9 @@ def test_a_compile_over_its_budget_is_a_400_naming_the_schema_and_others_go_on(c
 
         def b_sends_a_slow_schema():
             t0 = time.monotonic()
-            slow["r"] = _post(client, "/v1/chat/completions", _schema_chat(_big_schema(3000, "p")), key="key-b")
+            slow["r"] = _post(
+                client, "/v1/chat/completions", _schema_chat(_big_schema(3000, "p")), key="key-b"
+            )
             slow["s"] = time.monotonic() - t0
 
         t = threading.Thread(target=b_sends_a_slow_schema)

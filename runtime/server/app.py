@@ -162,5 +162,5 @@ def create_app(
                 "anthropic-beta",
             ],
         )
-    document_errors(app, (ChatCompletionRequest, CompletionRequest))
+    document_errors(app, (ChatCompletionRequest, CompletionRequest, *anthropic_routes.BODIES))
     return app

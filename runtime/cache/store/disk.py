@@ -104,7 +104,9 @@ class DiskStore:
         self._mu = threading.Lock()
         self._db = None
         try:
-            self._db = sqlite3.connect(self.dir / "index.sqlite", check_same_thread=False, isolation_level=None)
+            self._db = sqlite3.connect(
+                self.dir / "index.sqlite", check_same_thread=False, isolation_level=None
+            )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -40,7 +41,8 @@ class GrammarCompiler:
       would let one tenant confirm another's schema by timing (issue 39).
     * A compile runs in a thread of its own; one over ``timeout_s`` is abandoned (a ``GrammarError``
       naming the grammar, a 400).  A thread cannot be killed, so the abandoned compile runs on and its
-      result is still cached for that tenant, and each tenant may have only ``per_tenant`` compiles
+      result is still cached for that tenant; it is reniced to the lowest priority, so it only
+      takes CPU time the engine and the event loop leave; and each tenant may have only ``per_tenant`` compiles
       running at once, abandoned ones included (``GrammarBusy``, a 429): one tenant's runaway schemas
       occupy at most that many cores.
     """
@@ -97,13 +99,14 @@ class GrammarCompiler:
         def compile_it() -> None:
             import llguidance
 
+            box.append(threading.get_native_id())
             try:
                 t0 = time.perf_counter()
                 m = llguidance.LLMatcher(tokenizer, grammar.source, log_level=0)
                 box.append((m, time.perf_counter() - t0))
                 if not m.is_error():
                     with self._lock:
-                        self.compile_s[grammar.label] = box[0][1]
+                        self.compile_s[grammar.label] = box[1][1]
                         self.compiles += 1
                         self._cache[key] = m
                         if len(self._cache) > CACHE_SIZE:
@@ -119,13 +122,14 @@ class GrammarCompiler:
         if not done.wait(self.timeout_s):
             with self._lock:
                 self.abandoned += 1
+            _lowest_priority(box[0])  # it runs on, but only on CPU time the engine does not want
             raise GrammarError(
                 f"{grammar.label}: compiling the grammar took longer than {self.timeout_s:g} s "
                 "(--grammar-compile-timeout); simplify the schema"
             )
-        if isinstance(box[0], Exception):
-            raise GrammarError(f"{grammar.label}: {_first_line(str(box[0]))}")
-        m = box[0][0]
+        if isinstance(box[1], Exception):
+            raise GrammarError(f"{grammar.label}: {_first_line(str(box[1]))}")
+        m = box[1][0]
         if m.is_error():
             raise GrammarError(f"{grammar.label}: {_first_line(m.get_error())}")
         return m
@@ -141,6 +145,14 @@ class GrammarCompiler:
                     for ok in (_ends_string, _closes_container)
                 ]
             return Matcher(compiled.deep_copy(), self.eos_ids, budget, self._closers)
+
+
+def _lowest_priority(native_id: int) -> None:
+    """Renice one thread (a Linux thread is a task with its own nice value) to 19; elsewhere a no-op."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, native_id, 19)
+    except (AttributeError, OSError):
+        pass
 
 
 def _bitmask(ids: list[int], vocab_size: int) -> torch.Tensor:

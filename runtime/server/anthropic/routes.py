@@ -26,6 +26,7 @@ from runtime.server.errors import APIError, bad_request, engine_refusal
 from runtime.server.state import ServerState
 
 MAX_BODY_BYTES = 32 * 2**20  # Anthropic's own limit for a Messages request
+BODIES = (MessagesRequest, CountTokensRequest)  # the request models the OpenAPI schema documents
 
 
 def check_model(state: ServerState, name: str | None) -> None:
@@ -109,10 +110,14 @@ def install_anthropic_routes(app: FastAPI, state: ServerState) -> None:
 
         return JSONResponse({"input_tokens": await state.prep.run(request.state.tenant, tokens)})
 
-    @app.post("/v1/messages")
+    def body(model: type[BaseModel]) -> dict[str, Any]:  # documented for clients and schemathesis
+        ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+    @app.post("/v1/messages", openapi_extra=body(MessagesRequest))
     async def create_message(request: Request) -> Response:
         return await _shaped(create(request))
 
-    @app.post("/v1/messages/count_tokens")
+    @app.post("/v1/messages/count_tokens", openapi_extra=body(CountTokensRequest))
     async def count_tokens(request: Request) -> Response:
         return await _shaped(count(request))
