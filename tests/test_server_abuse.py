@@ -274,3 +274,17 @@ def test_output_that_stops_short_of_the_schema_is_not_a_normal_stop(client, sche
         jsonschema.validate(json.loads(choice["message"]["content"]), schema)
     else:
         assert choice["finish_reason"] in ("length", "grammar_error"), choice
+
+
+def test_a_grammar_that_errors_stops_the_request_as_grammar_error(engine):
+    """The stop decision itself (``Request.stop_reason``), with a real llguidance matcher put in error
+    by a token its grammar rejects (what a schema past llguidance's limits does mid-generation)."""
+    from runtime.sampling.constrained import json_object
+    from runtime.sampling.params import SamplingParams
+
+    eng = engine.engine
+    req = eng.make_request("Hi", SamplingParams(max_tokens=8, grammar=json_object()))
+    bad = eng.tokenizer.encode("abc", add_special_tokens=False)[0]  # a JSON object cannot start so
+    assert not req.matcher.advance(bad) and req.matcher.error is not None
+    req.tokens.append(bad)
+    assert req.stop_reason(bad) == "grammar_error"  # old: the forced EOS that followed read as "stop"
