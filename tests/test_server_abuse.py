@@ -158,8 +158,8 @@ def _big_schema(n: int, salt: str) -> dict:
 
 def test_a_compile_over_its_budget_is_a_400_naming_the_schema_and_others_go_on(client, engine):
     grammars = engine.engine.grammars
-    old = grammars.timeout_s
-    grammars.timeout_s = 0.5
+    old = grammars.timeout_s, grammars.per_tenant
+    grammars.timeout_s, grammars.per_tenant = 0.5, 1
     try:
         _post(client, "/v1/chat/completions", _schema_chat({"type": "object"}), key="key-a")  # llg tokenizer
         slow: dict = {}
@@ -192,7 +192,7 @@ def test_a_compile_over_its_budget_is_a_400_naming_the_schema_and_others_go_on(c
         busy = _post(client, "/v1/chat/completions", _schema_chat(_big_schema(10, "r")), key="key-b")
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "grammar_busy"
     finally:
-        grammars.timeout_s = old
+        grammars.timeout_s, grammars.per_tenant = old
 
 
 def test_the_grammar_cache_is_per_tenant(client, engine):
@@ -288,3 +288,16 @@ def test_a_grammar_that_errors_stops_the_request_as_grammar_error(engine):
     assert not req.matcher.advance(bad) and req.matcher.error is not None
     req.tokens.append(bad)
     assert req.stop_reason(bad) == "grammar_error"  # old: the forced EOS that followed read as "stop"
+
+
+def test_concurrent_requests_with_one_new_grammar_compile_it_once(engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runtime.sampling.constrained import json_schema
+
+    grammars = engine.engine.grammars
+    g = json_schema(_big_schema(40, "concurrent"))
+    n = grammars.compiles
+    with ThreadPoolExecutor(8) as pool:  # one compile slot per tenant would 429 seven of them
+        got = list(pool.map(lambda _: grammars.compiled(g, "t"), range(8)))
+    assert all(m is got[0] for m in got) and grammars.compiles == n + 1

@@ -27,7 +27,7 @@ class GrammarBusy(GrammarError):
 
 
 COMPILE_TIMEOUT_S = 5.0
-COMPILES_PER_TENANT = 1  # compiles of one tenant running at once, abandoned ones included
+COMPILES_PER_TENANT = 2  # distinct grammars of one tenant compiling at once, abandoned ones included
 
 
 class GrammarCompiler:
@@ -44,7 +44,8 @@ class GrammarCompiler:
       result is still cached for that tenant; it is reniced to the lowest priority, so it only
       takes CPU time the engine and the event loop leave; and each tenant may have only ``per_tenant`` compiles
       running at once, abandoned ones included (``GrammarBusy``, a 429): one tenant's runaway schemas
-      occupy at most that many cores.
+      occupy at most that many cores.  Requests with a grammar already compiling wait for that
+      compile (20 concurrent requests with one new tool set compile it once).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class GrammarCompiler:
         self._closers: list[torch.Tensor] | None = None
         self._cache: OrderedDict[tuple[Hashable, Grammar], Any] = OrderedDict()
         self._running: Counter[Hashable] = Counter()  # compiles in flight per tenant, abandoned included
+        self._inflight: dict[tuple[Hashable, Grammar], tuple[threading.Event, list]] = {}
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
         self.compile_s: dict[
@@ -82,19 +84,34 @@ class GrammarCompiler:
     def compiled(self, grammar: Grammar, tenant: Hashable = None) -> Any:
         """The compiled matcher for ``grammar`` in ``tenant``'s cache (raises GrammarError)."""
         key = (tenant, grammar)
+        tokenizer = self._llg_tokenizer()  # built once (about 1 s), outside the compile budget
         with self._lock:
             m = self._cache.get(key)
             if m is not None:
                 self._cache.move_to_end(key)
                 return m
-            if self._running[tenant] >= self.per_tenant:
-                raise GrammarBusy(
-                    f"{grammar.label}: another grammar of this caller is still compiling; retry shortly"
-                )
-            self._running[tenant] += 1
-        tokenizer = self._llg_tokenizer()
-        done = threading.Event()
-        box: list[Any] = []
+            inflight = self._inflight.get(key)
+            if inflight is None:  # the same grammar already compiling is waited for, not compiled again
+                if self._running[tenant] >= self.per_tenant:
+                    raise GrammarBusy(
+                        f"{grammar.label}: another grammar of this caller is still compiling; retry shortly"
+                    )
+                self._running[tenant] += 1
+                inflight = self._inflight[key] = (threading.Event(), [])
+                self._start(key, grammar, tokenizer, *inflight)
+        done, box = inflight
+        return self._wait(grammar, done, box)
+
+    def _start(
+        self,
+        key: tuple[Hashable, Grammar],
+        grammar: Grammar,
+        tokenizer: Any,
+        done: threading.Event,
+        box: list,
+    ) -> None:
+        """Compile in a thread of its own; ``box`` gets its native id, then the result or the error."""
+        tenant = key[0]
 
         def compile_it() -> None:
             import llguidance
@@ -116,9 +133,13 @@ class GrammarCompiler:
             finally:
                 with self._lock:
                     self._running[tenant] -= 1
+                    self._inflight.pop(key, None)
                 done.set()
 
         threading.Thread(target=compile_it, name="kvreuse-grammar", daemon=True).start()
+
+    def _wait(self, grammar: Grammar, done: threading.Event, box: list) -> Any:
+        """The compile's result within the budget, else abandon it (a GrammarError)."""
         if not done.wait(self.timeout_s):
             with self._lock:
                 self.abandoned += 1
