@@ -33,8 +33,7 @@ def measure(
 ) -> dict:
     """One engine, ``streams`` decoding together; per-step overhead and forward seconds."""
     from benchmarks.common import median, synthetic_prompt
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from runtime import Engine, SamplingParams  # the public API: the same in trees of any layout
 
     eng = Engine(
         model_dir=model_dir, dtype="float32", device="cpu", kv_cache_memory="512M", max_running=streams,

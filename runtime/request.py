@@ -114,12 +114,18 @@ class Request:
     def stop_reason(self, token: int, text_stopped: bool = False, after: int = 0) -> str | None:
         """Why the request ends with ``token`` just appended, or None: the one place a stop is decided.
 
+        ``grammar_error``: the request's grammar failed (its output does not validate).
+
         ``text_stopped``: the detokeniser found a stop string.  A stop (a stop string, an EOS or stop
         token) wins over ``length`` when both happen on the same token.  Admission has checked that
         prompt + ``max_tokens`` fits the context, so ``max_tokens`` is the only length limit.
         ``after``: tokens appended in the same step after ``token`` (an accepted draft), not counted.
         """
         p = self.params
+        if self.matcher is not None and self.matcher.error is not None:
+            # the grammar library gave up (a schema past its limits): whatever was generated does not
+            # validate, so the stop must not read as a normal one (issue 39)
+            return "grammar_error"
         if text_stopped or (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
         if len(self.tokens) - after - self.num_prompt >= p.max_tokens:

@@ -83,12 +83,17 @@ def count_events(ndjson: Path) -> dict:
     }
 
 
-def fuzz(url: str, max_examples: int, workdir: Path, request_timeout: float = 300.0) -> dict:
+KEY_FILE = "key-tenant-a a\nkey-tenant-b b\nkey-operator @operator\n"  # --keys: tenants + the operator
+
+
+def fuzz(
+    url: str, max_examples: int, workdir: Path, request_timeout: float = 300.0, key: str | None = None
+) -> dict:
     ndjson = workdir / "events.ndjson"
     cmd = [
         schemathesis_bin(), "--no-color", "run", f"{url}/openapi.json", "--checks", "all",
         "-n", str(max_examples), "--request-timeout", str(request_timeout), "--generation-deterministic",
-        "--report-ndjson-path", str(ndjson),
+        "--report-ndjson-path", str(ndjson), *(["-H", f"Authorization: Bearer {key}"] if key else []),
     ]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=1800)
@@ -103,19 +108,26 @@ def fuzz(url: str, max_examples: int, workdir: Path, request_timeout: float = 30
     return out
 
 
-def alive(url: str) -> bool:
+def alive(url: str, key: str | None = None) -> bool:
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
     h = httpx.get(f"{url}/health", timeout=30)
     body = {"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
-    g = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
-    kv = httpx.get(f"{url}/debug/kv", timeout=30).json()
+    g = httpx.post(f"{url}/v1/completions", json=body, timeout=120, headers=auth)
+    kv = httpx.get(f"{url}/debug/kv", timeout=30, headers=auth).json()
     return h.status_code == 200 and g.status_code == 200 and kv["ok"] and kv["pages"]["request_pages"] == 0
 
 
-def run(max_examples: int, log_dir: Path) -> dict:
-    server = ServerProcess(SERVER_ARGS, log_dir / "fuzz_server.log").start()
+def run(max_examples: int, log_dir: Path, keys: bool = False) -> dict:
+    """``keys``: API keys on (tenants and an operator); schemathesis sends the operator's, which
+    every route accepts, so every route is exercised past authentication."""
+    args, key = SERVER_ARGS, None
+    if keys:
+        (log_dir / "keys").write_text(KEY_FILE)
+        args, key = [*SERVER_ARGS, "--api-key-file", str(log_dir / "keys")], "key-operator"
+    server = ServerProcess(args, log_dir / "fuzz_server.log").start()
     try:
-        result = fuzz(server.url, max_examples, log_dir)
-        result["alive_at_end"] = alive(server.url)
+        result = fuzz(server.url, max_examples, log_dir, key=key)
+        result["alive_at_end"] = alive(server.url, key)
         result["server_exit_code_running"] = server.proc.poll()
     finally:
         server.stop()
@@ -126,11 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-examples", type=int, default=100, help="schemathesis -n (per operation)")
     p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--keys", action="store_true", help="API keys on (schemathesis sends the operator key)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
-        result = run(args.max_examples, Path(d))
+        result = run(args.max_examples, Path(d), args.keys)
     result = {
-        "server_args": SERVER_ARGS, "max_examples": args.max_examples, "dtype": "float32",
+        "server_args": SERVER_ARGS, "keys": args.keys, "max_examples": args.max_examples, "dtype": "float32",
         "threads": os.environ.get("OMP_NUM_THREADS", "default"), "load_average": os.getloadavg(), **result,
     }  # fmt: skip
     text = json.dumps(result, indent=2)

@@ -92,9 +92,9 @@ def test_logit_bias_changes_greedy_as_the_bias_says(eng):
 
 def test_bad_grammar_and_bias_are_engine_errors(eng):
     with pytest.raises(EngineError, match="logit_bias"):
-        eng.validate("hi", SamplingParams(logit_bias={10**7: 1.0}))
+        eng.make_request("hi", SamplingParams(logit_bias={10**7: 1.0}))
     with pytest.raises(EngineError, match="json_schema"):
-        eng.validate(
+        eng.make_request(
             "hi",
             SamplingParams(
                 grammar=json_schema(

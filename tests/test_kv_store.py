@@ -236,11 +236,13 @@ def test_group_file_reads_back_what_was_written_without_a_copy(tmp_path, dtype):
     from runtime.cache.store import group_file
 
     kv = torch.randn(5, 2, 2, 4, 1, 8).to(dtype)
-    data = group_file.encode(kv)
+    keys = [bytes([i]) * 20 for i in range(5)]
+    data = group_file.encode(kv, keys)
     path = tmp_path / "g.safetensors"
     path.write_bytes(data)
     got = group_file.read(path, group_file.checksum(data))
-    assert got is not None and got.dtype == dtype and torch.equal(got, kv)
+    assert got is not None and got[0].dtype == dtype and torch.equal(got[0], kv)
+    assert got[1] == [group_file.key_tag(k) for k in keys]  # the file names its pages
     assert group_file.read(path, group_file.checksum(data + b"x")) is None  # wrong checksum: refused
     path.write_bytes(b"\x08" + data[1:])  # a header that lies, its checksum recomputed to match
     assert group_file.read(path, group_file.checksum(path.read_bytes())) is None

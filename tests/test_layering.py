@@ -106,3 +106,24 @@ def test_a_cycle_is_found(tree_copy: Path):
     _append(tree_copy / "runtime/server/metrics.py", "import runtime.server.fingerprint  # noqa")
     _append(tree_copy / "runtime/server/fingerprint.py", "import runtime.server.metrics  # noqa")
     assert import_cycles("runtime", tree_copy) == [["runtime.server.fingerprint", "runtime.server.metrics"]]
+
+
+def test_the_contracts_name_every_module():
+    """Every top-level package of ``runtime`` is in the main layers contract, and every module of a
+    package with its own layers contract is in that contract: a new module must take a layer."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    graph = grimp.build_graph("runtime", cache_dir=None)
+    unlisted = {}
+    for c in contracts:
+        if c.get("type") != "layers":
+            continue
+        named = {part.strip() for layer in c["layers"] for part in layer.split("|")}
+        for container in c.get("containers", ["runtime"]):
+            prefix = "" if "containers" in c else "runtime."
+            kids = {k.split(".")[-1] for k in graph.find_children(container)}
+            missing = sorted(k for k in kids if (prefix + k) not in named and k not in named)
+            if missing:
+                unlisted[container] = missing
+    assert unlisted == {}

@@ -124,3 +124,35 @@ def test_pinned_pages_are_part_of_the_integrity_check(tiny_models):
     eng.check_integrity()
     eng.reset_prefix_cache()  # pins are dropped with the tree
     assert len(eng.cache.pins) == 0 and eng.check_integrity().tree_pages == 0
+
+
+def _tenant_run(eng, prompt: list[int], tenant: str, session: str) -> Request:
+    req = eng.make_request(prompt, greedy(4))
+    req.scope = CacheScope(tenant, 0, (tenant, session))
+    run_checked(eng, [req])
+    return req
+
+
+def test_a_tenant_flooding_sessions_lapses_its_own_pins_not_anothers(tiny_models):
+    """Issue 39: B's sessions must not push A's pin out (the old order lapsed the globally oldest: A's)."""
+    eng, clock = _engine(tiny_models[("llama", False)])
+    gen = torch.Generator().manual_seed(5)
+    a = _tenant_run(eng, random_ids(gen, 200), "A", "a1")  # 13 pages, the oldest pin
+    for i in range(4):  # 4 x 13 pages of B's: over the 32-page budget twice
+        clock.t += 1
+        _tenant_run(eng, random_ids(gen, 200), "B", f"b{i}")
+    pins = eng.cache.pins
+    assert ("A", "a1") in pins  # A's pin survived B's flood
+    assert pins.lapsed_by["B"]["budget"] >= 2 and not pins.lapsed_by["A"]
+    nxt = _tenant_run(eng, list(a.tokens) + random_ids(gen, 8), "A", "a1")
+    assert nxt.cached_tokens == _reusable(a)
+
+
+def test_a_tenant_holds_at_most_its_pin_count(tiny_models):
+    eng, clock = _engine(tiny_models[("llama", False)])
+    eng.cache.pins.per_tenant = 2
+    gen = torch.Generator().manual_seed(6)
+    for i in range(3):
+        clock.t += 1
+        _tenant_run(eng, random_ids(gen, 40), "B", f"b{i}")
+    assert [p.owner for p in eng.cache.pins.info()] == [("B", "b1"), ("B", "b2")]

@@ -11,10 +11,11 @@ pytest.importorskip("schemathesis")
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
-def test_schemathesis_finds_no_server_error_and_no_hang(tmp_path):
+@pytest.mark.parametrize("keys", [False, True], ids=["open", "keys"])
+def test_schemathesis_finds_no_server_error_and_no_hang(tmp_path, keys):
     from tests.fuzz_server import run
 
-    result = run(max_examples=5, log_dir=tmp_path)
+    result = run(max_examples=5, log_dir=tmp_path, keys=keys)
     assert result["requests"] > 100, result
     assert result["responses_5xx"] == 0 and result["no_response"] == 0, result
     assert result["alive_at_end"], result

@@ -18,7 +18,7 @@ from runtime.server.ui.routes import is_page
 from tests.helpers import make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
-KEYS = {"key-a": "A", "key-b": "B"}
+KEYS = {"key-a": "A", "key-b": "B", "key-op": "@operator"}
 PROMPT = " ".join(f"word{i}" for i in range(120))
 
 
@@ -65,7 +65,8 @@ def test_every_route_but_health_needs_a_key(client):
                 assert r.status_code == 401, (method, path, headers, r.status_code)
                 assert r.json()["error"]["type"] == "authentication_error"
     assert client.get("/v1/models", headers={"Authorization": "Bearer key-a"}).status_code == 200
-    assert client.get("/metrics", headers={"x-api-key": "key-b"}).status_code == 200
+    assert client.get("/metrics", headers={"x-api-key": "key-b"}).status_code == 403  # every tenant's traffic
+    assert client.get("/metrics", headers={"x-api-key": "key-op"}).status_code == 200  # the operator's
     r = client.post("/v1/cache/reset", json={}, headers={"Authorization": "Bearer key-a"})
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"  # not everyone's cache
 
@@ -175,5 +176,5 @@ def test_prewarm_pins_a_prefix_and_introspection_shows_only_own_pins(client):
     sub = [messages[0], {"role": "user", "content": "sub-task 3: check the logs"}]
     assert _chat(client, "key-a", sub) > 0
     assert _chat(client, "key-b", sub) == 0
-    metrics = client.get("/metrics", headers=h_a).text
+    metrics = client.get("/metrics", headers={"Authorization": "Bearer key-op"}).text
     assert "kvreuse_kv_pages_pinned" in metrics and 'kvreuse_pin_lapses_total{cause="ttl"}' in metrics

@@ -12,12 +12,19 @@ Pinned pages are the union of the pinned paths (a shared prefix counts once), ke
 longest ago lapse first, so pins cannot starve admission; when the pool is short even after
 evicting everything unpinned, the cache manager lapses pins the same way.  Lapses are counted
 by cause (``ttl``, ``budget``, ``pressure``, ``moved``: the owner pinned another node).
+
+Tenants: an owner tuple's first item is its tenant (sessions, prewarms and ``cache_control``
+breakpoints all carry it).  When pins must lapse (budget, pressure), they lapse from the tenant
+holding the most pinned tokens, oldest first, so a tenant flooding sessions, prewarms or long-TTL
+breakpoints pushes out its own pins, never a smaller tenant's; and no tenant holds more than
+``per_tenant`` pins (its own oldest lapses).  Lapses are counted per tenant too, so each tenant
+sees only its own.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -33,6 +40,7 @@ class Pin:
     ttl: float
     expires: float
     tokens: int  # prefix length the pin covers
+    tenant: Hashable = None
 
 
 class PinInfo(NamedTuple):
@@ -41,6 +49,11 @@ class PinInfo(NamedTuple):
     owner: Hashable
     tokens: int
     ttl_left: float
+
+
+def tenant_of(owner: Hashable) -> Hashable:
+    """The tenant a pin's owner belongs to: the first item of an owner tuple (None otherwise)."""
+    return owner[0] if isinstance(owner, tuple) and len(owner) > 1 else None
 
 
 class PinTable:
@@ -52,12 +65,15 @@ class PinTable:
         budget_pages: int,
         ttl: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        per_tenant: int = 64,
     ) -> None:
         if ttl <= 0:
             raise ValueError(f"pin ttl must be > 0 seconds, got {ttl}")
         self.cache, self.budget, self.ttl, self.clock = cache, budget_pages, ttl, clock
+        self.per_tenant = per_tenant
         self._pins: OrderedDict[Hashable, Pin] = OrderedDict()
         self.lapsed: Counter[str] = Counter()
+        self.lapsed_by: defaultdict[Hashable, Counter[str]] = defaultdict(Counter)  # tenant -> cause -> n
 
     def __len__(self) -> int:
         return len(self._pins)
@@ -82,8 +98,12 @@ class PinTable:
         if old is not None:
             self.cache.unpin(old.handle)
             if old.handle is not handle:
-                self.lapsed["moved"] += 1
-        self._pins[owner] = Pin(handle, ttl, self.clock() + ttl, tokens)
+                self._count(old.tenant, "moved")
+        tenant = tenant_of(owner)
+        self._pins[owner] = Pin(handle, ttl, self.clock() + ttl, tokens, tenant)
+        own = [o for o, p in self._pins.items() if p.tenant == tenant]
+        for o in own[: max(0, len(own) - self.per_tenant)]:  # over its count: its own oldest go
+            self._lapse(o, "budget")
         while self.cache.stats().pinned_pages > self.budget and self._pins:
             self.lapse_oldest("budget")
         return owner in self._pins
@@ -105,14 +125,26 @@ class PinTable:
         now = self.clock()
         dead = [owner for owner, pin in self._pins.items() if pin.expires <= now]
         for owner in dead:
-            self.unpin(owner)
-        self.lapsed["ttl"] += len(dead)
+            self._lapse(owner, "ttl")
         return len(dead)
 
     def lapse_oldest(self, cause: str) -> None:
-        owner = next(iter(self._pins))
+        """Lapse the oldest-used pin of the tenant holding the most pinned tokens."""
+        held: Counter[Hashable] = Counter()
+        for p in self._pins.values():
+            held[p.tenant] += p.tokens
+        top = max(held.values())
+        owner = next(o for o, p in self._pins.items() if held[p.tenant] == top)
+        self._lapse(owner, cause)
+
+    def _lapse(self, owner: Hashable, cause: str) -> None:
+        pin = self._pins[owner]
         self.unpin(owner)
+        self._count(pin.tenant, cause)
+
+    def _count(self, tenant: Hashable, cause: str) -> None:
         self.lapsed[cause] += 1
+        self.lapsed_by[tenant][cause] += 1
 
     def clear(self) -> None:
         while self._pins:

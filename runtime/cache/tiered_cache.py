@@ -147,6 +147,8 @@ class TieredRadixCache(RadixCache):
         out now, since the pool reuses them right after an eviction.  ``durable``: to disk, past
         the host tier (persistence).
         """
+        if not self.tiers.accepts(durable):  # a failed disk tier: nothing to copy the pages out for
+            return 0
         path, path_pages = self.path_tokens(node), self.path_pages(node)
         keys = page_keys(path, self.page_size, self.root_key, namespaces=self.path_namespaces(node))
         first = self.tiers.match(keys, durable).total

@@ -11,7 +11,7 @@ import itertools
 import torch
 
 from runtime.request import PUBLIC, CacheScope, Request
-from runtime.sampling.constrained import GrammarCompiler, GrammarError
+from runtime.sampling.constrained import GrammarBusy, GrammarCompiler, GrammarError
 from runtime.sampling.params import SamplingParams
 
 
@@ -44,8 +44,11 @@ class Admission:
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(seed)
 
-    def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """Tokenise and check a prompt; raises EngineError with a one-line reason."""
+    def validate(
+        self, prompt: str | list[int], params: SamplingParams, scope: CacheScope = PUBLIC
+    ) -> list[int]:
+        """Tokenise and check a prompt; raises EngineError with a one-line reason.  A grammar compiles
+        in ``scope``'s tenant's cache (a hit must not tell one tenant what another compiled)."""
         try:
             ids = (
                 self.tokenizer.encode(prompt, add_special_tokens=False)
@@ -63,7 +66,9 @@ class Admission:
             raise EngineError(f"logit_bias token ids must be in [0, {vocab})")
         if params.grammar is not None:
             try:
-                self.grammars.compiled(params.grammar)  # compiled once; later requests hit the cache
+                self.grammars.compiled(params.grammar, scope.namespace)  # later requests hit the cache
+            except GrammarBusy as e:
+                raise EngineError(str(e), "grammar_busy") from None
             except GrammarError as e:
                 raise EngineError(str(e)) from None
         total = len(ids) + params.max_tokens
@@ -88,7 +93,7 @@ class Admission:
     ) -> Request:
         """A validated request, complete: its cache ``scope`` and its sampling generator seeded (from
         ``params.seed`` or the engine's RNG).  The one place a prompt is checked."""
-        ids = self.validate(prompt, params)
+        ids = self.validate(prompt, params, scope)
         gen = None
         if not params.greedy:
             seed = (
@@ -100,5 +105,5 @@ class Admission:
         rid = request_id or f"req-{next(self._ids)}"
         req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen, scope=scope)
         if params.grammar is not None:
-            req.matcher = self.grammars.matcher(params.grammar, params.max_tokens)
+            req.matcher = self.grammars.matcher(params.grammar, params.max_tokens, scope.namespace)
         return req

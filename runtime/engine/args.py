@@ -96,6 +96,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="torch.compile decode steps' layers (faster CPU decode; compiles at the first step)",
     )
     g.add_argument(
+        "--grammar-compile-timeout",
+        type=float,
+        default=D["grammar_compile_timeout"],
+        help="seconds a grammar (JSON schema, tools) may compile before the request is refused "
+        f"(default {D['grammar_compile_timeout']:g})",
+    )
+    g.add_argument(
         "--max-model-len", type=int, default=D["max_model_len"], help="cap on prompt + output tokens"
     )
     g.add_argument(
@@ -151,6 +158,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         attention_backend=args.attention_backend,
         quantize=args.quantize,
         compile_decode=args.compile_decode,
+        grammar_compile_timeout=args.grammar_compile_timeout,
         max_model_len=args.max_model_len,
         tensor_parallel_size=args.tensor_parallel_size,
         kv_store=args.kv_store,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 from runtime.engine.engine import Engine
@@ -44,6 +45,7 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvreuse-engine", daemon=True)
         self.error: BaseException | None = None
+        self.beat = time.monotonic()  # the loop's last turn: /health calls a loop silent too long stalled
         self._thread.start()
 
     @property
@@ -92,6 +94,10 @@ class AsyncEngine:
         assert last is not None
         return last
 
+    def stalled_for(self) -> float:
+        """Seconds the loop has been inside one turn (a step, a call between steps); ~0 when idle."""
+        return time.monotonic() - self.beat
+
     def run_idle(self, fn, timeout: float = 30.0):
         """Run ``fn(engine)`` on the engine thread between steps (e.g. a cache reset); returns its result.
 
@@ -120,6 +126,7 @@ class AsyncEngine:
     def _run(self) -> None:
         eng = self.engine
         while not self._stop.is_set():
+            self.beat = time.monotonic()
             if not eng.has_work():
                 self._wake.wait(0.05)
                 self._wake.clear()

@@ -40,6 +40,9 @@ class EngineConfig:
     seed: int = 0
     # speculative decoding drafted from tokens already seen (runtime/speculative): off | ngram | suffix
     speculative: str = "off"
+    # a grammar (response_format schema, tools) compiling longer than this is refused with a 400: one
+    # caller's pathological schema must not hold a prep thread (issue 39: 10k optional properties, minutes)
+    grammar_compile_timeout: float = 5.0
     tensor_parallel_size: int = 1  # ranks on torch.distributed (gloo on CPU, NCCL on GPUs); rank 0 schedules
     kv_store: str | None = None  # directory of the disk tier (KV pages that outlive eviction and restarts)
     kv_store_size: int | str = "20G"  # the disk tier's byte budget

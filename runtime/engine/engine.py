@@ -95,6 +95,7 @@ class Engine:
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
+            settings={"quantize": cfg.quantize, "tensor_parallel_size": cfg.tensor_parallel_size},
         )  # fmt: skip
         states, state_budget = hybrid_states(self.runner, cfg)
         self.cache = CacheManager(
@@ -119,7 +120,9 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
         self._closed = False
-        self.grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids)  # compiles lazily
+        self.grammars = GrammarCompiler(  # compiles lazily
+            self.tokenizer, mc.vocab_size, self.eos_ids, cfg.grammar_compile_timeout
+        )
         self.admission = Admission(
             self.tokenizer, mc.vocab_size, self.max_model_len, self.runner.pool.num_tokens,
             self.eos_ids, self.grammars, cfg.seed,
@@ -294,9 +297,10 @@ class Engine:
         self.cache.pins.expire()
         return self.cache.stats()
 
-    def pins(self) -> tuple[list[PinInfo], dict[str, int]]:
-        """The live pins (owner, tokens, TTL left) and the pins lapsed so far by cause."""
-        return self.cache.pins.info(), dict(self.cache.pins.lapsed)
+    def pins(self) -> tuple[list[PinInfo], dict[str, int], dict[object, dict[str, int]]]:
+        """The live pins (owner, tokens, TTL left), the pins lapsed so far by cause, and by tenant."""
+        table = self.cache.pins
+        return table.info(), dict(table.lapsed), {t: dict(c) for t, c in table.lapsed_by.items()}
 
     def is_pinned(self, owner: object) -> bool:
         return owner in self.cache.pins
@@ -353,6 +357,12 @@ class Engine:
         self._closed = True
         self.cache.close()
         self.runner.close()
+
+    def store_error(self) -> str | None:
+        """Why the disk tier takes no more writes (pool-only from then on), or None; thread-safe, so
+        ``/health`` reads it without waiting for the engine thread."""
+        tiers = self.cache.tiers
+        return tiers.disk_error if tiers is not None else None
 
     def tier_stats(self):
         """Lower-tier counters (``runtime.cache.store.tiers.TierStats``), or None without tiers."""

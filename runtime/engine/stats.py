@@ -33,6 +33,8 @@ class EngineStats(NamedTuple):
     host_tier_pages: int = 0
     disk_tier_pages: int = 0
     disk_tier_bytes: int = 0
+    store_write_failures: int = 0  # disk-tier writes that failed (the first one makes it read-only)
+    store_error: str | None = None  # why the disk tier takes no more writes (pool-only), or None
     snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes, and
     snapshot_bytes: int = 0  # KV-matched tokens of finished requests recomputed for want of a snapshot
     snapshot_cut_tokens: int = 0
@@ -64,7 +66,7 @@ def _tier_fields(cache: CacheManager) -> dict:
     return dict(
         host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
         tier_load_s=ts.load_seconds, tier_read_ahead_s=ts.read_ahead_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
-        disk_tier_bytes=ts.disk_bytes,
+        disk_tier_bytes=ts.disk_bytes, store_write_failures=ts.write_failures, store_error=ts.disk_error,
     )  # fmt: skip
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +15,7 @@ from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import EngineError
 from runtime.server.anthropic import errors as anthropic_errors
 from runtime.server.anthropic import routes as anthropic_routes
+from runtime.server.body import load_json
 from runtime.server.core.generate import generate, parse_body
 from runtime.server.errors import APIError, bad_request, install_error_handlers
 from runtime.server.guard import RequestGuard
@@ -54,7 +54,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         yield
-        state.prep.shutdown(wait=False, cancel_futures=True)
+        state.prep.shutdown()
         if on_shutdown is not None:
             on_shutdown()
 
@@ -63,8 +63,8 @@ def create_app(
     install_error_handlers(app, render_error)
 
     def count_messages(obj: Any) -> None:
-        if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-            state.check_messages(len(obj["messages"]))
+        if isinstance(obj, dict):
+            state.check_messages(obj.get("messages"))
 
     @app.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
@@ -107,9 +107,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
-        if aengine.error is not None:
-            return JSONResponse({"status": "error", "error": str(aengine.error)}, status_code=503)
-        return JSONResponse({"status": "draining" if state.draining else "ok", "in_flight": state.in_flight})
+        return JSONResponse(*state.health())  # never waits for the engine or the prep pool
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
@@ -118,14 +116,10 @@ def create_app(
 
     @app.post("/v1/cache/reset", openapi_extra={"requestBody": JSON_OBJECT_BODY})
     async def cache_reset(request: Request) -> dict[str, Any]:
-        try:
-            options = json.loads(await request.body())
-        except ValueError:
-            options = None
-        if not isinstance(options, dict):
+        if not isinstance(load_json(await request.body()), dict):
             raise bad_request("the body must be a JSON object (send {})")
-        if state.tenants.enabled:  # one tenant must not drop every tenant's cache
-            raise APIError(403, "resetting the shared prefix cache is disabled when API keys are set",
+        if not state.tenants.sees_all(request.state.tenant):  # a tenant must not drop every tenant's cache
+            raise APIError(403, "resetting the shared prefix cache needs an operator key (--operator-key)",
                            type="permission_error", code="forbidden")  # fmt: skip
         try:
             await state.on_engine(lambda e: e.reset_prefix_cache())
@@ -154,6 +148,7 @@ def create_app(
         RequestGuard,
         allowed_hosts=config.allowed_hosts,
         max_request_bytes=config.max_request_bytes,
+        body_timeout_s=config.body_timeout_s,
         json_paths={r.path for r in app.routes if "POST" in getattr(r, "methods", ())},
         authenticate=authenticate,
         on_error=render_error,
@@ -172,5 +167,5 @@ def create_app(
                 "anthropic-beta",
             ],
         )
-    document_errors(app, (ChatCompletionRequest, CompletionRequest))
+    document_errors(app, (ChatCompletionRequest, CompletionRequest, *anthropic_routes.BODIES))
     return app

@@ -17,6 +17,7 @@ class CacheSnapshot(NamedTuple):
     policy: str
     pins: list[tuple[Any, int, float]]  # owner, pinned tokens, TTL left
     lapses: dict[str, int]
+    lapses_by_tenant: dict[Any, dict[str, int]]
 
 
 def cache_snapshot(engine) -> CacheSnapshot | None:
@@ -27,25 +28,31 @@ def cache_snapshot(engine) -> CacheSnapshot | None:
         "total": s.total_pages, "free": s.free_pages, "tree": s.tree_pages, "pinned": s.pinned_pages,
         "evictable": s.evictable_pages, "in_use": s.request_pages, "evicted_total": s.evicted_pages,
     }  # fmt: skip
-    live, lapsed = engine.pins()
+    live, lapsed, by_tenant = engine.pins()
     pins = [(p.owner, p.tokens, p.ttl_left) for p in live]
-    return CacheSnapshot(pages, engine.page_size, engine.config.eviction_policy, pins, lapsed)
+    return CacheSnapshot(pages, engine.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant)
 
 
-def describe(snap: CacheSnapshot | None, tenant: str | None) -> dict[str, Any]:
-    """The JSON of ``GET /v1/cache`` for ``tenant``."""
+def describe(snap: CacheSnapshot | None, tenant: str | None, own_only: bool = False) -> dict[str, Any]:
+    """The JSON of ``GET /v1/cache`` for ``tenant``.  ``own_only`` (API keys on, not the operator):
+    no figure that moves with other tenants' traffic (tree, free or evicted pages, their lapses),
+    only the pool's size and the caller's own pins, pinned pages and lapses (issue 39)."""
     if snap is None:
         return {"object": "cache", "prefix_cache": "off"}
-    sessions, prewarmed = [], []
+    sessions, prewarmed, own_tokens = [], [], 0
     for owner, tokens, ttl_left in snap.pins:
         if not isinstance(owner, tuple) or owner[0] != tenant:
             continue
+        own_tokens += tokens
         entry = {"id": owner[-1], "pinned_tokens": tokens, "ttl_left_s": round(ttl_left, 3)}
         (prewarmed if owner[1:2] == ("prewarm",) else sessions).append(entry)
+    pages, evictions = snap.pages, {"evicted_pages": snap.pages["evicted_total"], "pin_lapses": snap.lapses}
+    if own_only:  # pinned pages of its own pins (a prefix two of them share counts twice)
+        pages = {"total": snap.pages["total"], "pinned": own_tokens // snap.page_size}
+        evictions = {"pin_lapses": snap.lapses_by_tenant.get(tenant, {})}
     return {
-        "object": "cache", "page_size": snap.page_size, "eviction_policy": snap.policy, "pages": snap.pages,
-        "sessions": sessions, "prewarmed": prewarmed,
-        "evictions": {"evicted_pages": snap.pages["evicted_total"], "pin_lapses": snap.lapses},
+        "object": "cache", "page_size": snap.page_size, "eviction_policy": snap.policy, "pages": pages,
+        "sessions": sessions, "prewarmed": prewarmed, "evictions": evictions,
     }  # fmt: skip
 
 

@@ -63,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a key clients must send (repeatable); each is a tenant",
     )
     p.add_argument(
+        "--operator-key", action="append", default=None,
+        help="a key for /metrics, /debug/kv, /docs and cache reset when API keys are on (repeatable; "
+        "a key-file line naming the tenant '@operator' does the same)",
+    )  # fmt: skip
+    p.add_argument(
+        "--body-timeout", type=float, default=30.0,
+        help="seconds a client may take to send its request body before a 408 (default 30)",
+    )  # fmt: skip
+    p.add_argument(
         "--api-key-file", default=None, help="one 'key [tenant-name]' per line; tenants never share cache"
     )
     p.add_argument(
@@ -142,7 +151,7 @@ def main(argv: list[str]) -> int:
     from runtime.server.state import ServerConfig
     from runtime.server.tenants import load_keys
 
-    api_keys = load_keys(args.api_key, args.api_key_file)
+    api_keys = load_keys(args.api_key, args.api_key_file, args.operator_key)
     if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "binding %s without --api-key: anyone who can reach it can use it and time its cache", args.host
@@ -172,6 +181,7 @@ def main(argv: list[str]) -> int:
         allowed_hosts=hosts,
         cors_origins=tuple(args.cors_allow_origin),
         max_request_bytes=args.max_request_bytes,
+        body_timeout_s=args.body_timeout,
         api_keys=api_keys,
         tenant_max_requests=args.tenant_max_requests,
         public_system_prompt=None

@@ -42,6 +42,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def engine_refusal(e: EngineError) -> APIError:
+    """The client's error for a request the engine refused: a 400, or a 429 when the caller only
+    has to wait (its own grammar is still compiling)."""
+    if e.code == "grammar_busy":
+        return APIError(429, str(e), type="rate_limit_error", code=e.code, headers={"Retry-After": "1"})
+    return bad_request(str(e), code=e.code)
+
+
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
@@ -86,7 +94,7 @@ def install_error_handlers(app: FastAPI, render: Render) -> None:
 
     @app.exception_handler(EngineError)
     async def _engine_error(request: Request, exc: EngineError) -> Response:
-        return answer(request, bad_request(str(exc), code=exc.code))
+        return answer(request, engine_refusal(exc))
 
     @app.exception_handler(RequestFailed)
     async def _request_failed(request: Request, exc: RequestFailed) -> Response:

@@ -9,7 +9,11 @@ and a non-streamed generation would run to the end for nobody.
 * POST bodies to our POST routes must be ``application/json``: browsers send ``text/plain`` / form posts cross-origin
   without a preflight, so requiring JSON means no web page can change state (cache reset) or
   spend compute; CORS stays closed unless ``--cors-allow-origin`` opens it.
-* ``--max-request-bytes``: a body larger than this is refused before it is read whole.
+* ``--max-request-bytes``: a body larger than this is refused before it is read whole: by its
+  ``Content-Length``, or as soon as the bytes read pass it.
+* POST bodies are read here, within ``body_timeout_s`` (408 after it): a client that holds its body
+  open, or sends less than its ``Content-Length`` and half-closes, gets an answer instead of a
+  handler waiting forever; the app then reads the body from memory.
 * API keys (``--api-key``): the caller's tenant goes into ``request.state.tenant``, or a 401.
 * Per-path, per-status request counts for ``/metrics``.
 
@@ -19,15 +23,19 @@ body has the shape of the protocol the caller speaks (the app decides which).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runtime.server.errors import APIError
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class _ClientGone(Exception):
+    """The client went away before its body arrived: nobody to answer."""
 
 
 def _host_name(value: str) -> str:
@@ -50,6 +58,7 @@ class RequestGuard:
         authenticate: Callable[[str, Headers], str | None],
         on_error: Callable[[str, Mapping[str, str], APIError], ASGIApp],
         count: Callable[[str, int], None],
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
         hosts = {h.strip().lower().strip("[]") for h in allowed_hosts}
@@ -59,6 +68,7 @@ class RequestGuard:
         self.json_paths = frozenset(json_paths)  # POST routes; other paths answer 404/405 as usual
         self.authenticate, self.on_error = authenticate, on_error  # tenant from the API key (tenants.py)
         self.count = count
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -81,23 +91,48 @@ class RequestGuard:
                 scope.setdefault("state", {})["tenant"] = self.authenticate(path, Headers(scope=scope))
                 if (refusal := self._body_refusal(scope, headers)) is not None:
                     raise refusal
+                if scope["method"] == "POST" and path in self.json_paths:
+                    receive = await self._read_body(receive)
             except APIError as e:
                 await self.on_error(path, headers, e)(scope, receive, counted_send)
                 return
-            limit, seen = self.max_request_bytes, [0]
-
-            async def limited_receive() -> Message:
-                message = await receive()
-                if message["type"] == "http.request":
-                    seen[0] += len(message.get("body", b""))
-                    if seen[0] > limit:  # a chunked body with no Content-Length; FastAPI re-raises this
-                        raise HTTPException(413, self._too_large().message)
-                return message
-
-            await self.app(scope, limited_receive, counted_send)
+            except _ClientGone:
+                return
+            await self.app(scope, receive, counted_send)
         finally:
             if path.startswith("/v1/"):
                 self.count(path, status[0])
+
+    async def _read_body(self, receive: Receive) -> Receive:
+        """The whole body within the timeout and the size limit; returns a receive that replays it
+        (then the client's own messages: a disconnect still reaches the handler)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        chunks, size = [], 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise APIError(
+                    408, f"the request body did not arrive within {self.body_timeout_s:g} s", code="timeout"
+                ) from None
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_request_bytes:  # a chunked body with no Content-Length, or one that lied
+                raise self._too_large()
+            if not message.get("more_body", False):
+                break
+        body, sent = b"".join(chunks), [False]
+
+        async def replay() -> Message:
+            if not sent[0]:
+                sent[0] = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
 
     def _too_large(self) -> APIError:
         message = f"request body larger than {self.max_request_bytes} bytes (--max-request-bytes)"

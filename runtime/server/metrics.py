@@ -70,6 +70,14 @@ def _tier_families(s: EngineStats) -> Iterator:
     yield pages
     yield GaugeMetricFamily("kvreuse_kv_disk_tier_bytes", "Bytes of the disk tier's page files",
                             value=s.disk_tier_bytes)  # fmt: skip
+    yield CounterMetricFamily(
+        "kvreuse_kv_store_write_failures", "Disk-tier writes that failed (the first makes the tier read-only)",
+        value=s.store_write_failures,
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "kvreuse_kv_store_degraded", "1 when the disk tier takes no more writes (the server runs pool-only)",
+        value=int(s.store_error is not None),
+    )  # fmt: skip
 
 
 class ServerMetrics:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -17,6 +16,7 @@ from runtime.server.diagnostics import CacheDiagnostics
 from runtime.server.errors import APIError, bad_request
 from runtime.server.guard import LOOPBACK_HOSTS
 from runtime.server.metrics import ServerMetrics
+from runtime.server.prep import PrepPool
 from runtime.server.templates import TemplateInfo, resolve_template
 from runtime.server.tenants import Tenants
 
@@ -36,7 +36,11 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS  # Host header values served ("*": any)
     cors_origins: tuple[str, ...] = ()  # origins a browser page may call us from (none: CORS closed)
     max_request_bytes: int = 8 << 20  # bodies above this are refused before they are read whole
-    prep_threads: int = 2  # renders / tokenisations running at once, off the event loop
+    body_timeout_s: float = 30.0  # a body not received whole within this is a 408
+    prep_threads: int = 4  # renders / tokenisations / grammar compiles running at once, off the event loop
+    prep_share: int = 2  # of those, what one tenant may hold at once (keys on; without keys: all)
+    prep_wait_s: float = 30.0  # a request waits this long for its tenant's prep share, then 429
+    health_stall_s: float = 30.0  # /health says 503 "stalled" when one engine turn takes longer
     api_keys: dict[str, str] = field(default_factory=dict)  # key -> tenant; empty: no authentication
     tenant_max_requests: int = 32  # running + waiting per tenant before 429s
     public_system_prompt: str | None = None  # the system prompt all tenants may share (opt-in)
@@ -47,6 +51,20 @@ class ServerConfig:
 
 
 MODEL_NAME_SHOWN = 64  # characters of a client's model value echoed back in a 404
+
+
+def text_chars(value: Any) -> int:
+    """Characters of every string inside ``value`` (a parsed JSON body part), walked without recursion."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return total
 
 
 class ServerState:
@@ -69,10 +87,11 @@ class ServerState:
         self.tenants = Tenants(
             config.api_keys, config.tenant_max_requests, config.retry_after_s, config.public_system_prompt
         )
+        self.max_token_chars = max(1, max(map(len, self.tokenizer.get_vocab()), default=1))
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
-        self.prep = ThreadPoolExecutor(config.prep_threads, thread_name_prefix="kvreuse-prep")
+        self.prep = PrepPool(config.prep_threads, config.prep_share, config.prep_wait_s, config.retry_after_s)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in (self.config.served_model_name, self.engine.model_name):
@@ -82,13 +101,23 @@ class ServerState:
                 type="not_found_error", param="model", code="model_not_found",
             )  # fmt: skip
 
-    def check_messages(self, count: int) -> None:
-        """Refuse before rendering what cannot fit: every message renders to at least one token."""
+    def check_messages(self, messages: Any) -> None:
+        """Refuse before rendering what cannot fit: every message renders to at least one token, and
+        no token is longer than the vocabulary's longest, so text longer than the context's worth of
+        those cannot fit either (a 4 MB message took 34 s to be refused after tokenising)."""
+        if not isinstance(messages, list):
+            return
         limit = self.engine.max_model_len
-        if count > limit:
+        if len(messages) > limit:
             raise bad_request(
-                f"{count} messages cannot fit the model's context length ({limit} tokens)",
+                f"{len(messages)} messages cannot fit the model's context length ({limit} tokens)",
                 "messages", "context_length_exceeded",
+            )  # fmt: skip
+        chars = text_chars(messages)
+        if chars > limit * self.max_token_chars:
+            raise bad_request(
+                f"{chars} characters of messages cannot fit the model's context length ({limit} tokens "
+                f"of at most {self.max_token_chars} characters)", "messages", "context_length_exceeded",
             )  # fmt: skip
 
     def admit(self, slots: int = 1) -> None:
@@ -116,7 +145,28 @@ class ServerState:
     async def on_engine(self, fn: Callable[[Any], T], timeout: float = 30.0) -> T:
         """Run ``fn(engine)`` on the engine thread, between steps, without blocking the event loop
         (EngineDead, a 503, when the engine loop has stopped)."""
-        return await asyncio.wait_for(asyncio.to_thread(self.aengine.run_idle, fn), timeout)
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.aengine.run_idle, fn, timeout), timeout + 1)
+        except TimeoutError:  # a busy or stuck engine is the server's state, not a crash: 503, not 500
+            raise APIError(
+                503, f"the engine did not get to this within {timeout:g} s; retry shortly",
+                type="server_error", code="engine_busy", headers={"Retry-After": str(self.config.retry_after_s)},
+            ) from None  # fmt: skip
+
+    def health(self) -> tuple[dict[str, Any], int]:
+        """``/health``'s body and status from what can be read at once (no engine call): dead or
+        stalled engine loop 503; a disk tier that takes no writes 200 ``degraded`` with the reason."""
+        if self.aengine.error is not None:
+            return {"status": "error", "error": str(self.aengine.error)}, 503
+        stalled = self.aengine.stalled_for()
+        if stalled > self.config.health_stall_s:
+            return {"status": "stalled", "stalled_s": round(stalled, 1), "in_flight": self.in_flight}, 503
+        body: dict[str, Any] = {"status": "draining" if self.draining else "ok", "in_flight": self.in_flight}
+        store = self.engine.store_error()
+        if store is not None:
+            body["kv_store"] = f"read-only, serving from the pool: {store}"
+            body["status"] = "degraded" if not self.draining else body["status"]
+        return body, 200
 
     def diagnostics_for(self, namespace: Any) -> CacheDiagnostics:
         """Each tenant's diagnosis compares only against its own history (never another tenant's text)."""

@@ -9,6 +9,11 @@ itself (a cached prefix is observably faster: CVE-2025-46570).  The one opt-in i
 exactly that text shares the rendered system part (not tools, not later messages) across tenants.  A tenant may have at most
 ``cap`` requests running or waiting; beyond it, 429 with ``Retry-After``.  A request's session
 (``user`` field or ``X-Session-Id`` header) is scoped by its tenant too.
+
+The operator: with keys on, ``/metrics``, ``/debug/kv`` and the API docs (``/docs``, ``/redoc``,
+``/openapi.json``) show every tenant's traffic, so only an operator key opens them (403 for
+tenant keys).  An operator key is given with ``--operator-key`` or as a key-file line naming the
+tenant ``@operator``; the operator is a tenant of its own for everything else.
 """
 
 from __future__ import annotations
@@ -24,11 +29,18 @@ from runtime.request import PUBLIC, CacheScope
 from runtime.server.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})
+OPERATOR = "@operator"  # the tenant name of operator keys
+OPERATOR_PATHS = frozenset(
+    {"/metrics", "/debug/kv", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+)
 
 
-def load_keys(keys: list[str] | None, key_file: str | Path | None) -> dict[str, str]:
-    """key -> tenant name; a key without a name is its own tenant, named by a digest (never the key)."""
-    entries = [(k, None) for k in keys or []]
+def load_keys(
+    keys: list[str] | None, key_file: str | Path | None, operator_keys: list[str] | None = None
+) -> dict[str, str]:
+    """key -> tenant name; a key without a name is its own tenant, named by a digest (never the key);
+    ``operator_keys`` belong to the tenant ``@operator``."""
+    entries = [(k, None) for k in keys or []] + [(k, OPERATOR) for k in operator_keys or []]
     if key_file is not None:
         for n, line in enumerate(Path(key_file).read_text().splitlines(), 1):
             line = line.split("#", 1)[0].strip()
@@ -69,11 +81,20 @@ class Tenants:
         given = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
         for key, tenant in self.keys.items():
             if given and hmac.compare_digest(given.encode(), key.encode()):
+                if path in OPERATOR_PATHS and tenant != OPERATOR:
+                    raise APIError(
+                        403, f"{path} shows every tenant's traffic: it needs an operator key (--operator-key)",
+                        type="permission_error", code="forbidden",
+                    )  # fmt: skip
                 return tenant
         raise APIError(
             401, "a valid API key is required (Authorization: Bearer <key>)",
             type="authentication_error", code="invalid_api_key",
         )  # fmt: skip
+
+    def sees_all(self, tenant: str | None) -> bool:
+        """Whether ``tenant`` may see figures of every tenant (no keys, or the operator)."""
+        return not self.keys or tenant == OPERATOR
 
     def scope(self, tenant: str | None, session: str | None, public_len: int = 0) -> CacheScope:
         if tenant is None and session is None:

@@ -70,6 +70,14 @@ class StoreStats(NamedTuple):
     budget: int
 
 
+def _holds(group: tuple[torch.Tensor, list[str]], wanted: list[tuple[bytes, int]]) -> bool:
+    """Whether a group file holds each (key, index) the index points at: the index within the file's
+    pages and the file's own record of that page's key equal (an index entry that passed its
+    checksum but points past the end or at a swapped file must never be served)."""
+    kv, tags = group
+    return all(0 <= i < kv.shape[0] and i < len(tags) and tags[i] == group_file.key_tag(k) for k, i in wanted)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -94,13 +102,23 @@ class DiskStore:
             os.close(self._lock_fd)
             raise StoreError(f"KV store {self.dir} is in use by another kvreuse process") from None
         self._mu = threading.Lock()
-        self._db = sqlite3.connect(self.dir / "index.sqlite", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._check_fingerprint(fingerprint)
-        self._clock = self._db.execute("SELECT COALESCE(MAX(last_use), 0) FROM groups").fetchone()[0]
-        self._recover()
+        self._db = None
+        try:
+            self._db = sqlite3.connect(
+                self.dir / "index.sqlite", check_same_thread=False, isolation_level=None
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._check_fingerprint(fingerprint)
+            self._clock = self._db.execute("SELECT COALESCE(MAX(last_use), 0) FROM groups").fetchone()[0]
+            self._recover()
+        except sqlite3.DatabaseError as e:  # a corrupt index: one line, never a traceback
+            self.close()
+            raise StoreError(
+                f"KV store {self.dir}: index.sqlite is unreadable ({e}); move the directory away or "
+                "start with another --kv-store"
+            ) from None
 
     # -- opening ---------------------------------------------------------------------
     def _check_fingerprint(self, fingerprint: str) -> None:
@@ -174,12 +192,13 @@ class DiskStore:
             }
         loaded: dict[int, torch.Tensor] = {}
         for gid, (name, checksum) in files.items():
-            t = self._read_group(name, checksum)
-            if t is None:
+            group = self._read_group(name, checksum)
+            wanted = [(k, i) for k, (g, i) in zip(keys, rows) if g == gid]
+            if group is None or not _holds(group, wanted):  # unreadable, or not the pages the index says
                 with self._mu:
                     self._drop_group(gid)
                 return None
-            loaded[gid] = t
+            loaded[gid] = group[0]
         with self._mu:
             self._touch(loaded)
         g0, i0 = rows[0]
@@ -279,7 +298,7 @@ class DiskStore:
         if first_new:
             parent, parent_is_root = keys[first_new - 1], False
         keys, tokens, kv = keys[first_new:], tokens[first_new:], kv[first_new:]
-        data = group_file.encode(kv)
+        data = group_file.encode(kv, list(keys))
         if len(data) > self.budget:
             return 0
         name = f"{uuid.uuid4().hex}.safetensors"
@@ -338,7 +357,7 @@ class DiskStore:
                 "UPDATE groups SET last_use = ? WHERE id = ?", [(self._clock, g) for g in groups]
             )
 
-    def _read_group(self, name: str, checksum: bytes) -> torch.Tensor | None:
+    def _read_group(self, name: str, checksum: bytes) -> tuple[torch.Tensor, list[str]] | None:
         return group_file.read(self.dir / "groups" / name, checksum)
 
     def _evict_for(self, nbytes: int) -> None:
@@ -357,7 +376,10 @@ class DiskStore:
         self._db.execute("DELETE FROM pages WHERE grp = ?", (gid,))
         self._db.execute("DELETE FROM groups WHERE id = ?", (gid,))
         if row is not None:
-            (self.dir / "groups" / row[0]).unlink(missing_ok=True)
+            try:
+                (self.dir / "groups" / row[0]).unlink(missing_ok=True)
+            except OSError:  # groups/ is gone or not a directory: the index entry goes all the same
+                pass
         while gone:
             below = []
             for k in gone:

@@ -1,8 +1,9 @@
 """What makes stored KV reusable: a digest of the weights and of everything that shapes K/V.
 
 A store written by one model must never be served to another.  The fingerprint covers the
-weights' bytes, the dtype, the page size, the KV layout (layers, KV heads, head dim) and the
-rope settings; anything else in ``config.json`` is included too, since a changed field may
+weights' bytes, the dtype, the page size, the KV layout (layers, KV heads, head dim), the rope
+settings and the engine settings that change the K/V (weight quantization); anything else in
+``config.json`` is included too, since a changed field may
 change the K/V (a new norm epsilon, say).  Hashing a model's weights reads every byte, so the
 digest of each weight file is remembered beside the cache, keyed by path, size and mtime.
 """
@@ -14,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-FORMAT_VERSION = 2  # 2: CRC-32 group checksums (1: blake2b-128)
+FORMAT_VERSION = 3  # 3: group files name their pages' keys (2: CRC-32 group checksums; 1: blake2b-128)
 _CHUNK = 1 << 24
 
 
@@ -54,8 +55,16 @@ def weights_digest(model_dir: Path, memo_dir: Path | None = None) -> str:
     return h.hexdigest()
 
 
-def fingerprint(model_dir: Path, dtype: str, page_size: int, memo_dir: Path | None = None) -> str:
-    """The store key: weights digest + dtype + page size + the whole model config + format version."""
+def fingerprint(
+    model_dir: Path,
+    dtype: str,
+    page_size: int,
+    memo_dir: Path | None = None,
+    settings: dict | None = None,
+) -> str:
+    """The store key: weights digest + dtype + page size + the whole model config + format version +
+    every engine ``settings`` that changes the K/V computed from the same weights (``quantize``: an
+    int8 model's K/V differ from the dense one's, and it must never be served another's)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     facts = {
         "format": FORMAT_VERSION,
@@ -63,6 +72,7 @@ def fingerprint(model_dir: Path, dtype: str, page_size: int, memo_dir: Path | No
         "dtype": str(dtype).removeprefix("torch."),
         "page_size": page_size,
         "config": config,
+        "settings": settings or {},
     }
     blob = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.blake2b(blob, digest_size=20).hexdigest()

@@ -21,18 +21,25 @@ from safetensors.torch import save as st_save
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 
 
-def encode(kv: torch.Tensor) -> bytes:
-    """The file's bytes for a group's ``[n_pages, ...]`` K/V."""
-    return st_save({"kv": kv.detach().to("cpu").contiguous()})
+def key_tag(key: bytes) -> str:
+    """What a group's file records of each page's key (hex of its first 8 bytes): enough to tell a
+    swapped or foreign file from the one the index means."""
+    return key[:8].hex()
+
+
+def encode(kv: torch.Tensor, keys: list[bytes]) -> bytes:
+    """The file's bytes for a group's ``[n_pages, ...]`` K/V; its header names the pages' keys."""
+    meta = {"keys": "".join(key_tag(k) for k in keys)}
+    return st_save({"kv": kv.detach().to("cpu").contiguous()}, metadata=meta)
 
 
 def checksum(data: bytes | bytearray | memoryview) -> bytes:
     return zlib.crc32(data).to_bytes(4, "little")
 
 
-def read(path: Path, expected: bytes) -> torch.Tensor | None:
-    """The group's K/V (a view of the file's bytes), or None if the file is missing, short, fails
-    its checksum or is not a one-tensor safetensors file of ours."""
+def read(path: Path, expected: bytes) -> tuple[torch.Tensor, list[str]] | None:
+    """The group's K/V (a view of the file's bytes) and its pages' key tags, or None if the file is
+    missing, short, fails its checksum or is not a one-tensor safetensors file of ours."""
     try:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
@@ -49,12 +56,14 @@ def read(path: Path, expected: bytes) -> torch.Tensor | None:
         return None
 
 
-def _view(buf: bytearray) -> torch.Tensor:
+def _view(buf: bytearray) -> tuple[torch.Tensor, list[str]]:
     n = int.from_bytes(buf[:8], "little")
-    info = json.loads(bytes(buf[8 : 8 + n]))["kv"]
+    header = json.loads(bytes(buf[8 : 8 + n]))
+    info, tags = header["kv"], header.get("__metadata__", {}).get("keys", "")
     dtype, shape = _DTYPES[info["dtype"]], [int(d) for d in info["shape"]]
     start, end = (8 + n + int(o) for o in info["data_offsets"])
     count = (end - start) // dtype.itemsize
     if end > len(buf) or count != int(torch.Size(shape).numel()):
         raise ValueError("the header does not match the data")
-    return torch.frombuffer(buf, dtype=dtype, offset=start, count=count).view(shape)
+    kv = torch.frombuffer(buf, dtype=dtype, offset=start, count=count).view(shape)
+    return kv, [tags[i : i + 16] for i in range(0, len(tags), 16)]

@@ -13,7 +13,13 @@ def describe(directory: str | Path) -> dict:
     path = Path(directory) / "index.sqlite"
     if not path.is_file():
         raise StoreError(f"{directory} is not a kvreuse KV store (no index.sqlite)")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return _read(directory, sqlite3.connect(f"file:{path}?mode=ro", uri=True))
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"KV store {directory}: index.sqlite is unreadable ({e})") from None
+
+
+def _read(directory: str | Path, db: sqlite3.Connection) -> dict:
     try:
         meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
         pages, roots = db.execute("SELECT COUNT(*), COALESCE(SUM(is_root), 0) FROM pages").fetchone()

@@ -19,8 +19,10 @@ def open_tiers(
     page_size: int,
     pin: bool,
     memo_dir: Path | None = None,
+    settings: dict | None = None,
 ) -> LowerTiers | None:
-    """The configured tiers, or None when neither a store nor a host budget is set.
+    """The configured tiers, or None when neither a store nor a host budget is set.  ``settings``:
+    the engine options that change the K/V (they go into the store's fingerprint).
 
     Raises :class:`runtime.cache.store.disk.StoreError` for a store of another model or in use.
     """
@@ -28,6 +30,6 @@ def open_tiers(
         return None
     disk = None
     if store_dir:
-        disk = DiskStore(store_dir, fingerprint(model_dir, dtype, page_size, memo_dir), store_bytes)
+        disk = DiskStore(store_dir, fingerprint(model_dir, dtype, page_size, memo_dir, settings), store_bytes)
     host = HostStore(host_bytes, pin=pin) if host_bytes else None
     return LowerTiers(host, disk)

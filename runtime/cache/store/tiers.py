@@ -7,10 +7,16 @@ else straight to disk on a writer thread, so the engine step that evicts never w
 A page being written is still served from the writer's queue, so nothing is lost in between.
 ``prefetch`` reads a waiting request's disk pages on a reader thread into a bounded staging area,
 so the engine keeps computing other requests meanwhile and the admission only copies them.
+
+A disk write that fails (the directory removed, ``groups/`` replaced by a file, a full disk) never
+stops the writer: the disk tier turns read-only (``disk_error`` says why, once, in the log),
+later writes are dropped, and the server runs on the pool (and the host tier) alone; ``flush``
+never waits for a write that will not come.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -23,6 +29,8 @@ import torch
 
 from runtime.cache.store.disk import DiskStore
 from runtime.cache.store.host import HostStore
+
+log = logging.getLogger("kvreuse.store")
 
 
 class TierMatch(NamedTuple):
@@ -47,6 +55,8 @@ class TierStats(NamedTuple):
     disk_pages: int
     disk_bytes: int
     read_ahead_seconds: float = 0.0  # background disk reads (overlapping other requests' compute)
+    write_failures: int = 0  # disk writes that failed (the first one makes the disk tier read-only)
+    disk_error: str | None = None  # why the disk tier takes no more writes, or None
 
 
 class LowerTiers:
@@ -64,7 +74,8 @@ class LowerTiers:
         self._reader = ThreadPoolExecutor(1, "kvreuse-kv-prefetch") if disk is not None else None
         self._mu = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
-        self._counts = {"host": 0, "disk": 0, "written": 0}
+        self._counts = {"host": 0, "disk": 0, "written": 0, "failed": 0}
+        self.disk_error: str | None = None  # set once by the writer thread; read by anyone
         self._load_s = self._read_ahead_s = 0.0
         self._writer = None
         if disk is not None:
@@ -178,7 +189,16 @@ class LowerTiers:
         elif self.disk is not None:
             self._enqueue(parent, parent_is_root, keys, tokens, kv)
 
+    def accepts(self, durable: bool = False) -> bool:
+        """Whether ``write_back`` would keep anything (a failed disk tier takes no writes), so callers
+        skip copying pages out for nothing."""
+        if self.host is not None and not (durable and self.disk is not None):
+            return True
+        return self.disk is not None and self.disk_error is None
+
     def _enqueue(self, parent, parent_is_root, keys, tokens, kv) -> None:
+        if self.disk_error is not None:  # read-only now: the pages are dropped, as without a store
+            return
         with self._mu:
             for k, t in zip(keys, kv):
                 self._pending[k] = t
@@ -192,7 +212,15 @@ class LowerTiers:
                 return
             parent, is_root, keys, tokens, kv = job
             try:
-                self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
+                if self.disk_error is None:
+                    self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
+            except Exception as e:  # never let one write kill the writer: flush() would wait forever
+                self._counts["failed"] += 1
+                if self.disk_error is None:
+                    self.disk_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                    log.warning(
+                        "KV store write failed, the disk tier is read-only from now on: %s", self.disk_error
+                    )
             finally:
                 with self._mu:
                     for k in keys:
@@ -256,6 +284,8 @@ class LowerTiers:
             disk_pages=ds.pages if ds else 0,
             disk_bytes=ds.nbytes if ds else 0,
             read_ahead_seconds=self._read_ahead_s,
+            write_failures=self._counts["failed"],
+            disk_error=self.disk_error,
         )
 
 

@@ -6,13 +6,14 @@ the masks (and ``logit_bias``) to the rows of a batch that have them.  Backed by
 server builds with it: docs/api.md (tool calls, ``response_format``).
 """
 
-from runtime.sampling.constrained.compiler import GrammarCompiler, GrammarError
+from runtime.sampling.constrained.compiler import GrammarBusy, GrammarCompiler, GrammarError
 from runtime.sampling.constrained.matcher import Matcher
 from runtime.sampling.constrained.spec import CALL_FORMATS, Grammar, json_object, json_schema, tool_call
 
 __all__ = [
     "CALL_FORMATS",
     "Grammar",
+    "GrammarBusy",
     "GrammarCompiler",
     "GrammarError",
     "Matcher",

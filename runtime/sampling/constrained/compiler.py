@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -19,57 +21,143 @@ class GrammarError(ValueError):
     """A grammar (usually a JSON schema) that cannot be compiled; the message says why in one line."""
 
 
+class GrammarBusy(GrammarError):
+    """This tenant already has as many compiles running as it may (one still running past its budget
+    included): retry later."""
+
+
+COMPILE_TIMEOUT_S = 5.0
+COMPILES_PER_TENANT = 2  # distinct grammars of one tenant compiling at once, abandoned ones included
+
+
 class GrammarCompiler:
-    """LRU cache ``Grammar -> compiled matcher``; ``matcher()`` deep-copies the compiled one per request.
+    """LRU cache ``(tenant, Grammar) -> compiled matcher``; ``matcher()`` deep-copies the compiled one.
 
     The llguidance tokenizer (about 1 s to build for a 49K vocabulary) is built on the first grammar,
-    so engines that never see one pay nothing.  Thread-safe: the server compiles in its own thread.
+    so engines that never see one pay nothing.  Thread-safe, and no lock is held while compiling
+    (llguidance releases the GIL), so one tenant's slow schema never delays another's compile.
+
+    * The cache is keyed by the tenant's namespace: a hit is faster than a compile, so a shared cache
+      would let one tenant confirm another's schema by timing (issue 39).
+    * A compile runs in a thread of its own; one over ``timeout_s`` is abandoned (a ``GrammarError``
+      naming the grammar, a 400).  A thread cannot be killed, so the abandoned compile runs on and its
+      result is still cached for that tenant; it is reniced to the lowest priority, so it only
+      takes CPU time the engine and the event loop leave; and each tenant may have only ``per_tenant`` compiles
+      running at once, abandoned ones included (``GrammarBusy``, a 429): one tenant's runaway schemas
+      occupy at most that many cores.  Requests with a grammar already compiling wait for that
+      compile (20 concurrent requests with one new tool set compile it once).
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_ids: frozenset[int],
+        timeout_s: float = COMPILE_TIMEOUT_S,
+        per_tenant: int = COMPILES_PER_TENANT,
+    ) -> None:
         self._hf_tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
+        self.timeout_s, self.per_tenant = timeout_s, per_tenant
         self._tokenizer: Any = None
         self._closers: list[torch.Tensor] | None = None
-        self._cache: OrderedDict[Grammar, Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[Hashable, Grammar], Any] = OrderedDict()
+        self._running: Counter[Hashable] = Counter()  # compiles in flight per tenant, abandoned included
+        self._inflight: dict[tuple[Hashable, Grammar], tuple[threading.Event, list]] = {}
         self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
         self.compile_s: dict[
             str, float
         ] = {}  # label of the last compile of each kind -> seconds (benchmarks)
         self.compiles = 0
+        self.abandoned = 0
 
     def _llg_tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            import llguidance.hf
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                import llguidance.hf
 
-            self._tokenizer = llguidance.hf.from_tokenizer(
-                self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
-            )
-        return self._tokenizer
+                self._tokenizer = llguidance.hf.from_tokenizer(
+                    self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
+                )
+            return self._tokenizer
 
-    def compiled(self, grammar: Grammar) -> Any:
-        """The compiled matcher for ``grammar`` (raises GrammarError)."""
+    def compiled(self, grammar: Grammar, tenant: Hashable = None) -> Any:
+        """The compiled matcher for ``grammar`` in ``tenant``'s cache (raises GrammarError)."""
+        key = (tenant, grammar)
+        tokenizer = self._llg_tokenizer()  # built once (about 1 s), outside the compile budget
         with self._lock:
-            m = self._cache.get(grammar)
+            m = self._cache.get(key)
             if m is not None:
-                self._cache.move_to_end(grammar)
+                self._cache.move_to_end(key)
                 return m
+            inflight = self._inflight.get(key)
+            if inflight is None:  # the same grammar already compiling is waited for, not compiled again
+                if self._running[tenant] >= self.per_tenant:
+                    raise GrammarBusy(
+                        f"{grammar.label}: another grammar of this caller is still compiling; retry shortly"
+                    )
+                self._running[tenant] += 1
+                inflight = self._inflight[key] = (threading.Event(), [])
+                self._start(key, grammar, tokenizer, *inflight)
+        done, box = inflight
+        return self._wait(grammar, done, box)
+
+    def _start(
+        self,
+        key: tuple[Hashable, Grammar],
+        grammar: Grammar,
+        tokenizer: Any,
+        done: threading.Event,
+        box: list,
+    ) -> None:
+        """Compile in a thread of its own; ``box`` gets its native id, then the result or the error."""
+        tenant = key[0]
+
+        def compile_it() -> None:
             import llguidance
 
-            tokenizer = self._llg_tokenizer()
-            t0 = time.perf_counter()
-            m = llguidance.LLMatcher(tokenizer, grammar.source, log_level=0)
-            if m.is_error():
-                raise GrammarError(f"{grammar.label}: {_first_line(m.get_error())}")
-            self.compile_s[grammar.label] = time.perf_counter() - t0
-            self.compiles += 1
-            self._cache[grammar] = m
-            if len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
-            return m
+            box.append(threading.get_native_id())
+            try:
+                t0 = time.perf_counter()
+                m = llguidance.LLMatcher(tokenizer, grammar.source, log_level=0)
+                box.append((m, time.perf_counter() - t0))
+                if not m.is_error():
+                    with self._lock:
+                        self.compile_s[grammar.label] = box[1][1]
+                        self.compiles += 1
+                        self._cache[key] = m
+                        if len(self._cache) > CACHE_SIZE:
+                            self._cache.popitem(last=False)
+            except Exception as e:  # llguidance refuses some inputs by raising
+                box.append(e)
+            finally:
+                with self._lock:
+                    self._running[tenant] -= 1
+                    self._inflight.pop(key, None)
+                done.set()
 
-    def matcher(self, grammar: Grammar, budget: int | None = None) -> Matcher:
+        threading.Thread(target=compile_it, name="kvreuse-grammar", daemon=True).start()
+
+    def _wait(self, grammar: Grammar, done: threading.Event, box: list) -> Any:
+        """The compile's result within the budget, else abandon it (a GrammarError)."""
+        if not done.wait(self.timeout_s):
+            with self._lock:
+                self.abandoned += 1
+            _lowest_priority(box[0])  # it runs on, but only on CPU time the engine does not want
+            raise GrammarError(
+                f"{grammar.label}: compiling the grammar took longer than {self.timeout_s:g} s "
+                "(--grammar-compile-timeout); simplify the schema"
+            )
+        if isinstance(box[1], Exception):
+            raise GrammarError(f"{grammar.label}: {_first_line(str(box[1]))}")
+        m = box[1][0]
+        if m.is_error():
+            raise GrammarError(f"{grammar.label}: {_first_line(m.get_error())}")
+        return m
+
+    def matcher(self, grammar: Grammar, budget: int | None = None, tenant: Hashable = None) -> Matcher:
         """A fresh matcher at the grammar's start, for one request of at most ``budget`` tokens."""
-        compiled = self.compiled(grammar)
+        compiled = self.compiled(grammar, tenant)
         with self._lock:
             if self._closers is None:
                 texts = [self._hf_tokenizer.decode([i]).strip() for i in range(self.vocab_size)]
@@ -78,6 +166,14 @@ class GrammarCompiler:
                     for ok in (_ends_string, _closes_container)
                 ]
             return Matcher(compiled.deep_copy(), self.eos_ids, budget, self._closers)
+
+
+def _lowest_priority(native_id: int) -> None:
+    """Renice one thread (a Linux thread is a task with its own nice value) to 19; elsewhere a no-op."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, native_id, 19)
+    except (AttributeError, OSError):
+        pass
 
 
 def _bitmask(ids: list[int], vocab_size: int) -> torch.Tensor:

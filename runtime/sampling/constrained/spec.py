@@ -42,7 +42,7 @@ def closed(schema: Any) -> Any:
         k: closed(v) if k not in ("enum", "const", "default", "examples", "required") else v
         for k, v in schema.items()
     }
-    if "properties" in schema:
+    if isinstance(schema.get("properties"), dict):
         out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
         out.setdefault("additionalProperties", False)
     return out
@@ -50,7 +50,10 @@ def closed(schema: Any) -> Any:
 
 def _json_rule(schema: dict[str, Any]) -> str:
     schema = closed(schema)
-    styled = {**schema, "x-guidance": {**JSON_STYLE, **schema.get("x-guidance", {})}}
+    extra = schema.get("x-guidance", {})
+    if not isinstance(extra, dict):
+        raise ValueError(f"x-guidance must be an object, got {type(extra).__name__}")
+    styled = {**schema, "x-guidance": {**JSON_STYLE, **extra}}
     return "%json " + json.dumps(styled, sort_keys=True, ensure_ascii=False)
 
 

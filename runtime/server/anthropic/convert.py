@@ -81,8 +81,24 @@ def _call(b: ToolUseBlock) -> dict[str, Any]:
     return {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
 
 
+MAX_BREAKPOINTS = 4  # Anthropic's limit on blocks with cache_control (each one pins a prefix here)
+
+
+def _cache_controls(req: CountTokensRequest) -> int:
+    blocks = [*(req.system if isinstance(req.system, list) else []), *(req.tools or [])]
+    for m in req.messages:
+        blocks += m.content if isinstance(m.content, list) else []
+    marked = sum(getattr(b, "cache_control", None) is not None for b in blocks)
+    return marked + (req.cache_control is not None)
+
+
 def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
     """Raises a 400 (``APIError``) for content a text model cannot take; chat validation does the rest."""
+    found = _cache_controls(req)
+    if found > MAX_BREAKPOINTS:  # Anthropic's own message; 501 marks took 38 s of pins (issue 39)
+        raise bad_request(
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {found}."
+        )
     system, spans, dropped, sys_ttl = _system(req, keep_nonce)
     msgs: list[dict[str, Any]] = []
     marks: list[Breakpoint] = []

@@ -80,6 +80,8 @@ class MessagesRun(ChatRun):
             return "tool_use", None
         if out.finish_reason == "length":
             return "max_tokens", None
+        if out.finish_reason == "grammar_error":  # the output does not validate: not a normal end
+            return "grammar_error", None
         # The detokenizer cuts the stop string off the text; the earliest one in the raw output is it.
         raw = self.state.tokenizer.decode(out.output_token_ids)
         found = [(raw.find(s), s) for s in self.areq.stop_sequences or [] if s and s in raw]

@@ -6,7 +6,6 @@ overload), never a 500: the body is parsed and validated here, not by FastAPI's 
 from __future__ import annotations
 
 import fnmatch
-import json
 from collections.abc import Awaitable
 from datetime import datetime, timezone
 from typing import Any
@@ -20,12 +19,14 @@ from runtime.server.anthropic import messages
 from runtime.server.anthropic.convert import convert
 from runtime.server.anthropic.errors import error_response
 from runtime.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from runtime.server.body import load_json
 from runtime.server.core.generate import generate
 from runtime.server.core.prompting import build_chat_prompt
-from runtime.server.errors import APIError, bad_request
+from runtime.server.errors import APIError, bad_request, engine_refusal
 from runtime.server.state import ServerState
 
 MAX_BODY_BYTES = 32 * 2**20  # Anthropic's own limit for a Messages request
+BODIES = (MessagesRequest, CountTokensRequest)  # the request models the OpenAPI schema documents
 
 
 def check_model(state: ServerState, name: str | None) -> None:
@@ -36,14 +37,18 @@ def check_model(state: ServerState, name: str | None) -> None:
     state.check_model(name)
 
 
-async def _body(request: Request, model: type[BaseModel]) -> Any:
+async def _body(state: ServerState, request: Request, model: type[BaseModel]) -> Any:
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise APIError(413, f"request body of {len(raw)} bytes exceeds the {MAX_BODY_BYTES} byte limit")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"malformed JSON body: {e}") from None
+    return await state.prep.run(request.state.tenant, _validate, state, raw, model)
+
+
+def _validate(state: ServerState, raw: bytes, model: type[BaseModel]) -> Any:
+    """Parse and validate off the event loop (a prep thread): a 100,000-message body costs it nothing."""
+    data = load_json(raw)
+    if isinstance(data, dict):
+        state.check_messages(data.get("messages"))  # what cannot fit, before pydantic walks it
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -61,7 +66,7 @@ async def _shaped(work: Awaitable[Response]) -> Response:
     except APIError as e:
         return error_response(e)
     except EngineError as e:  # prompt too long for the context, and the like
-        return error_response(bad_request(str(e)))
+        return error_response(engine_refusal(e))
 
 
 def model_object(state: ServerState, model_id: str | None = None) -> dict[str, Any]:
@@ -83,7 +88,7 @@ def model_lookup(state: ServerState, model_id: str) -> dict[str, Any]:
 
 def install_anthropic_routes(app: FastAPI, state: ServerState) -> None:
     async def create(request: Request) -> Response:
-        body: MessagesRequest = await _body(request, MessagesRequest)
+        body: MessagesRequest = await _body(state, request, MessagesRequest)
         check_model(state, body.model)
         conv = convert(body, state.config.keep_billing_header)
         return await generate(
@@ -96,16 +101,23 @@ def install_anthropic_routes(app: FastAPI, state: ServerState) -> None:
         )
 
     async def count(request: Request) -> Response:
-        body: CountTokensRequest = await _body(request, CountTokensRequest)
+        body: CountTokensRequest = await _body(state, request, CountTokensRequest)
         check_model(state, body.model)
-        chat = convert(body, state.config.keep_billing_header).chat
-        prompt = build_chat_prompt(chat, state.tokenizer, state.template)
-        return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
-    @app.post("/v1/messages")
+        def tokens() -> int:  # rendering is CPU work: off the event loop, in the caller's prep share
+            chat = convert(body, state.config.keep_billing_header).chat
+            return len(build_chat_prompt(chat, state.tokenizer, state.template).token_ids)
+
+        return JSONResponse({"input_tokens": await state.prep.run(request.state.tenant, tokens)})
+
+    def body(model: type[BaseModel]) -> dict[str, Any]:  # documented for clients and schemathesis
+        ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+    @app.post("/v1/messages", openapi_extra=body(MessagesRequest))
     async def create_message(request: Request) -> Response:
         return await _shaped(create(request))
 
-    @app.post("/v1/messages/count_tokens")
+    @app.post("/v1/messages/count_tokens", openapi_extra=body(CountTokensRequest))
     async def count_tokens(request: Request) -> Response:
         return await _shaped(count(request))

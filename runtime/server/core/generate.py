@@ -7,7 +7,6 @@ whole response, ``stream_events`` for a stream, ``error_events`` for an error af
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -16,8 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from runtime.server.body import load_json
 from runtime.server.core.streaming import Once, guarded_events
-from runtime.server.errors import APIError, bad_request
+from runtime.server.errors import APIError
 from runtime.server.state import ServerState
 from runtime.server.tenants import Caller
 
@@ -51,10 +51,7 @@ async def parse_body(
     raw = await request.body()
 
     def parse() -> M:
-        try:
-            obj = json.loads(raw)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            raise bad_request(f"malformed JSON body: {e}") from None
+        obj = load_json(raw)
         if precheck is not None:
             precheck(obj)
         try:
@@ -62,7 +59,7 @@ async def parse_body(
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
 
-    return await asyncio.get_running_loop().run_in_executor(state.prep, parse)
+    return await state.prep.run(request.state.tenant, parse)
 
 
 async def generate(
@@ -92,7 +89,7 @@ async def generate(
     try:
         # template rendering and tokenisation are CPU work: off the event loop, so /health and
         # every other request keep being answered while a big prompt is prepared
-        run = await asyncio.get_running_loop().run_in_executor(state.prep, make_run, caller)
+        run = await state.prep.run(tenant, make_run, caller)
     except BaseException:
         release()
         raise

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 
 from runtime.request import CacheScope
 from runtime.server.cache_info import cache_snapshot, describe
+from runtime.server.core.generate import parse_body
 from runtime.server.core.streaming import final_outputs
 from runtime.server.openai import chat
 from runtime.server.openai.protocol import ChatCompletionRequest
@@ -35,16 +36,25 @@ class PrewarmCaller(NamedTuple):
 
 
 def install_cache_routes(app: FastAPI, state: ServerState) -> None:
+    ref = {"$ref": f"#/components/schemas/{ChatCompletionRequest.__name__}"}
+    prewarm_body = {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
     @app.get("/v1/cache")
     async def cache_info(request: Request) -> dict[str, Any]:
-        return describe(await state.on_engine(cache_snapshot), request.state.tenant)
+        tenant = request.state.tenant
+        return describe(await state.on_engine(cache_snapshot), tenant, not state.tenants.sees_all(tenant))
 
-    @app.post("/v1/cache/prewarm")
-    async def prewarm(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
+    @app.post("/v1/cache/prewarm", openapi_extra=prewarm_body)
+    async def prewarm(request: Request) -> dict[str, Any]:
+        # parsed, rendered and tokenised off the event loop, in the caller's prep share
+        body = await parse_body(state, request, ChatCompletionRequest, lambda o: state.check_messages(
+            o.get("messages") if isinstance(o, dict) else None))  # fmt: skip
         state.check_model(body.model)
         tenant = request.state.tenant
         one = {"max_tokens": 1, "max_completion_tokens": None, "n": 1, "stream": False, "temperature": 0}
-        run = chat.ChatCompletionRun(state, PrewarmCaller(tenant), body.model_copy(update=one))
+        run = await state.prep.run(
+            tenant, chat.ChatCompletionRun, state, PrewarmCaller(tenant), body.model_copy(update=one)
+        )
         digest = run.scope.session[2]
         state.tenants.admit(tenant, 1)
         try:

@@ -35,10 +35,14 @@ class ErrorResponse(BaseModel):
 _ERRORS = {
     "400": "invalid request (malformed JSON, a field of the wrong type or out of range, a prompt "
     "that does not fit, a Host header not allowed)",
+    "401": "API keys are on and the request has no valid one",
+    "403": "the key may not use this route (operator routes, the cache reset)",
     "404": "unknown model (the request's, or the one looked up)",
+    "408": "the request body did not arrive within --body-timeout",
     "409": "the engine is busy (cache reset while requests run)",
     "413": "request body larger than --max-request-bytes",
     "415": "POST body not sent as application/json",
+    "429": "this key has too many requests in flight or being prepared, or a grammar still compiling",
     "500": "the engine failed this request (a bug, never bad input)",
     "503": "overloaded (Retry-After), shutting down, or the engine stopped",
 }
@@ -69,9 +73,9 @@ def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> N
             for method, op in ops.items():
                 responses = op.setdefault("responses", {})
                 responses.pop("422", None)
-                codes = ["400", "500", "503"]
+                codes = ["400", "401", "403", "429", "500", "503"]
                 if method == "post":
-                    codes += ["413", "415"]
+                    codes += ["408", "413", "415"]
                 if path in ("/v1/chat/completions", "/v1/completions") or path.startswith("/v1/models/"):
                     codes.append("404")
                 if path == "/v1/cache/reset":
