@@ -67,8 +67,8 @@ class HybridStates:
         ``kv_len``: how far the KV pages matched; past the state's end it is a divergence point."""
         if req not in self._slots:
             self._slots[req] = self.pool.alloc()
-        if state is not None:
-            self.pool.restore(self._slots[req], state)
+        if state is not None:  # the state after req.tokens[:num_computed] (a window pool needs where)
+            self.pool.restore(self._slots[req], state, req.num_computed)
         if kv_len > req.num_computed:
             self._forks[req] = kv_len
 

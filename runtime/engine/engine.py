@@ -72,12 +72,14 @@ class Engine:
             state_slots=cfg.max_running,
             quantize=cfg.quantize,
             compile_decode=cfg.compile_decode,
+            chunk_size=cfg.chunk_size,
+            window_paging=cfg.window_paging,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_ids = frozenset(eos_token_ids(self.model_dir, self.runner.cfg, self.tokenizer))
         mc = self.runner.cfg
-        model_len = min(mc.max_position_embeddings, mc.sliding_window or 1 << 30)
+        model_len = mc.max_position_embeddings  # a sliding window limits what a layer sees, not the context
         if cfg.max_model_len is not None and cfg.max_model_len > model_len:  # positions past it have no rope
             raise EngineError(
                 f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
@@ -324,6 +326,9 @@ class Engine:
 
     def set_chunk_size(self, tokens: int) -> None:
         """Prefill token budget per step from the next step on (benchmarks sweep it in one engine)."""
+        ring_chunk = getattr(self.runner.state_pool, "max_chunk", tokens)  # window rings hold W + this
+        if tokens > ring_chunk:
+            raise ValueError(f"chunk size {tokens} exceeds the window rings' {ring_chunk} (set it at start)")
         self.scheduler.chunk_size = tokens
 
     def check_integrity(self) -> CacheStats:

@@ -18,7 +18,7 @@ from torch import nn
 
 from kernels import AttentionBackend
 from runtime.models.config import ModelConfig
-from runtime.models.decoder import CausalLM, StepContext, paged_attention
+from runtime.models.decoder import CausalLM, StepContext, decode_plans, paged_attention
 from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
 from runtime.models.layers import RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
@@ -129,8 +129,8 @@ class HybridCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns float32 logits ``[len(fb.logits_rows), vocab]``; updates the slots in ``states``."""
         plan = None
-        if fb.is_decode and backend.decode_plan is not None and kv_layers:
-            plan = backend.decode_plan(fb.page_table, fb.seq_lens_k, kv_layers[0][0].shape[1])
+        if kv_layers:
+            plan = decode_plans(fb, backend, kv_layers[0][0].shape[1], ())
         cos, sin = self.rope.lookup(fb.positions)
         ctx = StepContext(fb, cos, sin, backend, plan)
         h = self.embed_tokens(fb.input_ids)

@@ -80,6 +80,7 @@ class StatePool:
         snap.conv.copy_(self.conv[:, slot])
         snap.rec.copy_(self.rec[:, slot])
 
-    def restore(self, slot: int, snap: Snapshot) -> None:
+    def restore(self, slot: int, snap: Snapshot, end: int = 0) -> None:
+        """``end`` (where the snapshot was taken) is the window pool's concern, not a recurrent state's."""
         self.conv[:, slot].copy_(snap.conv)
         self.rec[:, slot].copy_(snap.rec)
