@@ -110,7 +110,9 @@ def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size
             batch = sched.schedule()
             assert batch is not None, "a trace request does not fit the pool"
             tokens = [output[len(c.req.tokens) - c.req.num_prompt] for c in batch.chunks if c.sample]
-            sched.commit(batch, SampleResult(tokens, [None] * len(tokens)))
+            for s in sched.commit(batch, SampleResult(tokens, [None] * len(tokens))):
+                if (reason := s.req.stop_reason(s.token)) is not None:  # as the engine ends a request
+                    sched.finish(s.req, reason)
             cache.check_integrity()
         out.append(req.cached_tokens)
     return out

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import base_parser, bench_main, median, percentile, progress
-from runtime.cache.scope import CacheScope
 from runtime.engine.engine import Engine
+from runtime.request import CacheScope
 from runtime.sampling.params import SamplingParams
 
 VOCAB, PROMPT = 49152, 400

@@ -1,17 +1,40 @@
-"""A request's life in the engine, and what callers get back."""
+"""A request's life in the engine: its tokens, pages, progress, when it is done, and whose cache it
+uses (``CacheScope``, built once with the request and never changed)."""
 
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
-from runtime.cache.scope import PUBLIC, CacheScope
 from runtime.sampling.constrained.matcher import Matcher
 from runtime.sampling.params import SamplingParams
+
+
+# Who a request's cache belongs to.
+#
+# Who a request's cache belongs to: its tenant's namespace, the public prefix, its session.
+#
+# The server derives all of it (from the API key and the request); a client never names a
+# namespace.  In the radix tree a namespace is part of every child key, so a request can only
+# match prefixes computed under its own namespace, except for its first ``public_len`` tokens
+# (page-aligned down), which are matched and stored in the shared public namespace (``None``):
+# a system prompt every tenant sends can be computed once without letting one tenant probe
+# another's history.  Without tenants everything lives in the public namespace.
+class CacheScope(NamedTuple):
+    """``namespace``: the tenant (``None``: public); ``public_len``: leading tokens shared publicly;
+    ``session``: the pin owner whose last node stays cached (``runtime/cache/pins.py``)."""
+
+    namespace: Hashable | None = None
+    public_len: int = 0
+    session: Hashable | None = None
+
+
+PUBLIC = CacheScope()
 
 
 class Status(enum.Enum):
@@ -43,7 +66,7 @@ class Request:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     handle: object = None  # the prefix cache's handle on the cached part, while admitted
-    scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (runtime/cache/scope.py)
+    scope: CacheScope = PUBLIC  # tenant namespace, public prefix, session (``CacheScope`` above)
     num_computed: int = 0
     cached_tokens: int = -1  # -1 until first admitted
     cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
@@ -76,40 +99,16 @@ class Request:
     def own_pages(self) -> list[int]:
         return self.pages[self.num_tree_pages :]
 
+    def stop_reason(self, token: int, text_stopped: bool = False) -> str | None:
+        """Why the request ends with ``token`` just appended, or None: the one place a stop is decided.
 
-class RequestOutput(NamedTuple):
-    """What one step produced for a request: the new tokens and text, plus accounting so far.
-
-    Built from deltas, so an output costs the same whatever the prompt and output length.  The
-    final output (``finished``) also carries the whole output (``output_token_ids``, ``text``,
-    ``logprobs``); on the others those are empty.  ``prompt_token_ids`` is one list shared by all
-    outputs of a request: read it, do not change it.
-    """
-
-    request_id: str
-    prompt_token_ids: list[int]
-    new_token_ids: list[int]
-    delta: str
-    new_logprobs: list
-    finished: bool
-    finish_reason: str | None
-    cached_tokens: int
-    prefilled_tokens: int
-    ttft_s: float | None
-    prefill_s: float | None
-    decode_s: float | None
-    e2e_s: float | None
-    output_token_ids: list[int] = []
-    text: str = ""
-    logprobs: list = []
-    error: str | None = None
-    cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
-    cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
-    tier_load_s: float = (
-        0.0  # time the engine spent loading them into the pool (background read-ahead excluded)
-    )
-    snapshot_cut: int = 0  # hybrids: KV-matched prompt tokens recomputed after the last state snapshot
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+        ``text_stopped``: the detokeniser found a stop string.  A stop (a stop string, an EOS or stop
+        token) wins over ``length`` when both happen on the same token.  Admission has checked that
+        prompt + ``max_tokens`` fits the context, so ``max_tokens`` is the only length limit.
+        """
+        p = self.params
+        if text_stopped or (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if len(self.tokens) - self.num_prompt >= p.max_tokens:
+            return "length"
+        return None

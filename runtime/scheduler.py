@@ -5,9 +5,9 @@ prefill budget of ``chunk_size`` tokens with the next chunks of partly prefilled
 newly admitted ones, so a long prompt delays running decodes by at most one chunk.  When pages
 run out, the newest running request is retracted: its computed pages go to the prefix cache, it
 returns to the front of the queue with its output so far, and is later re-prefilled (mostly from
-the cache).  ``commit()`` applies the step's result: progress, page insertion, sampled tokens,
-stop checks, and the release of finished requests.  ``finish()`` ends a request from outside a
-step (abort, a stop string, an error).
+the cache).  ``commit()`` applies the step's result: progress, page insertion and sampled
+tokens.  ``finish()`` ends a request (a stop, ``length``, an abort, an error)
+and releases its pages; whether a token ends a request is ``Request.stop_reason``'s call.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ class Batch(NamedTuple):
 
 
 class Sampled(NamedTuple):
-    """A token ``commit`` appended to ``req``; ``finish_reason`` set when it ended the request."""
+    """A token ``commit`` appended to ``req``; whether it ends the request is ``Request.stop_reason``'s
+    call, made by the engine once the token's text is known (stop strings)."""
 
     req: Request
     token: int
-    finish_reason: str | None
 
 
 class SchedulerTotals(NamedTuple):
@@ -66,7 +66,6 @@ class Scheduler:
         chunk_size: int,
         max_running: int,
         policy: str = "fcfs",
-        max_model_len: int = 1 << 30,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"schedule policy must be one of {POLICIES}, got {policy!r}")
@@ -74,7 +73,6 @@ class Scheduler:
         self.chunk_size = chunk_size
         self.max_running = max_running
         self.policy = policy
-        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_retractions = 0
@@ -87,12 +85,11 @@ class Scheduler:
     def finish(self, req: Request, reason: str) -> None:
         """End ``req`` (stop, length, abort, error): drop it from the queues and release its pages.
 
-        Idempotent: finishing a finished request only relabels its reason (a stop string found
-        by the detokeniser on the token that also reached ``max_tokens`` is a stop).
+        Idempotent: a finished request keeps its reason.
         """
-        req.finish_reason = reason
         if req.status is Status.FINISHED:
             return
+        req.finish_reason = reason
         req.finish_time = time.perf_counter()
         if req in self.running:
             self.running.remove(req)
@@ -192,7 +189,8 @@ class Scheduler:
 
     # -- applying a step ----------------------------------------------------------------
     def commit(self, batch: Batch, samples: SampleResult | None) -> list[Sampled]:
-        """Advance every chunk's request, cache its computed pages, append sampled tokens, finish those done."""
+        """Advance every chunk's request, cache its computed pages, append sampled tokens (the engine then
+        finishes those that stop: ``Request.stop_reason``)."""
         now = time.perf_counter()
         out: list[Sampled] = []
         row = 0
@@ -217,16 +215,5 @@ class Scheduler:
             if req.matcher is not None:
                 req.matcher.advance(tok)
             self._generated += 1
-            reason = self._stop_reason(req, tok)
-            if reason is not None:
-                self.finish(req, reason)
-            out.append(Sampled(req, tok, reason))
+            out.append(Sampled(req, tok))
         return out
-
-    def _stop_reason(self, req: Request, tok: int) -> str | None:
-        p = req.params
-        if (tok in req.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return "stop"
-        if len(req.tokens) - req.num_prompt >= p.max_tokens or len(req.tokens) >= self.max_model_len:
-            return "length"
-        return None

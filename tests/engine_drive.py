@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from runtime.engine.engine import Engine
-from runtime.request import Request, RequestOutput
+from runtime.engine.outputs import RequestOutput
+from runtime.request import Request
 from runtime.sampling.params import SamplingParams
 
 

@@ -7,7 +7,7 @@ import pytest
 from runtime.server.anthropic.convert import NONCE_PREFIX, convert
 from runtime.server.anthropic.messages import message_params
 from runtime.server.anthropic.protocol import MessagesRequest
-from runtime.server.core.errors import APIError
+from runtime.server.errors import APIError
 
 TOOL = {"name": "read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
         "cache_control": {"type": "ephemeral"}}  # fmt: skip

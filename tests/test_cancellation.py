@@ -108,7 +108,7 @@ def test_async_consumer_that_stops_early_aborts_the_request(tiny_models):
         ae = AsyncEngine(eng)
         try:
             seen = 0
-            async for out in ae.stream(list(range(10, 30)), greedy(max_tokens)):
+            async for out in ae.stream(eng.make_request(list(range(10, 30)), greedy(max_tokens))):
                 seen += 1
                 assert not out.finished
                 if seen == 2:

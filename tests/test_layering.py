@@ -1,4 +1,8 @@
-"""The import contracts in pyproject.toml hold: imports flow one way (CLI at the top, kernels at the bottom)."""
+"""The import contracts in pyproject.toml hold: imports flow one way (CLI at the top, kernels at the
+bottom, every package's modules in layers), and no import cycle exists anywhere in ``runtime/``.
+
+The last two tests show the checks bite: on a copy of the tree, one upward import breaks a contract
+and one two-module cycle is found."""
 
 from __future__ import annotations
 
@@ -8,16 +12,97 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("runtime", "kernels", "chat_templates", "benchmarks")
 
 
-def test_import_contracts_hold():
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
     if exe is None:
         pytest.fail("lint-imports not installed: pip install -e '.[test]' (import-linter)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([exe, "--no-cache"], cwd=root, capture_output=True, text=True, env=env, timeout=300)
+
+
+def import_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
+    """Every strongly connected set of two or more modules of ``package``, imports under
+    ``TYPE_CHECKING`` and inside functions included (Tarjan over grimp's graph)."""
+    # grimp finds the package through sys.path; an already-imported one would be found in sys.modules
+    loaded = {m: sys.modules.pop(m) for m in list(sys.modules) if m == package or m.startswith(package + ".")}
+    sys.path.insert(0, str(root))
+    try:
+        graph = grimp.build_graph(package, exclude_type_checking_imports=False, cache_dir=None)
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.update(loaded)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # recursion depth is bounded by the import chain's length
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in graph.modules:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for m in sorted(graph.modules):
+        if m not in index:
+            visit(m)
+    return cycles
+
+
+def test_import_contracts_hold():
+    r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 broken" in r.stdout
+
+
+def test_no_import_cycles_in_runtime():
+    assert import_cycles("runtime") == []
+
+
+@pytest.fixture()
+def tree_copy(tmp_path: Path) -> Path:
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}\n")
+
+
+def test_an_upward_import_breaks_a_contract(tree_copy: Path):
+    _append(tree_copy / "runtime/cache/pins.py", "import runtime.scheduler  # noqa")  # cache -> scheduler
+    r = lint_imports(tree_copy)
+    assert r.returncode != 0 and "runtime.cache is not allowed to import runtime.scheduler" in r.stdout
+
+
+def test_a_cycle_is_found(tree_copy: Path):
+    # two leaves of one layer that never imported each other: no contract names this pair
+    _append(tree_copy / "runtime/server/metrics.py", "import runtime.server.fingerprint  # noqa")
+    _append(tree_copy / "runtime/server/fingerprint.py", "import runtime.server.metrics  # noqa")
+    assert import_cycles("runtime", tree_copy) == [["runtime.server.fingerprint", "runtime.server.metrics"]]

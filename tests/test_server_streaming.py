@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chat_templates.parsers import parse_full
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.server.core.streaming import merge_streams
-from runtime.server.core.templates import TemplateInfo
-from runtime.server.openai.chat import ChatRun, complete, stream_events
+from runtime.server.openai.chat import ChatCompletionRun, complete, stream_events
 from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.server.openai.usage import StreamUsage
+from runtime.server.templates import TemplateInfo
 
 OUTPUT = (
     "Let me check.\n<tool_call>\n"
@@ -35,8 +35,8 @@ def _out(delta: str, text: str, finished: bool) -> RequestOutput:
     )  # fmt: skip
 
 
-class FakeRun(ChatRun):
-    """A ChatRun whose engine stream replays ``pieces`` (no engine, no model)."""
+class FakeRun(ChatCompletionRun):
+    """A chat completion run whose engine stream replays ``pieces`` (no engine, no model)."""
 
     def __init__(self, pieces: list[str], body: dict) -> None:
         self.req = ChatCompletionRequest(**body)

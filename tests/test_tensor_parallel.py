@@ -109,3 +109,20 @@ def test_torchrun_launch_runs_every_rank_with_one_command(tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == single.stdout.strip()
+
+
+@pytest.mark.timeout(180)  # before the runner's one forward door, rank 0 scored alone and hung here
+def test_prompt_logprobs_run_on_every_rank(pair):
+    """Echo + logprobs scores a prompt between steps: under tensor parallelism every rank must run
+    that forward (else rank 0 waits alone in the first all-reduce, or the ranks fall out of step)."""
+    one, two = pair
+    gen = torch.Generator().manual_seed(2)
+    ids = random_ids(gen, 150)
+    a, b = one.prompt_logprobs(ids, 3, chunk_size=64), two.prompt_logprobs(ids, 3, chunk_size=64)
+    assert [t for t, _ in a] == [t for t, _ in b] == ids and a[0][1] is None is b[0][1]
+    for (_, x), (_, y) in zip(a[1:], b[1:]):
+        assert abs(x[0] - y[0]) < 1e-4 and [t for t, _ in x[1]] == [t for t, _ in y[1]]
+    after = random_ids(gen, 40)  # the ranks are still in step: a generate after it matches TP=1
+    assert generate_checked(one, [after], [greedy(8)])[0].output_ids == (
+        generate_checked(two, [after], [greedy(8)])[0].output_ids
+    )

@@ -38,7 +38,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runtime.cache.radix_tree import TreeNode
+    from runtime.cache.tree_node import TreeNode
 
 UNKNOWN = float("inf")  # the forecast of a node with no reuse anywhere on its path
 

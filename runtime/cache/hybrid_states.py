@@ -19,13 +19,8 @@ A match is the longest prefix that has both its KV pages in the tree and a snaps
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from runtime.request import Request
 from runtime.runner.state_pool import Snapshot, StateInput, StatePool
-
-# Annotations only: the cache knows a request by its fields, never imports the scheduler's layer.
-if TYPE_CHECKING:
-    from runtime.request import Request
 
 
 class NoStates:

@@ -11,49 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from runtime.cache.eviction import DEFAULT_POLICY
 from runtime.cache.hybrid_states import HybridStates, NoStates
-from runtime.cache.node_states import NodeStates
 from runtime.cache.page_allocator import OutOfPages, PageAllocator
 from runtime.cache.pins import PinTable
-from runtime.cache.prefix_cache import NoPrefixCache, PrefixCache
-from runtime.cache.radix_cache import RadixCache
-from runtime.cache.scope import PUBLIC, CacheScope
+from runtime.cache.prefix_cache import PrefixCache
+from runtime.cache.registry import DEFAULT_KIND, make_prefix_cache
 from runtime.cache.store.tiers import LowerTiers, TierStats
-from runtime.cache.tiered_cache import PageIO, TieredRadixCache
-
-# Annotations only: the cache knows a request by its fields, never imports the scheduler's layer.
-if TYPE_CHECKING:
-    from runtime.request import Request
-
-PREFIX_CACHES = ("radix", "off")
-
-
-def make_prefix_cache(
-    kind: str,
-    page_size: int,
-    allocator: PageAllocator,
-    eviction: str = DEFAULT_POLICY,
-    tiers: LowerTiers | None = None,
-    io: PageIO | None = None,
-    write_through: bool = False,
-    state_budget: int | None = None,
-) -> PrefixCache:
-    """``radix``: the radix tree over ``allocator``'s pages (with ``tiers`` below it, if given; with
-    per-node states in ``state_budget`` bytes, if given: a hybrid model's snapshots);
-    ``off``: no cache (the naive baseline)."""
-    if kind == "radix" and tiers is not None:
-        assert io is not None, "a tiered cache copies pages through the pool's PageIO"
-        assert state_budget is None, "the lower tiers do not keep node states"
-        return TieredRadixCache(page_size, allocator, io, tiers, write_through, eviction)
-    if kind == "radix":
-        states = None if state_budget is None else NodeStates(state_budget)
-        return RadixCache(page_size, allocator, eviction, states)
-    if kind == "off":
-        return NoPrefixCache(page_size)
-    raise ValueError(f"prefix_cache must be one of {PREFIX_CACHES}, got {kind!r}")
+from runtime.cache.tiered_cache import PageIO
+from runtime.request import PUBLIC, CacheScope, Request
 
 
 class CacheStats(NamedTuple):
@@ -75,7 +43,7 @@ class CacheManager:
         self,
         num_pages: int,
         page_size: int,
-        mode: str = "radix",
+        prefix_cache: str = DEFAULT_KIND,
         eviction: str = DEFAULT_POLICY,
         session_ttl: float = 300.0,
         pinned_fraction: float = 0.5,
@@ -89,7 +57,7 @@ class CacheManager:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.prefix: PrefixCache = make_prefix_cache(
-            mode, page_size, self.allocator, eviction, tiers, io, write_through, state_budget
+            prefix_cache, page_size, self.allocator, eviction, tiers, io, write_through, state_budget
         )
         self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
         self.tiers = tiers
@@ -104,7 +72,7 @@ class CacheManager:
         if req.scope.session is not None:
             self.pins.touch(req.scope.session)  # the session is back: its TTL starts again
         t0 = time.perf_counter()
-        m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope.namespace, req.scope.public_len)
+        m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope)
         load_s = time.perf_counter() - t0 if m.host_len or m.disk_len else 0.0  # a tier's pages copied in
         self.prefix.lock(m.handle)
         req.handle, req.pages = m.handle, list(m.pages)
@@ -118,7 +86,7 @@ class CacheManager:
             req.tier_load_s = load_s
 
     def match_len(self, tokens: list[int], scope: CacheScope = PUBLIC) -> int:
-        return self.prefix.peek_len(tokens[: len(tokens) - 1], scope.namespace, scope.public_len)
+        return self.prefix.peek_len(tokens[: len(tokens) - 1], scope)
 
     # -- allocation -------------------------------------------------------------
     def pages_needed(self, req: Request, n_new: int) -> int:
@@ -160,10 +128,7 @@ class CacheManager:
         extra = self.states.take(req, n, leaving)
         if n_pages <= req.num_tree_pages and not extra:
             return
-        scope = req.scope
-        res = self.prefix.insert(
-            req.tokens[:n], req.pages[:n_pages], scope.namespace, scope.public_len, extra
-        )
+        res = self.prefix.insert(req.tokens[:n], req.pages[:n_pages], req.scope, extra)
         dup_end = res.prefix_len // self.page_size
         if dup_end > req.num_tree_pages:
             self.allocator.free(req.pages[req.num_tree_pages : dup_end])
@@ -195,15 +160,13 @@ class CacheManager:
     # -- lower tiers -------------------------------------------------------------------
     def persist(self, wait: bool = True) -> int:
         """Write every cached page that is only in the pool to the disk tier; returns pages written."""
-        return self.prefix.persist(wait) if isinstance(self.prefix, TieredRadixCache) else 0
+        return self.prefix.persist(wait)
 
     def prefetch(self, req: Request) -> None:
         """A request was queued: start reading its disk-tier pages in the background."""
-        if isinstance(self.prefix, TieredRadixCache):
-            scope = req.scope
-            fut = self.prefix.prefetch(req.tokens[: len(req.tokens) - 1], scope.namespace, scope.public_len)
-            if fut is not None:
-                self._loads[req] = fut
+        fut = self.prefix.prefetch(req.tokens[: len(req.tokens) - 1], req.scope)
+        if fut is not None:
+            self._loads[req] = fut
 
     def loading(self, req: Request, wait: bool = False) -> bool:
         """Whether ``req``'s read-ahead is still running (``wait``: finish it first)."""
@@ -219,7 +182,7 @@ class CacheManager:
 
     def load_stored(self) -> int:
         """Load stored prefixes from the disk tier into the pool while it has free pages; returns tokens."""
-        return self.prefix.load_stored() if isinstance(self.prefix, TieredRadixCache) else 0
+        return self.prefix.load_stored()
 
     def close(self) -> None:
         """Persist and close the lower tiers (shutdown); the engine runs nothing after this."""

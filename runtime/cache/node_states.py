@@ -64,9 +64,15 @@ class NodeStates:
         self._stored += 1
         return True
 
+    def resumes_at(self, node: Any, whole: bool) -> bool:
+        """Whether a match may end at ``node`` (``whole``: all of its pages matched): only where a
+        state is, since the state after a prefix cannot be rebuilt from its KV."""
+        return whole and node.extra is not None
+
     def touch(self, node: Any) -> None:
-        """A match resumed from ``node``'s state: it is the most recently used now."""
-        self._lru.move_to_end(node)
+        """A match resumed from ``node`` (its state, or the root's empty prefix): most recently used now."""
+        if node.extra is not None:
+            self._lru.move_to_end(node)
 
     def drop(self, node: Any) -> None:
         """``node`` leaves the tree: its state goes with it."""
@@ -103,3 +109,36 @@ class NodeStates:
         del self._lru[node]
         self.nbytes -= node.extra.nbytes
         node.extra = None
+
+
+class NoNodeStates:
+    """The null store of a tree without states (a dense model, whose KV alone resumes a prefix):
+    every page boundary is a resume point, and no node ever holds a state."""
+
+    budget_bytes = nbytes = 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def attach(self, node: Any, state: NodeState) -> bool:
+        return False  # nothing is kept: a dense model offers no states
+
+    def resumes_at(self, node: Any, whole: bool) -> bool:
+        return True
+
+    def touch(self, node: Any) -> None:
+        pass
+
+    def drop(self, node: Any) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def stats(self) -> NodeStateStats:
+        return NodeStateStats(0, 0, 0, 0, 0, 0)
+
+    def check(self, nodes_with_state: Iterable[Any]) -> None:
+        found = list(nodes_with_state)
+        if found:
+            raise AssertionError(f"node states: {len(found)} nodes hold one in a tree that keeps none")

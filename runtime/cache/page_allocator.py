@@ -34,10 +34,6 @@ class PageAllocator:
     def num_free(self) -> int:
         return len(self._free)
 
-    @property
-    def num_used(self) -> int:
-        return self.num_pages - len(self._free)
-
     def is_free(self, page: int) -> bool:
         self._check_range(page)
         return bool(self._is_free[page])

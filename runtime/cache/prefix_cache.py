@@ -15,15 +15,16 @@ nothing) and the radix tree (``runtime.cache.radix_cache.RadixCache``) run the s
 * ``evict(n_pages) -> freed``, ``evictable_pages``, ``stats()``, ``reset()``.
 * ``pin(handle)`` / ``unpin(handle)``: a lock counted in ``stats().pinned_pages`` (``runtime/cache/pins.py``
   gives pins owners, TTLs and a budget); ``handle_len(handle)``: tokens the handle's prefix holds.
-* ``match``, ``peek_len`` and ``insert`` take the request's ``namespace`` and ``public_len``
-  (``runtime/cache/scope.py``): a prefix computed in one namespace never matches in another.
-
-Room left for what comes next, without changing callers (see docs/architecture.md):
-
-* a lower tier (pages not in the pool but loadable from host memory or disk) lives *inside* a cache:
-  ``match`` loads the loadable part of the prefix into pool pages it allocates from the allocator it
-  was built with, so ``pages`` are always in the pool; ``evict`` may demote a page instead of dropping
-  it.  ``PrefixCacheStats`` then grows fields; callers read them by name.
+* ``match``, ``peek_len``, ``insert`` and ``prefetch`` take the request's ``CacheScope``
+  (``runtime/request.py``: namespace and public prefix): a prefix computed in one namespace
+  never matches in another.
+* Lower tiers (pages not in the pool but loadable from host memory or disk) live *inside* a cache
+  (``runtime.cache.tiered_cache``): ``match`` loads the loadable part of the prefix into pool pages it
+  allocates from the allocator it was built with, so ``pages`` are always in the pool; ``evict`` may
+  demote a page instead of dropping it.  ``persist(wait)`` writes the pool-only pages down,
+  ``prefetch(tokens, scope)`` starts reading a queued request's pages (a Future, or None),
+  ``load_stored()`` prewarms the pool from the store; a cache without tiers answers 0 / None, so the
+  cache manager never asks which cache it has.
 * per-node extra state (a recurrent-state snapshot for hybrid models, ``runtime/cache/node_states.py``)
   hangs off the cached node it ends: ``insert(..., extra=[(n, state)])`` offers the state after the
   first ``n`` tokens; a cache that keeps states returns from ``match`` the longest prefix that has
@@ -33,8 +34,11 @@ Room left for what comes next, without changing callers (see docs/architecture.m
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import NamedTuple, Protocol
+
+from runtime.request import PUBLIC, CacheScope
 
 
 class MatchResult(NamedTuple):
@@ -86,11 +90,9 @@ class PrefixCache(Protocol):
     @property
     def evictable_pages(self) -> int: ...
 
-    def match(
-        self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0
-    ) -> MatchResult: ...
+    def match(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> MatchResult: ...
 
-    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int: ...
+    def peek_len(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> int: ...
 
     def lock(self, handle: object) -> None: ...
 
@@ -106,8 +108,7 @@ class PrefixCache(Protocol):
         self,
         token_ids: Sequence[int],
         pages: Sequence[int],
-        namespace: Hashable = None,
-        public_len: int = 0,
+        scope: CacheScope = PUBLIC,
         extra: Sequence[tuple[int, object]] = (),
     ) -> InsertResult: ...
 
@@ -119,8 +120,27 @@ class PrefixCache(Protocol):
 
     def check(self) -> None: ...
 
+    def persist(self, wait: bool = True) -> int: ...
 
-class NoPrefixCache:
+    def prefetch(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> Future | None: ...
+
+    def load_stored(self) -> int: ...
+
+
+class NoTiers:
+    """The tier operations of a cache with nothing below the pool: nothing to write, read or load."""
+
+    def persist(self, wait: bool = True) -> int:
+        return 0
+
+    def prefetch(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> Future | None:
+        return None
+
+    def load_stored(self) -> int:
+        return 0
+
+
+class NoPrefixCache(NoTiers):
     """The naive baseline: caches nothing, so every prompt is computed in full."""
 
     ROOT = object()  # the one handle: the empty prefix
@@ -132,10 +152,10 @@ class NoPrefixCache:
     def evictable_pages(self) -> int:
         return 0
 
-    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
+    def match(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> MatchResult:
         return MatchResult(self.ROOT, 0, [])
 
-    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int:
+    def peek_len(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> int:
         return 0
 
     def lock(self, handle: object) -> None:
@@ -157,8 +177,7 @@ class NoPrefixCache:
         self,
         token_ids: Sequence[int],
         pages: Sequence[int],
-        namespace: Hashable = None,
-        public_len: int = 0,
+        scope: CacheScope = PUBLIC,
         extra: Sequence[tuple[int, object]] = (),
     ) -> InsertResult:
         return InsertResult(0, self.ROOT, [])  # adopts nothing: the caller keeps every page

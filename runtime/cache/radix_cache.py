@@ -20,8 +20,8 @@ tree's pages mean:
   it needs from the last victim, splitting it, so the head of that prefix stays cached.
   Evictable leaves are tracked incrementally in a set, so one eviction costs a heap over the
   candidate leaves, never a walk of the whole tree.
-* Namespaces (``runtime/cache/radix_tree.py``): ``match``/``insert`` take the request's namespace and how
-  many leading tokens are public, so tenants never match each other's prefixes.
+* Namespaces (``runtime/cache/radix_tree.py``): ``match``/``insert`` take the request's ``CacheScope``
+  (its namespace and how many leading tokens are public), so tenants never match each other's prefixes.
 * ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
   shared prefixes once); ``runtime/cache/pins.py`` gives pins owners, TTLs and a page budget.
 * Per-node extra state (``states``: a ``runtime.cache.node_states.NodeStates``; a hybrid model's
@@ -37,18 +37,19 @@ tree's pages mean:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 from runtime.cache.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
-from runtime.cache.node_states import NodeState, NodeStates
+from runtime.cache.node_states import NodeState, NodeStates, NoNodeStates
 from runtime.cache.page_allocator import PageAllocator
-from runtime.cache.prefix_cache import InsertResult, MatchResult, PrefixCacheStats
+from runtime.cache.prefix_cache import InsertResult, MatchResult, NoTiers, PrefixCacheStats
 from runtime.cache.radix_tree import RadixTree, TreeNode
+from runtime.request import PUBLIC, CacheScope
 
 __all__ = ["InsertResult", "MatchResult", "RadixCache", "TreeNode"]
 
 
-class RadixCache(RadixTree):
+class RadixCache(NoTiers, RadixTree):
     """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring).
 
     Implements ``runtime.cache.prefix_cache.PrefixCache``; handles are ``TreeNode`` objects.
@@ -59,7 +60,7 @@ class RadixCache(RadixTree):
         page_size: int,
         allocator: PageAllocator,
         policy: EvictionPolicy | str = DEFAULT_POLICY,
-        states: NodeStates | None = None,
+        states: NodeStates | NoNodeStates | None = None,
     ) -> None:
         super().__init__(page_size, make_policy(policy) if isinstance(policy, str) else policy)
         self.allocator = allocator
@@ -69,7 +70,9 @@ class RadixCache(RadixTree):
         self._pinned_pages = 0
         self._num_pins = 0
         self.evicted_pages_total = 0
-        self.states = states  # per-node extra state; with one, matches end where a state is
+        # per-node extra state; with a store, matches end where a state is (a dense model's null store:
+        # every page boundary resumes)
+        self.states = states if states is not None else NoNodeStates()
 
     @property
     def total_pages(self) -> int:
@@ -94,27 +97,25 @@ class RadixCache(RadixTree):
             self.evicted_pages_total,
             self._pinned_pages,
             self._num_pins,
-            *((len(self.states), self.states.nbytes) if self.states is not None else ()),
+            len(self.states),
+            self.states.nbytes,
         )
 
-    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
+    def match(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> MatchResult:
         """Longest whole-page prefix of ``token_ids`` in the tree; splits the last node if needed.
 
-        Only prefixes of ``namespace`` match, except the first ``public_len`` tokens, which match
-        public ones (``runtime/cache/scope.py``).
+        Only prefixes of ``scope.namespace`` match, except the first ``scope.public_len`` tokens,
+        which match public ones (``runtime/request.py``).
         """
-        node, pos, pages = self._walk(tuple(token_ids), namespace, public_len, self._tick())
-        if self.states is None:
-            return MatchResult(node, pos, pages)
+        node, pos, pages = self._walk(tuple(token_ids), scope, self._tick())
         kv_len = pos
-        while node is not self.root and node.extra is None:  # back to the last node with a state
+        while node is not self.root and not self.states.resumes_at(node, True):  # back to a state
             pos -= len(node.key)
             node = node.parent
-        if node.extra is not None:
-            self.states.touch(node)
+        self.states.touch(node)
         return MatchResult(node, pos, pages[: pos // self.page_size], state=node.extra, cut_len=kv_len - pos)
 
-    def peek_len(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> int:
+    def peek_len(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> int:
         """``match(token_ids).cached_len`` without its side effects: no split, no access-time update.
 
         For scheduling estimates, which must not make a prefix look recently used.
@@ -123,25 +124,27 @@ class RadixCache(RadixTree):
         node: TreeNode | None = self.root
         pos = usable = 0
         while node is not None:
-            node, n_pages = self._peek_step(node, tokens, pos, namespace, public_len)
-            pos += n_pages * self.page_size
-            if node is not None and n_pages < len(node.pages):
+            node, n_pages = self._peek_step(node, tokens, pos, scope)
+            if node is None:
                 break
-            if node is not None and node.extra is not None:
+            pos += n_pages * self.page_size
+            whole = n_pages == len(node.pages)
+            if self.states.resumes_at(node, whole):
                 usable = pos
-        return pos if self.states is None else usable
+            if not whole:
+                break
+        return usable
 
     def insert(
         self,
         token_ids: Sequence[int],
         pages: Sequence[int],
-        namespace: Hashable = None,
-        public_len: int = 0,
+        scope: CacheScope = PUBLIC,
         extra: Sequence[tuple[int, NodeState]] = (),
     ) -> InsertResult:
         """Add ``token_ids`` (whole pages, held in ``pages``); see the module docstring for ownership.
 
-        New nodes go to ``namespace``, except those within the first ``public_len`` tokens.
+        New nodes go to ``scope.namespace``, except those within the first ``scope.public_len`` tokens.
         ``extra``: ``(n, state)``, the state after ``token_ids[:n]`` (``n`` whole pages, ``0 < n <=
         len``), kept on the node ending there if the tree has a state store (a state already there
         is kept: the same prefix gives the same state).
@@ -152,10 +155,10 @@ class RadixCache(RadixTree):
                 f"insert needs whole pages: {len(tokens)} tokens for {len(pages)} pages of {self.page_size}"
             )
         now = self._tick()
-        node, pos, held = self._walk(tokens, namespace, public_len, now)
+        node, pos, held = self._walk(tokens, scope, now)
         prefix_len = pos
         while pos < len(tokens):  # one new leaf, or two where it crosses from public to private
-            ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
+            ns, end = self._scope_at(pos, len(tokens), scope)
             ps = self.page_size
             leaf = TreeNode(tokens[pos:end], list(pages[pos // ps : end // ps]), node, next(self._uids), ns)
             leaf.last_access = now
@@ -166,16 +169,13 @@ class RadixCache(RadixTree):
             self._refresh(node)
             self._refresh(leaf)
             node, pos = leaf, end
-        if self.states is not None:
-            for n, state in extra:
-                self._attach(tokens[:n], state, namespace, public_len)
+        for n, state in extra:
+            self._attach(tokens[:n], state, scope)
         return InsertResult(prefix_len, node, held + list(pages[prefix_len // self.page_size :]))
 
-    def _attach(
-        self, tokens: tuple[int, ...], state: NodeState, namespace: Hashable, public_len: int
-    ) -> None:
-        assert self.states is not None and len(tokens) % self.page_size == 0 and tokens
-        node, pos, _ = self._walk(tokens, namespace, public_len, None)  # insert stamped the path
+    def _attach(self, tokens: tuple[int, ...], state: NodeState, scope: CacheScope) -> None:
+        assert len(tokens) % self.page_size == 0 and tokens
+        node, pos, _ = self._walk(tokens, scope, None)  # insert stamped the path
         assert pos == len(tokens), "a state for a prefix the tree does not hold"
         if node.extra is None:
             self.states.attach(node, state)
@@ -200,16 +200,20 @@ class RadixCache(RadixTree):
     def evict(self, n_pages: int) -> int:
         """Free at least ``n_pages`` pages if possible, in policy order; returns pages freed.
 
-        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.
+        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.  With a state
+        store, leaves no match can end at go first, whatever the policy says: no state at their end
+        (never taken, or evicted from its budget), their pages only ever extend a KV match that is then
+        cut back (a hybrid's or window model's tombstones).
         """
         policy, now = self.policy, self._clock
-        heap = [(policy.priority(leaf, now), leaf.uid, leaf) for leaf in self._evictable]
+        key = lambda leaf: (self.states.resumes_at(leaf, True), policy.priority(leaf, now), leaf.uid)  # noqa: E731
+        heap = [(*key(leaf), leaf) for leaf in self._evictable]
         heapq.heapify(heap)
         freed = 0
         while freed < n_pages and heap:
-            _, _, leaf = heapq.heappop(heap)
+            *_, leaf = heapq.heappop(heap)
             if policy.spare(leaf):
-                heapq.heappush(heap, (policy.priority(leaf, now), leaf.uid, leaf))
+                heapq.heappush(heap, (*key(leaf), leaf))
                 continue
             want = n_pages - freed
             if policy.trim and want < len(leaf.pages):
@@ -217,8 +221,7 @@ class RadixCache(RadixTree):
             parent = leaf.parent
             assert parent is not None
             self._before_evict(leaf)
-            if self.states is not None:
-                self.states.drop(leaf)
+            self.states.drop(leaf)
             del parent.children[(leaf.ns, leaf.key[: self.page_size])]
             self._evictable.discard(leaf)
             policy.removed(leaf)
@@ -229,7 +232,7 @@ class RadixCache(RadixTree):
             self.num_nodes -= 1
             self._refresh(parent)
             if parent in self._evictable:
-                heapq.heappush(heap, (policy.priority(parent, now), parent.uid, parent))
+                heapq.heappush(heap, (*key(parent), parent))
         self.evicted_pages_total += freed
         return freed
 
@@ -248,16 +251,13 @@ class RadixCache(RadixTree):
             self.policy.removed(node)
             node.parent = None
         self.root.children.clear()
-        if self.states is not None:
-            self.states.reset()
+        self.states.reset()
         self._evictable.clear()
         self._total_pages = 0
         self.num_nodes = 0
 
     def check(self) -> None:
         """Integrity of what the counters cannot show: every node state is the store's, bytes add up."""
-        if self.states is None:
-            return
         nodes, stack = [], list(self.root.children.values())
         while stack:
             node = stack.pop()

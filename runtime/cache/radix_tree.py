@@ -20,9 +20,9 @@ states); this module is only nodes, walks and splits.  Everything is counted in 
 
   A split node's ref count and last-access time are copied to the new upper node, so locks
   taken on the old node (whose handle stays valid: it is the lower half) still cover the path.
-* Namespaces (tenants, ``runtime/cache/scope.py``): a node belongs to one; children are keyed by
-  ``(namespace, first page)``, and a walk takes the request's namespace and how many leading
-  tokens are public (namespace ``None``), so tenants never match each other's prefixes.
+* Namespaces (tenants, ``runtime/request.py``): a node belongs to one; children are keyed by
+  ``(namespace, first page)``, and a walk takes the request's ``CacheScope`` (its namespace and how
+  many leading tokens are public, namespace ``None``), so tenants never match each other's prefixes.
 """
 
 from __future__ import annotations
@@ -31,30 +31,8 @@ import itertools
 from collections.abc import Hashable
 
 from runtime.cache.eviction import EvictionPolicy
-from runtime.cache.node_states import NodeState
-
-
-class TreeNode:
-    """One edge of the radix tree: a run of whole pages and the tokens they hold."""
-
-    __slots__ = ("key", "pages", "children", "parent", "ref", "pin", "last_access", "uid", "ns", "extra")
-
-    def __init__(
-        self, key: tuple[int, ...], pages: list[int], parent: TreeNode | None, uid: int, ns: Hashable = None
-    ) -> None:
-        self.key = key
-        self.pages = pages
-        self.ns = ns  # the namespace (tenant) it belongs to; children are keyed by (ns, first page)
-        self.children: dict[tuple, TreeNode] = {}
-        self.parent = parent
-        self.ref = 0
-        self.pin = 0  # how many of ``ref`` are pins (never more)
-        self.last_access = 0
-        self.uid = uid
-        self.extra: NodeState | None = None  # the state after this node's prefix (see NodeStates)
-
-    def __repr__(self) -> str:
-        return f"TreeNode(uid={self.uid}, tokens={len(self.key)}, pages={self.pages}, ref={self.ref})"
+from runtime.cache.tree_node import TreeNode
+from runtime.request import CacheScope
 
 
 class RadixTree:
@@ -80,14 +58,14 @@ class RadixTree:
         return n
 
     def _walk(
-        self, tokens: tuple[int, ...], namespace: Hashable, public_len: int, now: int | None
+        self, tokens: tuple[int, ...], scope: CacheScope, now: int | None
     ) -> tuple[TreeNode, int, list[int]]:
         """Follow (splitting) the longest whole-page path of ``tokens``: its last node, length, pages.
 
         Stamps the path as used at ``now`` (None: a walk that is bookkeeping, not a use)."""
         node, pos, pages = self.root, 0, []
         while pos < len(tokens):
-            child, n_pages = self._step(node, tokens, pos, namespace, public_len)
+            child, n_pages = self._step(node, tokens, pos, scope)
             if child is None:
                 break
             if now is not None:
@@ -107,32 +85,32 @@ class RadixTree:
         self._clock += 1
         return self._clock
 
-    def _scope_at(self, pos: int, end: int, namespace: Hashable, public_len: int) -> tuple[Hashable, int]:
+    def _scope_at(self, pos: int, end: int, scope: CacheScope) -> tuple[Hashable, int]:
         """The namespace of the tokens at ``pos`` and where that namespace stops (at most ``end``)."""
-        boundary = public_len // self.page_size * self.page_size
-        if namespace is not None and pos < boundary:
+        boundary = scope.public_len // self.page_size * self.page_size
+        if scope.namespace is not None and pos < boundary:
             return None, min(end, boundary)
-        return namespace, end
+        return scope.namespace, end
 
     def _step(
-        self, node: TreeNode, tokens: tuple[int, ...], pos: int, namespace: Hashable, public_len: int
+        self, node: TreeNode, tokens: tuple[int, ...], pos: int, scope: CacheScope
     ) -> tuple[TreeNode | None, int]:
         """Follow the child of ``node`` matching ``tokens[pos:]``; returns it and its matched pages.
 
         When the match ends inside the child, the child is split so that the returned node is
         exactly the matched part.
         """
-        child, n = self._peek_step(node, tokens, pos, namespace, public_len)
+        child, n = self._peek_step(node, tokens, pos, scope)
         if child is not None and n < len(child.pages):
             child = self._split(child, n)
         return child, n
 
     def _peek_step(
-        self, node: TreeNode, tokens: tuple[int, ...], pos: int, namespace: Hashable, public_len: int
+        self, node: TreeNode, tokens: tuple[int, ...], pos: int, scope: CacheScope
     ) -> tuple[TreeNode | None, int]:
         """The child of ``node`` matching ``tokens[pos:]`` and how many of its pages match."""
         ps = self.page_size
-        ns, end = self._scope_at(pos, len(tokens), namespace, public_len)
+        ns, end = self._scope_at(pos, len(tokens), scope)
         child = node.children.get((ns, tokens[pos : pos + ps])) if pos + ps <= end else None
         if child is None:
             return None, 0

@@ -25,6 +25,7 @@ and continues the radix tree past its leaves::
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 import torch
@@ -35,6 +36,7 @@ from runtime.cache.prefix_cache import MatchResult
 from runtime.cache.radix_cache import RadixCache, TreeNode
 from runtime.cache.store.page_keys import page_keys, root_key, scope_namespaces
 from runtime.cache.store.tiers import LowerTiers, TierMatch
+from runtime.request import PUBLIC, CacheScope
 
 
 class PageIO(Protocol):
@@ -64,19 +66,19 @@ class TieredRadixCache(RadixCache):
         self.root_key = root_key()
 
     # -- reads --------------------------------------------------------------------------
-    def _keys(self, tokens: list[int], namespace: Hashable, public_len: int) -> list[bytes]:
+    def _keys(self, tokens: list[int], scope: CacheScope) -> list[bytes]:
         n_pages = len(tokens) // self.page_size
-        ns = scope_namespaces(n_pages, self.page_size, namespace, public_len)
+        ns = scope_namespaces(n_pages, self.page_size, scope.namespace, scope.public_len)
         return page_keys(tokens[: n_pages * self.page_size], self.page_size, self.root_key, namespaces=ns)
 
-    def match(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0) -> MatchResult:
-        m = super().match(token_ids, namespace, public_len)
+    def match(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> MatchResult:
+        m = super().match(token_ids, scope)
         tokens = list(token_ids)
         n_pages = len(tokens) // self.page_size
         first = len(m.pages)
         if first == n_pages:
             return m
-        keys = self._keys(tokens, namespace, public_len)
+        keys = self._keys(tokens, scope)
         tm = self.tiers.match(keys[first:])
         if tm.total == 0:
             return m
@@ -92,22 +94,22 @@ class TieredRadixCache(RadixCache):
             pages = self.allocator.alloc(n)
             self.io.write_pages(pages, kv)
             end = (first + n) * self.page_size
-            res = super().insert(tokens[:end], list(m.pages) + pages, namespace, public_len)
+            res = super().insert(tokens[:end], list(m.pages) + pages, scope)
             assert res.prefix_len == m.cached_len, "the tree changed between match and load"
         finally:
             self.unlock(m.handle)
-        full = super().match(tokens[:end], namespace, public_len)
+        full = super().match(tokens[:end], scope)
         ps = self.page_size
         return MatchResult(full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps)
 
-    def prefetch(self, token_ids: Sequence[int], namespace: Hashable = None, public_len: int = 0):
+    def prefetch(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> Future | None:
         """Start reading the lower-tier part of this prefix from disk in the background (a Future or None)."""
         tokens = list(token_ids)
         n_pages = len(tokens) // self.page_size
-        first = self.peek_len(tokens, namespace, public_len) // self.page_size
+        first = self.peek_len(tokens, scope) // self.page_size
         if first == n_pages:
             return None
-        return self.tiers.prefetch(self._keys(tokens, namespace, public_len)[first:])
+        return self.tiers.prefetch(self._keys(tokens, scope)[first:])
 
     def reset(self) -> None:
         """Drop the tree and what the tiers below it hold: a reset cache serves nothing (the naive
@@ -126,11 +128,10 @@ class TieredRadixCache(RadixCache):
         self,
         token_ids: Sequence[int],
         pages: Sequence[int],
-        namespace: Hashable = None,
-        public_len: int = 0,
+        scope: CacheScope = PUBLIC,
         extra: Sequence[tuple[int, object]] = (),
     ):
-        res = super().insert(token_ids, pages, namespace, public_len, extra)
+        res = super().insert(token_ids, pages, scope, extra)
         if self.write_through and res.prefix_len < len(token_ids):
             self._write_down(res.handle)
         return res

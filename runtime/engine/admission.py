@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from runtime.request import Request
+from runtime.request import PUBLIC, CacheScope, Request
 from runtime.sampling.constrained import GrammarCompiler, GrammarError
 from runtime.sampling.params import SamplingParams
 
@@ -79,8 +79,15 @@ class Admission:
                 )
         return ids
 
-    def make(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> Request:
-        """A validated request, its sampling generator seeded (from ``params.seed`` or the engine's RNG)."""
+    def make(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        scope: CacheScope = PUBLIC,
+    ) -> Request:
+        """A validated request, complete: its cache ``scope`` and its sampling generator seeded (from
+        ``params.seed`` or the engine's RNG).  The one place a prompt is checked."""
         ids = self.validate(prompt, params)
         gen = None
         if not params.greedy:
@@ -91,7 +98,7 @@ class Admission:
             )
             gen = torch.Generator().manual_seed(seed)
         rid = request_id or f"req-{next(self._ids)}"
-        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen)
+        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen, scope=scope)
         if params.grammar is not None:
             req.matcher = self.grammars.matcher(params.grammar, params.max_tokens)
         return req

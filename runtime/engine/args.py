@@ -1,11 +1,20 @@
-"""Command-line flags that configure an engine, shared by every subcommand that runs one."""
+"""Command-line flags that configure an engine, shared by every subcommand that runs one.
+
+Every default is ``EngineConfig``'s (``runtime/engine/config.py`` owns them and says why); a flag
+only names it and says what it does.
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Any
 
-from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from runtime.cache.eviction import POLICIES
+from runtime.cache.registry import KINDS as CACHE_KINDS
+from runtime.engine.config import EngineConfig
+
+D = {f.name: f.default for f in fields(EngineConfig)}
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -27,38 +36,58 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="KV pool size, e.g. 512M or 2G (default 1G on CPU, 85%% of free GPU memory)",
     )
-    g.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
-    g.add_argument("--chunk-size", type=int, default=512, help="prefill tokens per step (default 512)")
-    g.add_argument("--max-running", type=int, default=64, help="most requests decoded together (default 64)")
     g.add_argument(
-        "--prefix-cache", choices=["radix", "off"], default="radix", help="off = recompute every prompt"
+        "--page-size", type=int, default=D["page_size"], help=f"tokens per KV page (default {D['page_size']})"
+    )
+    g.add_argument(
+        "--chunk-size",
+        type=int,
+        default=D["chunk_size"],
+        help=f"prefill tokens per step (default {D['chunk_size']})",
+    )
+    g.add_argument(
+        "--max-running",
+        type=int,
+        default=D["max_running"],
+        help=f"most requests decoded together (default {D['max_running']})",
+    )
+    g.add_argument(
+        "--prefix-cache",
+        choices=list(CACHE_KINDS),
+        default=D["prefix_cache"],
+        help="off = recompute every prompt",
     )
     g.add_argument(
         "--eviction-policy",
         choices=sorted(POLICIES),
-        default=DEFAULT_POLICY,
-        help=f"which cached prefixes give way first (default {DEFAULT_POLICY}; see benchmarks/eviction_traces.py)",
+        default=D["eviction_policy"],
+        help=f"which cached prefixes give way first (default {D['eviction_policy']}; see benchmarks/eviction_traces.py)",
     )
     g.add_argument(
         "--session-ttl",
         type=float,
-        default=300.0,
-        help="seconds a session's last prompt + output stays pinned after its last use (default 300)",
+        default=D["session_ttl"],
+        help=f"seconds a session's last prompt + output stays pinned after its last use (default {D['session_ttl']:g})",
     )
     g.add_argument(
         "--pinned-fraction",
         type=float,
-        default=0.5,
-        help="most of the KV pool that pins may hold; over it the oldest pins lapse (default 0.5)",
+        default=D["pinned_fraction"],
+        help=f"most of the KV pool that pins may hold; over it the oldest pins lapse (default {D['pinned_fraction']})",
     )
     g.add_argument(
-        "--schedule-policy", choices=["fcfs", "lpm"], default="fcfs", help="lpm = longest cached prefix first"
+        "--schedule-policy",
+        choices=["fcfs", "lpm"],
+        default=D["schedule_policy"],
+        help="lpm = longest cached prefix first",
     )
-    g.add_argument("--attention-backend", choices=["auto", "reference", "cpu", "triton"], default="auto")
+    g.add_argument(
+        "--attention-backend", choices=["auto", "reference", "cpu", "triton"], default=D["attention_backend"]
+    )
     g.add_argument(
         "--quantize",
         choices=["none", "int8", "int4", "gguf"],
-        default="none",
+        default=D["quantize"],
         help="weight-only quantized linears on CPU; gguf = a GGUF model's own blocks (default none)",
     )
     g.add_argument(
@@ -66,15 +95,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="torch.compile decode steps' layers (faster CPU decode; compiles at the first step)",
     )
-    g.add_argument("--max-model-len", type=int, default=None, help="cap on prompt + output tokens")
     g.add_argument(
-        "--tensor-parallel-size", type=int, default=1, help="shard the model over N ranks (torch.distributed)"
+        "--max-model-len", type=int, default=D["max_model_len"], help="cap on prompt + output tokens"
+    )
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=D["tensor_parallel_size"],
+        help="shard the model over N ranks (torch.distributed)",
     )
     t = p.add_argument_group("KV tiers below the pool")
     t.add_argument(
         "--kv-store", default=None, help="disk tier directory: evicted KV pages survive eviction and restarts"
     )
-    t.add_argument("--kv-store-size", default="20G", help="disk tier budget (default 20G)")
+    t.add_argument(
+        "--kv-store-size", default=D["kv_store_size"], help=f"disk tier budget (default {D['kv_store_size']})"
+    )
     t.add_argument("--kv-host-memory", default=None, help="host-memory tier budget, e.g. 8G (default: none)")
     t.add_argument(
         "--kv-write-through", action="store_true", help="write cached pages down at once, not on eviction"
@@ -87,7 +123,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--snapshot-every",
         type=int,
-        default=0,
+        default=D["snapshot_every"],
         help="hybrid models: also snapshot every K pages inside a prefill chunk (default 0: chunk ends only)",
     )
 

@@ -16,9 +16,9 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from runtime.cache.scope import PUBLIC, CacheScope
 from runtime.engine.engine import Engine
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
+from runtime.request import Request
 from runtime.sampling.params import SamplingParams
 
 log = logging.getLogger("kvreuse.engine")
@@ -50,16 +50,9 @@ class AsyncEngine:
     def num_pending(self) -> int:
         return len(self._streams)
 
-    async def stream(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams,
-        request_id: str | None = None,
-        scope: CacheScope = PUBLIC,
-    ) -> AsyncIterator[RequestOutput]:
-        """Submit and yield outputs until finished; a caller that goes away aborts the request."""
-        req = self.engine.make_request(prompt, params, request_id)
-        req.scope = scope
+    async def stream(self, req: Request) -> AsyncIterator[RequestOutput]:
+        """Submit ``req`` (built by ``Engine.make_request``) and yield outputs until finished; a caller
+        that goes away aborts the request."""
         q: asyncio.Queue = asyncio.Queue()
         with self._lock:
             # checked under the lock _fail_all takes, so no stream can register after it ran and wait forever
@@ -94,7 +87,7 @@ class AsyncEngine:
         self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
     ) -> RequestOutput:
         last = None
-        async for out in self.stream(prompt, params, request_id):
+        async for out in self.stream(self.engine.make_request(prompt, params, request_id)):
             last = out
         assert last is not None
         return last

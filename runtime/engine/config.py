@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from runtime.cache.registry import DEFAULT_KIND, cache_kind
 
 
 @dataclass
@@ -15,7 +16,7 @@ class EngineConfig:
     model_dir: str | None = None  # an already-resolved local directory (skips model_source)
     dtype: str | None = None  # None: bf16 on GPU / bf16-capable CPU, else fp32
     device: str | None = None  # None: cuda if available else cpu
-    prefix_cache: str = "radix"  # "off": the naive baseline, recompute every prompt
+    prefix_cache: str = DEFAULT_KIND  # a kind of runtime/cache/registry.py; "off": the naive baseline
     session_ttl: float = 300.0  # seconds a session's last node stays pinned after its last use
     pinned_fraction: float = 0.5  # of the pool at most pinned, so pins never starve admission
     eviction_policy: str = (
@@ -58,8 +59,10 @@ class EngineConfig:
         self.snapshot_memory = parse_memory(self.snapshot_memory)
         self.kv_store_size = parse_memory(self.kv_store_size)
         self.kv_host_memory = parse_memory(self.kv_host_memory)
-        if (self.kv_store or self.kv_host_memory) and self.prefix_cache != "radix":
-            raise ValueError("--kv-store / --kv-host-memory need the radix prefix cache")
+        if (self.kv_store or self.kv_host_memory) and not cache_kind(self.prefix_cache).keeps_prefixes:
+            raise ValueError(
+                f"--kv-store / --kv-host-memory need a prefix cache (not --prefix-cache {self.prefix_cache})"
+            )
         if self.snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
         if self.page_size < 1:

@@ -19,17 +19,17 @@ import torch
 from runtime.cache.hybrid_states import HybridStates
 from runtime.cache.manager import CacheManager, CacheStats
 from runtime.cache.pins import PinInfo
-from runtime.cache.scope import CacheScope
+from runtime.cache.registry import cache_kind
 from runtime.cache.store.open import open_tiers
 from runtime.engine.admission import Admission, EngineError
 from runtime.engine.config import EngineConfig
 from runtime.engine.detokenizer import IncrementalDetokenizer
-from runtime.engine.outputs import make_output
+from runtime.engine.outputs import RequestOutput, make_output
 from runtime.engine.scoring import Entry, prompt_logprobs
 from runtime.engine.stats import EngineStats, engine_stats
 from runtime.loading.model_source import cache_dir, resolve_model
 from runtime.loading.tokenizer import eos_token_ids, load_tokenizer
-from runtime.request import Request, RequestOutput
+from runtime.request import PUBLIC, CacheScope, Request
 from runtime.runner.distributed.launch import TPError
 from runtime.runner.model_runner import ModelRunner, default_dtype
 from runtime.sampling.constrained import GrammarCompiler
@@ -46,12 +46,12 @@ def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates 
     if runner.state_pool is None:
         return None, None
     budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
-    keep = cfg.prefix_cache == "radix"
+    keep = cache_kind(cfg.prefix_cache).keeps_prefixes
     return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
 
 
 class Engine:
-    """Runs one model with a paged KV pool and a radix prefix cache (or none: ``prefix_cache="off"``)."""
+    """Runs one model with a paged KV pool and a prefix cache of ``--prefix-cache``'s kind (``runtime/cache/registry.py``)."""
 
     def __init__(self, model: str | None = None, **options) -> None:
         self.config = cfg = EngineConfig(model=model, **options)
@@ -87,13 +87,7 @@ class Engine:
         self.max_model_len = cfg.max_model_len or model_len
         if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
             raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
-        if (
-            self.runner.device.type == "cuda"
-            and self.runner.backend.name == "triton"
-            and cfg.tensor_parallel_size == 1
-            and self.runner.state_pool is None
-        ):
-            self.runner.enable_decode_graphs(self.max_model_len)  # decode is launch-bound on a GPU
+        self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
@@ -113,9 +107,7 @@ class Engine:
             state_budget=state_budget,
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
-        self.scheduler = Scheduler(
-            self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, self.max_model_len
-        )
+        self.scheduler = Scheduler(self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -128,18 +120,17 @@ class Engine:
         )  # fmt: skip
 
     # -- requests -----------------------------------------------------------------------
-    def validate(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
-        """Tokenise and check a prompt (in the caller's thread); raises EngineError with a one-line reason.
-
-        Side-effect free, so a server can reject a request before its response starts.
-        """
-        return self.admission.validate(prompt, params)
-
     def make_request(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        scope: CacheScope = PUBLIC,
     ) -> Request:
-        """A validated request, its sampling generator seeded; raises EngineError like :meth:`validate`."""
-        return self.admission.make(prompt, params, request_id)
+        """Tokenise and check a prompt (in the caller's thread) and build its request, complete (cache
+        ``scope`` included); raises EngineError with a one-line reason.  Nothing is queued until
+        :meth:`submit`, so a server can refuse a request before its response starts."""
+        return self.admission.make(prompt, params, request_id, scope)
 
     def submit(self, req: Request) -> None:
         """Thread-safe: queue a request for the next step."""
@@ -179,7 +170,7 @@ class Engine:
             batch, samples, failed = _without_failed_rows(batch, result.samples)
             outputs += [self._fail(req, e) for req, e in failed]  # only those requests: the rest commit
             for s in self.scheduler.commit(batch, samples):
-                outputs.append(self._emit(s.req, s.token, s.finish_reason))
+                outputs.append(self._emit(s.req, s.token))
         except TPError:  # a tensor-parallel rank is gone: no later step can run, the engine dies
             raise
         except Exception as e:  # a failed forward is not one request's: fail the batch, keep serving
@@ -205,12 +196,11 @@ class Engine:
                 outs.append(self.finish_request(req, "abort"))
         return outs
 
-    def _emit(self, req: Request, tok: int, reason: str | None) -> RequestOutput:
-        """Detokenise a committed token; a stop string ends the request here."""
+    def _emit(self, req: Request, tok: int) -> RequestOutput:
+        """Detokenise a committed token and end the request if it stops there (``Request.stop_reason``)."""
         detok = self._detok[req.request_id]
         delta = detok.add(tok)
-        if detok.stopped:
-            reason = "stop"
+        reason = req.stop_reason(tok, detok.stopped)
         if reason is None:
             return make_output(req, detok, delta, 1)
         return self.finish_request(req, reason, delta, new_tokens=1)
@@ -257,9 +247,14 @@ class Engine:
         """A hybrid's snapshot placement ``(page_size, chunk_size, every_pages)`` (runtime/cache/hybrid_states.py);
         None for dense models or without a prefix cache."""
         cfg = self.config
-        if self.runner.state_pool is None or cfg.prefix_cache != "radix":
+        if self.runner.state_pool is None or not self.caches_prefixes:
             return None
         return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether this engine's prefix cache keeps anything (``--prefix-cache off``: the naive baseline)."""
+        return cache_kind(self.config.prefix_cache).keeps_prefixes
 
     @property
     def vocab_size(self) -> int:
@@ -301,7 +296,7 @@ class Engine:
         """Pin the cached part of ``ids`` (in ``scope``) for ``ttl`` seconds under ``owner``, within the pin
         budget; returns (tokens the pin covers, whether it was taken)."""
         cm = self.cache
-        handle = cm.prefix.match(ids, scope.namespace, scope.public_len).handle
+        handle = cm.prefix.match(ids, scope).handle
         return cm.prefix.handle_len(handle), cm.pins.pin(owner, handle, ttl)
 
     def prompt_logprobs(self, ids: list[int], top: int, chunk_size: int | None = None) -> list[Entry]:

@@ -6,8 +6,48 @@ however long the prompt and output are; only the final output copies the whole o
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from runtime.engine.detokenizer import IncrementalDetokenizer
-from runtime.request import Request, RequestOutput
+from runtime.request import Request
+
+
+class RequestOutput(NamedTuple):
+    """What one step produced for a request: the new tokens and text, plus accounting so far.
+
+    Built from deltas, so an output costs the same whatever the prompt and output length.  The
+    final output (``finished``) also carries the whole output (``output_token_ids``, ``text``,
+    ``logprobs``); on the others those are empty.  ``prompt_token_ids`` is one list shared by all
+    outputs of a request: read it, do not change it.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]
+    delta: str
+    new_logprobs: list
+    finished: bool
+    finish_reason: str | None
+    cached_tokens: int
+    prefilled_tokens: int
+    ttft_s: float | None
+    prefill_s: float | None
+    decode_s: float | None
+    e2e_s: float | None
+    output_token_ids: list[int] = []
+    text: str = ""
+    logprobs: list = []
+    error: str | None = None
+    cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
+    cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
+    tier_load_s: float = (
+        0.0  # time the engine spent loading them into the pool (background read-ahead excluded)
+    )
+    snapshot_cut: int = 0  # hybrids: KV-matched prompt tokens recomputed after the last state snapshot
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
 
 def make_output(

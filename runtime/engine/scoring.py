@@ -36,7 +36,7 @@ def prompt_logprobs(
             chunk = ids[start : start + step]
             fb = build_forward_batch([(chunk, start, scratch.pages)], [True], runner.page_size, runner.device)
             fb = fb._replace(logits_rows=torch.arange(len(chunk), device=runner.device))
-            logp = torch.log_softmax(runner.model(fb, runner.pool.layers, runner.backend).float(), dim=-1)
+            logp = torch.log_softmax(runner.forward(fb).float(), dim=-1)
             nxt = ids[start + 1 : start + len(chunk) + 1]
             rows = logp[: len(nxt)]
             chosen = rows.gather(1, torch.tensor(nxt, device=rows.device).unsqueeze(1)).squeeze(1).tolist()

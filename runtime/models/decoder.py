@@ -7,22 +7,19 @@ QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings, per-layer slidi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from kernels import AttentionBackend
+from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
-from runtime.models.fused_decode import LayerPlan, fusable, fused_decode_layer, layer_plan
+from runtime.models.fused_decode import fusable, fused_decode_layer, layer_plan
 from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts, feed_forward
 from runtime.models.summary import ParamCounts, count_parameters
-
-# Annotations only: a lower layer names the type it is handed.
-if TYPE_CHECKING:
-    from runtime.runner.forward_batch import ForwardBatch
 
 
 class StepContext(NamedTuple):
@@ -153,8 +150,9 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.decode_layer: Callable | None = None  # see compile_decode
-        self.fused_plans: list[LayerPlan] | None = None  # the fused decode path's per-layer lookups
+        # how a decode step runs its layers (a layer function and what it takes per layer), chosen
+        # once by ``choose_decode``; None: the plain ``DecoderLayer.forward``
+        self.decode_run: tuple[Callable, list] | None = None
         self.rope = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
@@ -171,6 +169,20 @@ class CausalLM(nn.Module):
             if isinstance(m, (Linear, Experts)):
                 m.pack_for_cpu()
 
+    def choose_decode(self, backend: AttentionBackend, k_cache: torch.Tensor, compile: bool) -> str:
+        """Decide, once (the modules are final: quantized, packed), how decode steps run their layers:
+        ``fused`` (the ``cpu`` backend's C kernels, where they take this model's dtypes and shapes),
+        ``compiled`` (``--compile-decode``, see ``compile_decode``) or ``eager``."""
+        h = self.embed_tokens.weight[:1]
+        cos, _ = self.rope.lookup(torch.zeros(1, dtype=torch.long, device=h.device))
+        if fusable(backend.fused, h, self.layers[0], k_cache, cos):
+            self.decode_run = (fused_decode_layer, [layer_plan(layer) for layer in self.layers])
+            return "fused"
+        if compile:
+            self.compile_decode()
+            return "compiled"
+        return "eager"
+
     def compile_decode(self) -> None:
         """Run decode steps' layers through one ``torch.compile``d ``DecoderLayer.forward`` (CPU: inductor's C++).
 
@@ -183,7 +195,7 @@ class CausalLM(nn.Module):
         attention backend's fused C kernels (``runtime/models/fused_decode.py``) do the same fusion
         without compiling and take precedence; this serves the ``reference`` backend.
         """
-        self.decode_layer = torch.compile(DecoderLayer.forward, dynamic=True)
+        self.decode_run = (torch.compile(DecoderLayer.forward, dynamic=True), list(self.layers))
 
     def parameter_counts(self) -> ParamCounts:
         """Total parameters and those one token reads (all but the experts its router skipped)."""
@@ -203,12 +215,8 @@ class CausalLM(nn.Module):
         ctx, wctx = step_contexts(fb, ring, cos, sin, backend, kv_layers[0][0].shape[1], self.cfg.windows)
         h = self.embed_tokens(fb.input_ids)
         run_layer, layers = DecoderLayer.forward, self.layers
-        if fb.is_decode and fusable(backend.fused, h, self.layers[0], kv_layers[0][0], cos):
-            if self.fused_plans is None:  # first fused step: the modules are final (quantized, packed)
-                self.fused_plans = [layer_plan(layer) for layer in self.layers]
-            run_layer, layers = fused_decode_layer, self.fused_plans
-        elif fb.is_decode and self.decode_layer is not None:
-            run_layer = self.decode_layer
+        if fb.is_decode and self.decode_run is not None:
+            run_layer, layers = self.decode_run
         for layer, kv, w in zip(layers, kv_layers, self.cfg.windows or [None] * len(kv_layers)):
             h = run_layer(layer, h, ctx if w is None else wctx, kv)
         h = self.norm.forward(h[fb.logits_rows])

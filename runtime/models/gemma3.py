@@ -13,19 +13,15 @@ What it changes against the Llama decoder (``decoder.py``), each as transformers
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend
+from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.decoder import CausalLM, PagedAttention, StepContext, step_contexts
 from runtime.models.layers import GatedMLP
-
-if TYPE_CHECKING:
-    from runtime.runner.forward_batch import ForwardBatch
 
 
 class GemmaRMSNorm(nn.Module):
@@ -97,9 +93,16 @@ class GemmaCausalLM(CausalLM):
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.local_rope: nn.Module | None = None
 
+    def choose_decode(self, backend: AttentionBackend, k_cache: torch.Tensor | None, compile: bool) -> str:
+        """``compiled`` (``--compile-decode``) or ``eager``: the fused CPU kernels are Llama's layer."""
+        if compile:
+            self.compile_decode()
+            return "compiled"
+        return "eager"
+
     def compile_decode(self) -> None:
         """``torch.compile`` the decode step's layer (see ``CausalLM.compile_decode``)."""
-        self.decode_layer = torch.compile(GemmaDecoderLayer.forward, dynamic=True)
+        self.decode_run = (torch.compile(GemmaDecoderLayer.forward, dynamic=True), list(self.layers))
 
     @torch.inference_mode()
     def forward(
@@ -119,8 +122,8 @@ class GemmaCausalLM(CausalLM):
         w = self.embed_tokens.weight
         h = self.embed_tokens(fb.input_ids) * torch.tensor(cfg.hidden_size**0.5, dtype=w.dtype)
         run_layer = GemmaDecoderLayer.forward
-        if fb.is_decode and self.decode_layer is not None:
-            run_layer = self.decode_layer
+        if fb.is_decode and self.decode_run is not None:
+            run_layer = self.decode_run[0]
         for layer, kv in zip(self.layers, kv_layers):
             h = run_layer(layer, h, local if layer.local else full, kv)
         logits = self.lm_head.run(self.norm.forward(h[fb.logits_rows])).float()

@@ -43,7 +43,3 @@ class MoEConfig(NamedTuple):
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (0-based) has the MoE block rather than a dense MLP."""
         return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
-
-    def expert_params(self, hidden: int) -> int:
-        """Parameters of one routed expert (gate, up and down projections)."""
-        return 3 * hidden * self.expert_intermediate_size

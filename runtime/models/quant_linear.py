@@ -151,8 +151,3 @@ def quantize_int8(w: torch.Tensor, bias: torch.Tensor | None = None) -> QuantLin
     scale = w.abs().amax(1).clamp(min=1e-12) / 127
     codes = (w / scale[:, None]).round().clamp(-127, 127)
     return QuantLinear("int8", codes, scale, None, bias)
-
-
-def int4_supported(in_features: int) -> bool:
-    """The int4 kernel packs K in groups of 32 and tiles of 16 columns... of K; other shapes use int8."""
-    return in_features % (2 * GROUP) == 0

@@ -10,23 +10,18 @@ state per request (``runtime/runner/state_pool.py``).  The MoE variants swap the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend
+from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.decoder import CausalLM, StepContext, decode_plans, paged_attention
 from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
 from runtime.models.layers import RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import feed_forward
-
-# Annotations only: a lower layer names the type it is handed.
-if TYPE_CHECKING:
-    from runtime.runner.forward_batch import ForwardBatch
 
 
 class OffsetRMSNorm(nn.Module):
@@ -98,6 +93,12 @@ class HybridCausalLM(nn.Module):
 
     prepare = CausalLM.prepare
     parameter_counts = CausalLM.parameter_counts
+
+    def choose_decode(self, backend: AttentionBackend, k_cache: torch.Tensor, compile: bool) -> str:
+        """Decode steps run the layers as prefill does (no fused or compiled path for hybrids yet)."""
+        if compile:
+            raise ValueError(f"--compile-decode supports the dense decoder models, not {self.cfg.model_type}")
+        return "eager"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

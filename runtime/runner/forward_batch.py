@@ -1,4 +1,5 @@
-"""One flat varlen batch: what a single model forward computes.
+"""A step's input (``StepInput``: chunks and sampling) and the flat varlen ``ForwardBatch`` built from it
+(``runtime/models/batch.py``: what a single model forward computes).
 
 Every scheduled sequence contributes its next chunk of tokens (a prompt chunk or one
 decode token) to flat tensors without padding::
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from runtime.models.batch import ForwardBatch
 from runtime.runner.state_pool import StateInput
 from runtime.sampling.constrained.matcher import Matcher
 from runtime.sampling.params import SamplingParams
@@ -46,19 +48,6 @@ class StepInput(NamedTuple):
     matchers: list[Matcher | None] | None = (
         None  # grammar state per sampled row (runtime/sampling/constrained)
     )
-
-
-class ForwardBatch(NamedTuple):
-    """Tensors of one step; ``is_decode`` when every chunk is a single token."""
-
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    seq_lens_k: torch.Tensor
-    page_table: torch.Tensor
-    logits_rows: torch.Tensor
-    is_decode: bool
 
 
 def build_forward_batch(

@@ -101,15 +101,9 @@ class ModelRunner:
         self.dtype = DTYPES[dtype]
         self.model = self._load(Path(model_dir))
         apply_quantization(self.model, quantize, model_dir)
-        self.quantize = quantize
         self.model.prepare()
         self.model.eval()
-        if compile_decode:
-            if not hasattr(self.model, "compile_decode"):
-                raise ValueError(
-                    f"--compile-decode supports the dense decoder models, not {self.cfg.model_type}"
-                )
-            self.model.compile_decode()
+        self.compile_decode = compile_decode
         log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
         pool_cfg = local_config(self.cfg, tp.world) if tp else self.cfg
         self.backend = select_backend(self.device, attention_backend)
@@ -136,6 +130,22 @@ class ModelRunner:
             self.kv_layers = [next(full) if w is None else next(ring) for w in self.cfg.windows]
         self.linear_backend = select_linear_backend(self.device) if hybrid else None
         self.graphs: DecodeGraphRunner | None = None
+        self.decode_path = "eager"  # see choose_decode
+
+    def choose_decode(self, max_seq_len: int | None) -> str:
+        """How decode steps run, decided here once for the runner's life (``decode_path``):
+        ``cuda-graphs`` (replayed graphs over static buffers: decode is launch-bound on a GPU; the
+        Triton backend on one device, dense models), else the model's own choice among ``fused``
+        (the CPU kernels), ``compiled`` (``--compile-decode``) and ``eager``.  ``max_seq_len``: the
+        longest sequence a graph must hold (None: no graphs, e.g. a tensor-parallel worker)."""
+        layers = self.kv_layers
+        self.decode_path = self.model.choose_decode(self.backend, layers[0][0] if layers else None,
+                                                    self.compile_decode)  # fmt: skip
+        graphs = self.device.type == "cuda" and self.backend.name == "triton" and self.state_pool is None
+        if graphs and max_seq_len is not None and self.tp is None:
+            self.enable_decode_graphs(max_seq_len)
+            self.decode_path = "cuda-graphs"
+        return self.decode_path
 
     def enable_decode_graphs(self, max_seq_len: int, capture: bool | None = None) -> None:
         """Run decode steps through static buffers: replayed CUDA graphs on a GPU (``capture=None``: when
@@ -160,21 +170,26 @@ class ModelRunner:
     def step(self, batch: StepInput) -> StepResult:
         """Forward the chunks; sample the rows that end their sequence."""
         fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
-        if self.tp is not None:  # rank 0 (a worker runs its own loop, never step)
+        logits = self.forward(fb, batch.states)
+        samples = sample(logits, batch.params, batch.generators, batch.matchers) if batch.params else None
+        return StepResult(logits, samples)
+
+    def forward(self, fb: ForwardBatch, states: StateInput | None = None) -> torch.Tensor:
+        """The one door to the model: every forward rank 0 runs (a step, a prompt's scoring) goes
+        through here, so the other tensor-parallel ranks run it too (a forward they did not see would
+        leave rank 0 alone in the first all-reduce).  Returns the logits of ``fb.logits_rows``."""
+        if self.tp is not None:  # rank 0 (a worker runs its own loop, never this)
             if self.workers is not None:
                 self.workers.check()
             send_batch(fb, self.tp.group, self.device)
         if isinstance(self.state_pool, WindowPool):
-            assert batch.states is not None, "a window model's step needs its ring slots"
-            logits = self._window_forward(fb, batch)
-        elif batch.states is not None:
-            logits = self._hybrid_forward(fb, batch.states)
-        elif self.graphs is not None and self.graphs.can_run(fb):
-            logits = self.graphs.run(fb)  # a static buffer's view: consumed before the next step
-        else:
-            logits = self.model(fb, self.kv_layers, self.backend)
-        samples = sample(logits, batch.params, batch.generators, batch.matchers) if batch.params else None
-        return StepResult(logits, samples)
+            assert states is not None, "a window model's step needs its ring slots"
+            return self._window_forward(fb, states)
+        if states is not None:
+            return self._hybrid_forward(fb, states)
+        if self.graphs is not None and self.graphs.can_run(fb):
+            return self.graphs.run(fb)  # a static buffer's view: consumed before the next step
+        return self.model(fb, self.kv_layers, self.backend)
 
     def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
         """Forward over the sequences' state slots, filling the snapshots the step asked for."""
@@ -194,24 +209,26 @@ class ModelRunner:
                 pool.copy_to(slot, snap)
         return logits
 
-    def _window_forward(self, fb: ForwardBatch, batch: StepInput) -> torch.Tensor:
+    def _window_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
         """Forward with the window layers on the sequences' rings; then fill the window snapshots the
         step asked for (every snapshot lies within its chunk, still in the ring)."""
-        pool, st = self.state_pool, batch.states
-        assert isinstance(pool, WindowPool) and st is not None
-        longest = max(len(c.tokens) for c in batch.seqs)
+        pool = self.state_pool
+        assert isinstance(pool, WindowPool)
+        cu = fb.cu_seqlens_q.tolist()
+        longest = max(b - a for a, b in zip(cu, cu[1:]))
         if longest > pool.max_chunk:
             raise ValueError(
                 f"a {longest}-token chunk overflows the window rings (built for {pool.max_chunk})"
             )
         ring = ring_batch(fb, st.slots, pool.ring_pages, self.page_size)
         logits = self.model(fb, self.kv_layers, self.backend, ring)
+        starts = fb.positions[fb.cu_seqlens_q[:-1].long()].tolist() if cu[-1] else []
         inside = iter(st.inside)
-        for c, slot, cuts, end in zip(batch.seqs, st.slots, st.cuts, st.ends):
+        for i, (slot, cuts, end) in enumerate(zip(st.slots, st.cuts, st.ends)):
             for off in cuts:
-                pool.copy_to(slot, next(inside), c.start + off)
+                pool.copy_to(slot, next(inside), starts[i] + off)
             if end is not None:
-                pool.copy_to(slot, end, c.start + len(c.tokens))
+                pool.copy_to(slot, end, starts[i] + cu[i + 1] - cu[i])
         return logits
 
     def close(self) -> None:
@@ -238,6 +255,7 @@ def tp_worker(rank: int, world: int, port: int, model_dir: str, dtype: str, devi
 def run_worker(tp: TPGroup, model_dir, dtype: str, device: str, *rest) -> None:
     """Load this rank's shard and run the forward of every batch rank 0 broadcasts, until it stops."""
     runner = ModelRunner(Path(model_dir), dtype, device, *rest, tp=tp)
+    runner.choose_decode(None)  # the same layer path as rank 0 (graphs never run under tensor parallelism)
     while (fb := recv_batch(tp.group, runner.device)) is not None:
         runner.model(fb, runner.kv_layers, runner.backend)
 

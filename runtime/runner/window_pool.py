@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
+    from runtime.models.batch import ForwardBatch
     from runtime.models.config import ModelConfig
-    from runtime.runner.forward_batch import ForwardBatch
 
 
 class WindowSnapshot(NamedTuple):

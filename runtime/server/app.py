@@ -16,8 +16,8 @@ from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import EngineError
 from runtime.server.anthropic import errors as anthropic_errors
 from runtime.server.anthropic import routes as anthropic_routes
-from runtime.server.core.errors import APIError, bad_request, install_error_handlers
 from runtime.server.core.generate import generate, parse_body
+from runtime.server.errors import APIError, bad_request, install_error_handlers
 from runtime.server.guard import RequestGuard
 from runtime.server.openai import chat, completions
 from runtime.server.openai import errors as openai_errors
@@ -69,14 +69,21 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(state, request, ChatCompletionRequest, count_messages)
         state.check_model(body.model)
-        return await generate(state, request, lambda: chat.ChatRun(state, body), body.n, body.stream, chat)
+        return await generate(
+            state,
+            request,
+            lambda caller: chat.ChatCompletionRun(state, caller, body),
+            body.n,
+            body.stream,
+            chat,
+        )
 
     @app.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
     async def text_completions(request: Request) -> Response:
         body = await parse_body(state, request, CompletionRequest)
         state.check_model(body.model)
         choices = body.n * len(body.prompts())  # each prompt of a batch has its own n choices
-        run = lambda: completions.CompletionRun(state, body)  # noqa: E731
+        run = lambda caller: completions.CompletionRun(state, caller, body)  # noqa: E731
         return await generate(state, request, run, choices, body.stream, completions)
 
     def anthropic_caller(request: Request) -> bool:  # the anthropic SDK always sends the header

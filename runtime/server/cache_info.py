@@ -20,7 +20,7 @@ class CacheSnapshot(NamedTuple):
 
 
 def cache_snapshot(engine) -> CacheSnapshot | None:
-    if engine.config.prefix_cache == "off":
+    if not engine.caches_prefixes:
         return None
     s = engine.cache_stats()
     pages = {

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from chat_templates.render import RenderedPrompt, describe, first_divergence, locate
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 
 CONTEXT_TOKENS = 16
 CONTEXT_CHARS = 60

@@ -25,7 +25,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.server.core.errors import APIError
+from runtime.server.errors import APIError
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 

@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import EngineStats
 from runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
-from runtime.server.core.errors import APIError, bad_request
-from runtime.server.core.templates import TemplateInfo, resolve_template
 from runtime.server.diagnostics import CacheDiagnostics
+from runtime.server.errors import APIError, bad_request
 from runtime.server.guard import LOOPBACK_HOSTS
 from runtime.server.metrics import ServerMetrics
+from runtime.server.templates import TemplateInfo, resolve_template
 from runtime.server.tenants import Tenants
 
 T = TypeVar("T")

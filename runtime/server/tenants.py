@@ -2,7 +2,7 @@
 
 With keys configured (``--api-key``, ``--api-key-file``: one ``key [tenant-name]`` per line, ``#``
 comments), every route but ``/health`` needs ``Authorization: Bearer <key>`` (or ``x-api-key``),
-else 401.  The key's tenant salts the prefix cache (``runtime/cache/scope.py``): the namespace
+else 401.  The key's tenant salts the prefix cache (``runtime/request.py``): the namespace
 comes from the key, never from a client field, so a tenant only hits prefixes it computed
 itself (a cached prefix is observably faster: CVE-2025-46570).  The one opt-in is
 ``--public-system-prompt FILE``: a chat request whose first message is a system message with
@@ -16,11 +16,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.cache.scope import PUBLIC, CacheScope
-from runtime.server.core.errors import APIError
+from runtime.request import PUBLIC, CacheScope
+from runtime.server.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})
 
@@ -108,3 +109,18 @@ class Tenants:
 
     def release(self, tenant: str | None, slots: int) -> None:
         self.in_flight[tenant] -= slots
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: its tenant (None without keys) and its ``X-Session-Id`` header.  A run asks
+    it once for its cache scope, when it has rendered its prompt (the public part depends on it)."""
+
+    tenants: Tenants
+    tenant: str | None = None
+    header_session: str | None = None
+
+    def scope(self, session: str | None, prompt: Any = None) -> CacheScope:
+        """The scope of a request naming ``session`` in its body (else the header's) for ``prompt``."""
+        session = session or self.header_session
+        return self.tenants.scope(self.tenant, session, self.tenants.public_len(prompt))

@@ -58,6 +58,6 @@ def page_keys(
 
 def scope_namespaces(n_pages: int, page_size: int, namespace: Hashable, public_len: int) -> list[Hashable]:
     """Per page, the namespace a request's page lives in: public for its first ``public_len`` tokens
-    (page-aligned down) when it has a tenant, its tenant's after (``runtime/cache/scope.py``)."""
+    (page-aligned down) when it has a tenant, its tenant's after (``runtime/request.py``)."""
     boundary = public_len // page_size
     return [None if namespace is not None and i < boundary else namespace for i in range(n_pages)]

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 # with the separators models are trained on.
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
-# What follows the forced prefix (runtime/server/core/templates.forced_tool_prefix) in each tool-call format.
+# What follows the forced prefix (runtime/server/templates.forced_tool_prefix) in each tool-call format.
 CALL_FORMATS = {
     "hermes": ('", "arguments": ', "}\n</tool_call>"),
     "llama3": ('", "parameters": ', "}"),

@@ -22,8 +22,8 @@ from runtime.server.anthropic.protocol import (
     ToolUseBlock,
     UnsupportedBlock,
 )
-from runtime.server.core.errors import bad_request
 from runtime.server.core.prompting import ChatInput
+from runtime.server.errors import bad_request
 
 NONCE_PREFIX = "x-anthropic-billing-header:"
 SYSTEM_SEP = "\n\n"

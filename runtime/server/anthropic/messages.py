@@ -16,16 +16,16 @@ from typing import Any
 
 from chat_templates.render import first_divergence
 from runtime.engine.engine import Engine
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.sampling.params import SamplingParams
 from runtime.server.anthropic.convert import Breakpoint, Converted
 from runtime.server.anthropic.errors import error_object
 from runtime.server.anthropic.protocol import MessagesRequest
 from runtime.server.anthropic.usage import usage
 from runtime.server.core.chat_run import ChatRun
-from runtime.server.core.errors import bad_request
-from runtime.server.core.run import MakeParams
+from runtime.server.core.run import Caller, MakeParams
 from runtime.server.core.streaming import final_outputs, join_parsed
+from runtime.server.errors import bad_request
 from runtime.server.state import ServerState
 
 
@@ -60,9 +60,11 @@ def message_params(req: MessagesRequest, engine: Engine) -> MakeParams:
 class MessagesRun(ChatRun):
     """One Messages request on the engine (always one choice)."""
 
-    def __init__(self, state: ServerState, req: MessagesRequest, conv: Converted) -> None:
+    def __init__(self, state: ServerState, caller: Caller, req: MessagesRequest, conv: Converted) -> None:
         session = req.metadata.user_id if req.metadata else None
-        super().__init__(state, conv.chat, "msg", 1, message_params(req, state.engine), session=session)
+        super().__init__(
+            state, caller, conv.chat, "msg", 1, message_params(req, state.engine), session=session
+        )
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.areq, self.conv = req, conv
 
@@ -70,7 +72,7 @@ class MessagesRun(ChatRun):
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.areq.model or self.model}
 
     def usage(self, out: RequestOutput) -> dict[str, Any]:
-        caching = self.state.engine.config.prefix_cache != "off"
+        caching = self.state.engine.caches_prefixes
         return usage(len(self.prompt_ids), out, self.state.engine.page_size, caching)
 
     def stop(self, out: RequestOutput, n_calls: int) -> tuple[str, str | None]:
@@ -118,7 +120,7 @@ class MessagesRun(ChatRun):
     async def pin_breakpoints(self) -> list[dict[str, Any]]:
         """Pin the prefix up to each ``cache_control`` mark for its TTL (a retention hint: the
         pin only keeps pages from eviction, within the pin budget; it never changes the output)."""
-        if not self.conv.breakpoints or self.state.engine.config.prefix_cache == "off":
+        if not self.conv.breakpoints or not self.state.engine.caches_prefixes:
             return []
         scope, ids = self.scope, self.prompt_ids
         marks = [(self.breakpoint_end(bp), bp.ttl) for bp in self.conv.breakpoints]

@@ -20,9 +20,9 @@ from runtime.server.anthropic import messages
 from runtime.server.anthropic.convert import convert
 from runtime.server.anthropic.errors import error_response
 from runtime.server.anthropic.protocol import CountTokensRequest, MessagesRequest
-from runtime.server.core.errors import APIError, bad_request
 from runtime.server.core.generate import generate
 from runtime.server.core.prompting import build_chat_prompt
+from runtime.server.errors import APIError, bad_request
 from runtime.server.state import ServerState
 
 MAX_BODY_BYTES = 32 * 2**20  # Anthropic's own limit for a Messages request
@@ -87,7 +87,12 @@ def install_anthropic_routes(app: FastAPI, state: ServerState) -> None:
         check_model(state, body.model)
         conv = convert(body, state.config.keep_billing_header)
         return await generate(
-            state, request, lambda: messages.MessagesRun(state, body, conv), 1, body.stream, messages
+            state,
+            request,
+            lambda caller: messages.MessagesRun(state, caller, body, conv),
+            1,
+            body.stream,
+            messages,
         )
 
     async def count(request: Request) -> Response:

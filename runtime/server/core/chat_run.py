@@ -3,18 +3,20 @@ bookkeeping at the end (cache diagnosis, metrics, the log line) that builds the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from chat_templates.parsers import OutputParser, parse_full
 from chat_templates.tool_calls import ParsedOutput
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.sampling.constrained import Grammar
+from runtime.sampling.params import SamplingParams
 from runtime.server.core.constraints import tool_grammar
 from runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt
 from runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
-from runtime.server.core.run import EngineRun, MakeParams
+from runtime.server.core.run import Caller, EngineRun, MakeParams
 from runtime.server.core.streaming import merge_streams
 from runtime.server.diagnostics import HistoryEntry, cached_by_tier
 from runtime.server.state import ServerState
@@ -29,6 +31,7 @@ class ChatRun(EngineRun):
     def __init__(
         self,
         state: ServerState,
+        caller: Caller,
         chat: ChatInput,
         id_prefix: str,
         n: int,
@@ -38,8 +41,14 @@ class ChatRun(EngineRun):
     ) -> None:
         self.prompt: ChatPrompt = build_chat_prompt(chat, state.tokenizer, state.template)
         grammar = tool_grammar(chat, self.prompt.tool_format) or grammar
-        super().__init__(state, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session)
+        super().__init__(state, caller, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session)
         self.budget_reports: dict[int, BudgetReport] = {}
+
+    def first_params(self, params: SamplingParams) -> SamplingParams:
+        budget = self.prompt.reasoning_budget
+        if budget is None:
+            return params
+        return dataclasses.replace(params, max_tokens=min(budget, params.max_tokens))
 
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         budget = self.prompt.reasoning_budget

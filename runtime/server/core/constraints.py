@@ -8,8 +8,8 @@ keeps the tools in the prompt (so the cached prefix is the same) but parses no c
 from __future__ import annotations
 
 from runtime.sampling.constrained import CALL_FORMATS, Grammar, tool_call
-from runtime.server.core.errors import bad_request
 from runtime.server.core.prompting import ChatInput, forced_tool
+from runtime.server.errors import bad_request
 
 
 def tool_grammar(chat: ChatInput, tool_format: str | None) -> Grammar | None:

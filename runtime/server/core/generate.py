@@ -16,9 +16,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from runtime.server.core.errors import APIError, bad_request
 from runtime.server.core.streaming import Once, guarded_events
+from runtime.server.errors import APIError, bad_request
 from runtime.server.state import ServerState
+from runtime.server.tenants import Caller
 
 DISCONNECT_POLL_S = 0.25
 M = TypeVar("M", bound=BaseModel)
@@ -65,10 +66,17 @@ async def parse_body(
 
 
 async def generate(
-    state: ServerState, request: Request, make_run: Callable[[], Any], n: int, stream: bool, module: Any
+    state: ServerState,
+    request: Request,
+    make_run: Callable[[Caller], Any],
+    n: int,
+    stream: bool,
+    module: Any,
 ) -> Response:
-    """Admit ``n`` sequences for the caller's tenant, build the run off the event loop, answer."""
+    """Admit ``n`` sequences for the caller's tenant, build the run (complete, with its cache scope)
+    off the event loop, answer."""
     tenant = request.state.tenant
+    caller = Caller(state.tenants, tenant, request.headers.get("x-session-id"))
     state.tenants.admit(tenant, n)
     try:
         state.admit(n)  # before the render, so at most the server's capacity of renders is ever queued
@@ -84,12 +92,10 @@ async def generate(
     try:
         # template rendering and tokenisation are CPU work: off the event loop, so /health and
         # every other request keep being answered while a big prompt is prepared
-        run = await asyncio.get_running_loop().run_in_executor(state.prep, make_run)
+        run = await asyncio.get_running_loop().run_in_executor(state.prep, make_run, caller)
     except BaseException:
         release()
         raise
-    session = run.session or request.headers.get("x-session-id")
-    run.scope = state.tenants.scope(tenant, session, state.tenants.public_len(getattr(run, "prompt", None)))
     if stream:
         return guarded_events(module.stream_events(run), run.id, release, module.error_events)
     try:

@@ -6,8 +6,8 @@ from typing import Any, NamedTuple
 
 from chat_templates.parsers import THINK_OPEN
 from chat_templates.render import RenderedPrompt, render
-from runtime.server.core.errors import bad_request
-from runtime.server.core.templates import TemplateInfo, forced_tool_prefix
+from runtime.server.errors import bad_request
+from runtime.server.templates import TemplateInfo, forced_tool_prefix
 
 
 class ChatInput(NamedTuple):

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 from chat_templates.parsers import THINK_CLOSE
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.sampling.params import SamplingParams
 
 CLOSE = "\n" + THINK_CLOSE + "\n\n"
@@ -45,9 +45,9 @@ async def budgeted_stream(
     """Choice ``index`` of ``run`` (a ``ChatRun``) under ``budget``; fills ``reports[index]``."""
     aengine, rid, prompt = run.state.aengine, f"{run.id}-{index}", run.prompt_of(index)
     t0 = time.perf_counter()
-    first = dataclasses.replace(params, max_tokens=min(budget, params.max_tokens))
+    first = run.requests[index].params  # the run built this phase's request, capped at the budget
     last: RequestOutput | None = None
-    async for out in aengine.stream(prompt, first, rid, run.scope):
+    async for out in aengine.stream(run.requests[index]):
         if out.finished:
             last = out
         else:
@@ -69,7 +69,8 @@ async def budgeted_stream(
                             finish_reason=None, output_token_ids=[], text="", logprobs=[])  # fmt: skip
     head = list(prompt) + list(last.output_token_ids) + close_ids
     second = dataclasses.replace(params, max_tokens=left)
-    async for out in aengine.stream(head, second, f"{rid}-answer", run.scope):
+    answer = run.state.engine.make_request(head, second, f"{rid}-answer", run.scope)
+    async for out in aengine.stream(answer):
         if not out.finished:
             yield out
             continue

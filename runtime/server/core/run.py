@@ -6,9 +6,10 @@ import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
-from runtime.cache.scope import PUBLIC
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
+from runtime.request import CacheScope
 from runtime.sampling.constrained import Grammar
 from runtime.sampling.params import SamplingParams
 from runtime.server.core.streaming import merge_streams
@@ -19,16 +20,24 @@ from runtime.server.state import ServerState
 MakeParams = Callable[[int, int], SamplingParams]
 
 
+class Caller(Protocol):
+    """Whose request this is (``runtime/server/tenants.py``'s ``Caller``, or the prewarm route's)."""
+
+    def scope(self, session: str | None, prompt: Any = None) -> CacheScope: ...
+
+
 class EngineRun:
-    """One request's prompts x n choices on the engine; validated (a 400 via EngineError) before any
-    response starts.  Choice ``index`` runs prompt by prompt: prompt ``p``'s choices are ``p*n .. p*n+n-1``.
-    ``session`` names the conversation for the tenant's cache scope (OpenAI ``user``, Anthropic
-    ``metadata.user_id``).
+    """One request's prompts x n choices on the engine, built complete once (in the prep thread): its
+    cache scope, then one engine ``Request`` per choice, each validated once (a 400 via EngineError)
+    before any response starts.  Choice ``index`` runs prompt by prompt: prompt ``p``'s choices are
+    ``p*n .. p*n+n-1``.  ``session`` names the conversation for the tenant's cache scope (OpenAI
+    ``user``, Anthropic ``metadata.user_id``; else the caller's ``X-Session-Id``).
     """
 
     def __init__(
         self,
         state: ServerState,
+        caller: Caller,
         id_prefix: str,
         prompts: list[list[int]],
         n: int,
@@ -41,14 +50,22 @@ class EngineRun:
         self.created = int(time.time())
         self.model = state.config.served_model_name
         self.fingerprint = system_fingerprint(state.engine)
-        self.prompts: list[list[int]] = []
+        # a chat run has rendered its prompt by now: the public part of the scope depends on it
+        self.scope: CacheScope = caller.scope(session, getattr(self, "prompt", None))
         self.params: list[SamplingParams] = []  # per choice index
-        for ids in prompts:
-            ps = [dataclasses.replace(make_params(len(ids), i), grammar=grammar) for i in range(n)]
-            self.prompts.append(state.engine.validate(ids, ps[0]))
-            self.params += ps
+        self.requests = []  # per choice index: built and validated here, streamed by ``streams``
+        for p, ids in enumerate(prompts):
+            for c in range(n):
+                ps = dataclasses.replace(make_params(len(ids), c), grammar=grammar)
+                rid = f"{self.id}-{p * n + c}"
+                self.requests.append(state.engine.make_request(ids, self.first_params(ps), rid, self.scope))
+                self.params.append(ps)
+        self.prompts: list[list[int]] = [r.prompt_ids for r in self.requests[::n]]
         self.prompt_ids = self.prompts[0]
-        self.scope = PUBLIC  # the app sets the tenant's scope (runtime/server/tenants.py)
+
+    def first_params(self, params: SamplingParams) -> SamplingParams:
+        """What a choice's engine request runs with (a reasoning budget's first phase caps it)."""
+        return params
 
     @property
     def num_choices(self) -> int:
@@ -58,12 +75,7 @@ class EngineRun:
         return self.prompts[index // self.n]
 
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        return merge_streams(
-            [
-                self.state.aengine.stream(self.prompt_of(i), p, f"{self.id}-{i}", self.scope)
-                for i, p in enumerate(self.params)
-            ]
-        )
+        return merge_streams([self.state.aengine.stream(r) for r in self.requests])
 
     def observe(self, outs: list[RequestOutput]) -> None:
         for o in outs:

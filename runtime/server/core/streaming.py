@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from chat_templates.tool_calls import ParsedDelta
 from runtime.engine.async_engine import EngineDead, RequestFailed
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 
 log = logging.getLogger("kvreuse.server")
 

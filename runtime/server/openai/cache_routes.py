@@ -11,16 +11,27 @@ tokens are now cached.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 
-from runtime.cache.scope import CacheScope
+from runtime.request import CacheScope
 from runtime.server.cache_info import cache_snapshot, describe
 from runtime.server.core.streaming import final_outputs
 from runtime.server.openai import chat
 from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.server.state import ServerState
+
+
+class PrewarmCaller(NamedTuple):
+    """A prewarm's scope: the tenant's namespace, pinned under an owner named by the prompt's digest
+    (the same body prewarmed twice is one pin)."""
+
+    tenant: str | None
+
+    def scope(self, session: str | None, prompt: Any = None) -> CacheScope:
+        digest = hashlib.sha256(repr((self.tenant, prompt.token_ids)).encode()).hexdigest()[:16]
+        return CacheScope(self.tenant, 0, (self.tenant, "prewarm", digest))
 
 
 def install_cache_routes(app: FastAPI, state: ServerState) -> None:
@@ -33,9 +44,8 @@ def install_cache_routes(app: FastAPI, state: ServerState) -> None:
         state.check_model(body.model)
         tenant = request.state.tenant
         one = {"max_tokens": 1, "max_completion_tokens": None, "n": 1, "stream": False, "temperature": 0}
-        run = chat.ChatRun(state, body.model_copy(update=one))
-        digest = hashlib.sha256(repr((tenant, run.prompt_ids)).encode()).hexdigest()[:16]
-        run.scope = CacheScope(tenant, 0, (tenant, "prewarm", digest))
+        run = chat.ChatCompletionRun(state, PrewarmCaller(tenant), body.model_copy(update=one))
+        digest = run.scope.session[2]
         state.tenants.admit(tenant, 1)
         try:
             state.admit(1)

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.server.core import chat_run
+from runtime.server.core.run import Caller
 from runtime.server.core.streaming import final_outputs, join_parsed
 from runtime.server.openai.constraints import response_grammar
 from runtime.server.openai.events import DONE, delta_messages, sse
@@ -19,12 +20,12 @@ from runtime.server.openai.run import OpenAIRun, body_params
 from runtime.server.state import ServerState
 
 
-class ChatRun(OpenAIRun, chat_run.ChatRun):
+class ChatCompletionRun(OpenAIRun, chat_run.ChatRun):
     """One chat request in flight: the core's chat run, answered in OpenAI's shapes."""
 
-    def __init__(self, state: ServerState, req: ChatCompletionRequest) -> None:
+    def __init__(self, state: ServerState, caller: Caller, req: ChatCompletionRequest) -> None:
         self.req = req
-        super().__init__(state, chat_input(req), "chatcmpl", req.n, body_params(state, req),
+        super().__init__(state, caller, chat_input(req), "chatcmpl", req.n, body_params(state, req),
                          response_grammar(req), req.user)  # fmt: skip
         self.setup()
 
@@ -32,7 +33,7 @@ class ChatRun(OpenAIRun, chat_run.ChatRun):
         return "tool_calls" if n_calls else (out.finish_reason or "stop")
 
 
-async def complete(run: ChatRun) -> dict[str, Any]:
+async def complete(run: ChatCompletionRun) -> dict[str, Any]:
     ordered = await final_outputs(run.streams())
     choices = []
     for i, out in enumerate(ordered):
@@ -59,7 +60,7 @@ async def complete(run: ChatRun) -> dict[str, Any]:
     }
 
 
-async def stream_events(run: ChatRun) -> AsyncIterator[str]:
+async def stream_events(run: ChatCompletionRun) -> AsyncIterator[str]:
     n = run.req.n
     parsers = [run.parser(i) for i in range(n)]
     calls = [0] * n

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.server.core.prompting import encode_text
-from runtime.server.core.run import EngineRun
+from runtime.server.core.run import Caller, EngineRun
 from runtime.server.core.streaming import final_outputs
 from runtime.server.openai.events import DONE, sse
 from runtime.server.openai.events import error_events as error_events  # the stream error shape (generate)
@@ -24,14 +24,14 @@ log = logging.getLogger("kvreuse.server")
 class CompletionRun(OpenAIRun, EngineRun):
     """One completion request: tokenised prompts, per-choice params and the response shapes."""
 
-    def __init__(self, state: ServerState, req: CompletionRequest) -> None:
+    def __init__(self, state: ServerState, caller: Caller, req: CompletionRequest) -> None:
         # tokenised once here; the engine streams get the ids
         ids = [
             list(p) if isinstance(p, list) else encode_text(state.tokenizer, p, "prompt")
             for p in req.prompts()
         ]
         self.req = req
-        super().__init__(state, "cmpl", ids, req.n, body_params(state, req), session=req.user)
+        super().__init__(state, caller, "cmpl", ids, req.n, body_params(state, req), session=req.user)
         self.setup()
         self.prompt_texts = [
             p if isinstance(p, str) else state.tokenizer.decode(t)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.core.errors import bad_request
 from runtime.server.core.prompting import ChatInput
+from runtime.server.errors import bad_request
 from runtime.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
 
 

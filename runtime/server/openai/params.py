@@ -6,7 +6,7 @@ from typing import Any
 
 from runtime.engine.engine import Engine
 from runtime.sampling.params import SamplingParams
-from runtime.server.core.errors import bad_request
+from runtime.server.errors import bad_request
 from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.server.core.run import MakeParams
+from runtime.server.openai.logit_bias import logit_bias_ids
 from runtime.server.openai.params import sampling_params
 from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
-from runtime.server.openai.unsupported import logit_bias_ids
 from runtime.server.openai.usage import StreamUsage, usage
 from runtime.server.state import ServerState
 

@@ -1,4 +1,4 @@
-"""Which request fields are ignored, which are refused, and the checks of ``logit_bias``.
+"""Which request fields are ignored and which are refused.
 
 Policy (also in docs/api.md): a field we do not know is ignored, so newer clients keep working.  A
 field we know but cannot honour is refused with a 400 when its value would change the answer (an
@@ -8,11 +8,8 @@ value that changes nothing (``suffix: null``, ``best_of`` equal to ``n``) it is 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
-
-MAX_BIAS = 100.0
 
 # field -> (value we can honour?, why we refuse otherwise)
 REFUSED: dict[str, tuple[Callable[[Any, dict], bool], str]] = {
@@ -40,29 +37,3 @@ def refuse_unsupported(data: Any) -> Any:
             if name in data and not ok(data[name], data):
                 raise ValueError(why)
     return data
-
-
-def check_logit_bias(bias: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Keys are token ids written as integers, values numbers in [-100, 100] (OpenAI's range).
-
-    Token ids beyond the vocabulary are the engine's check (it knows the vocabulary).
-    """
-    if bias is None:
-        return None
-    for key, value in bias.items():
-        try:
-            tid = int(key)
-        except ValueError:
-            raise ValueError(f"logit_bias key {key!r} is not an integer token id") from None
-        if tid < 0:
-            raise ValueError(f"logit_bias key {key!r} is not a token id")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"logit_bias[{key!r}] must be a number, got {value!r}")
-        if not -MAX_BIAS <= value <= MAX_BIAS:
-            raise ValueError(f"logit_bias[{key!r}] must be in [-100, 100], got {value}")
-    return bias
-
-
-def logit_bias_ids(bias: dict[str, Any] | None) -> dict[int, float] | None:
-    """The checked bias as the engine takes it (token id -> bias)."""
-    return {int(k): float(v) for k, v in bias.items()} if bias else None

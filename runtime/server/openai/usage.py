@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.request import RequestOutput
+from runtime.engine.outputs import RequestOutput
 from runtime.server.openai.protocol import StreamOptions
 
 
