@@ -9,7 +9,8 @@ full attention), ``ministral`` (sliding and full alternating) and ``mistral`` (e
 its KV stays in pool pages).  Token counts do not depend on the weights' values.
 
 * memory: one 8K-token prompt; the KV bytes it holds: pool pages (``tree_pages`` after it ends) times
-  the page's bytes, plus one window ring and the window snapshots kept; per context token;
+  the page's bytes, plus the one window ring it ran in and the window snapshots kept; per context
+  token (the rings of all ``max_running`` = 4 slots are allocated up front: ``rings_allocated_bytes``);
 * session: each turn is the previous request's tokens (prompt + output) + Gemma's turn glue around a
   tool result of 60-900 tokens (some longer than the window) + the generation prompt; ``ideal`` is
   what was never computed before (prompt - previous tokens + 1: the previous request never computes
@@ -91,14 +92,16 @@ def memory_at(name: str, context: int) -> dict:
     run_one(eng, synthetic_prompt(context, seed=1), 1)
     st = eng.stats()
     runner = eng.runner
-    ring = getattr(runner.state_pool, "nbytes", 0) // max(1, getattr(runner.state_pool, "num_slots", 1))
+    rings = getattr(runner.state_pool, "nbytes", 0)  # every running-request slot's ring (max_running of them)
+    ring = rings // max(1, getattr(runner.state_pool, "num_slots", 1))  # the one this request used
     pages = st.tree_pages
     pool = pages * runner.pool.bytes_per_page
     snaps = st.snapshot_bytes
     total = pool + ring + snaps
     return {
         "model": name, "context": context, "pool_pages": pages, "page_bytes": runner.pool.bytes_per_page,
-        "pool_bytes": pool, "ring_bytes": ring, "snapshot_bytes": snaps, "bytes_per_token": total / context,
+        "pool_bytes": pool, "ring_bytes": ring, "rings_allocated_bytes": rings, "snapshot_bytes": snaps,
+        "bytes_per_token": total / context,
     }  # fmt: skip
 
 

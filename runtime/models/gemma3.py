@@ -2,7 +2,7 @@
 
 What it changes against the Llama decoder (``decoder.py``), each as transformers computes it:
 
-* RMSNorms scale by ``1 + weight`` in fp32 before casting back (``GemmaRMSNorm``), also on q and k per
+* RMSNorms scale by ``1 + weight`` in fp32 before casting back (``OffsetRMSNorm``), also on q and k per
   head; every layer norms the attention output and the MLP's input and output too (four norms);
 * the attention scale is ``query_pre_attn_scalar ** -0.5``, not ``head_dim ** -0.5``;
 * layers alternate sliding-window ("sliding_attention", rope base ``local_rope_theta``) and full
@@ -21,21 +21,7 @@ from kernels import AttentionBackend
 from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.decoder import CausalLM, PagedAttention, StepContext, step_contexts
-from runtime.models.layers import GatedMLP
-
-
-class GemmaRMSNorm(nn.Module):
-    """``norm(x) * (1 + weight)`` in fp32, cast to the input's dtype after the scale (Gemma's rounding)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+from runtime.models.layers import GatedMLP, OffsetRMSNorm
 
 
 class GeGLUMLP(GatedMLP):
@@ -63,13 +49,13 @@ class GemmaDecoderLayer(nn.Module):
         eps, hidden = cfg.rms_norm_eps, cfg.hidden_size
         self.local = cfg.window(layer) is not None
         self.self_attn = PagedAttention(cfg, cfg.window(layer))
-        self.self_attn.q_norm = GemmaRMSNorm(cfg.head_dim, eps)
-        self.self_attn.k_norm = GemmaRMSNorm(cfg.head_dim, eps)
+        self.self_attn.q_norm = OffsetRMSNorm(cfg.head_dim, eps)
+        self.self_attn.k_norm = OffsetRMSNorm(cfg.head_dim, eps)
         self.self_attn.scale = g.query_pre_attn_scalar**-0.5
-        self.input_layernorm = GemmaRMSNorm(hidden, eps)
-        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+        self.input_layernorm = OffsetRMSNorm(hidden, eps)
+        self.post_attention_layernorm = OffsetRMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(hidden, eps)
+        self.post_feedforward_layernorm = OffsetRMSNorm(hidden, eps)
         self.mlp = GeGLUMLP(hidden, cfg.intermediate_size, g.activation)
 
     def forward(
@@ -90,7 +76,7 @@ class GemmaCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
         self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.local_rope: nn.Module | None = None
 
     def choose_decode(self, backend: AttentionBackend, k_cache: torch.Tensor | None, compile: bool) -> str:

@@ -11,7 +11,6 @@ state per request (``runtime/runner/state_pool.py``).  The MoE variants swap the
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend
@@ -19,22 +18,9 @@ from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.decoder import CausalLM, StepContext, decode_plans, paged_attention
 from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
-from runtime.models.layers import RotaryEmbedding, apply_rope
+from runtime.models.layers import OffsetRMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import feed_forward
-
-
-class OffsetRMSNorm(nn.Module):
-    """RMSNorm scaled by ``1 + weight`` (weights stored zero-centred), in fp32."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight.float() + 1.0
-        return F.rms_norm(x.float(), w.shape, w, self.eps).to(x.dtype)
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
