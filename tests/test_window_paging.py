@@ -68,7 +68,7 @@ def engines(model_dir) -> dict:
 
 
 @settings(
-    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(data=st.data())
 def test_cache_matches_off_on_random_conversation_trees(engines, data):
@@ -107,3 +107,25 @@ def test_prompt_extended_within_the_turn_hits(model_dir):
     (ref,) = _run(off, [longer], [5])
     assert req.output_ids == ref.output_ids
     assert req.cached_tokens == 44 and req.prefilled_tokens == len(longer) - 44
+
+
+def test_disk_tier_restart_with_window_paging_off(model_dir, tmp_path):
+    """The tiers keep pages, not window snapshots: with rings they are refused; with
+    ``window_paging=False`` every layer's KV is in pages and a restarted engine resumes from disk."""
+    from runtime.engine.admission import EngineError
+
+    with pytest.raises(EngineError, match="no-window-paging"):
+        _engine(model_dir, kv_store=str(tmp_path / "refused"))
+    store = str(tmp_path / "store")
+    gen = torch.Generator().manual_seed(9)
+    turn1 = random_ids(gen, 50)
+    eng = _engine(model_dir, window_paging=False, kv_store=store)
+    (r1,) = _run(eng, [turn1], [4])
+    eng.close()
+    eng2 = _engine(model_dir, window_paging=False, kv_store=store)
+    turn2 = list(r1.tokens) + random_ids(gen, 9)
+    (r2,) = _run(eng2, [turn2], [4])
+    assert r2.cached_tokens == r2.cached_disk_tokens == len(r1.tokens) // 4 * 4
+    (ref,) = _run(_engine(model_dir, prefix_cache="off"), [turn2], [4])
+    assert r2.output_ids == ref.output_ids
+    eng2.close()

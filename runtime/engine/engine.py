@@ -86,7 +86,10 @@ class Engine:
             )
         self.max_model_len = cfg.max_model_len or model_len
         if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
-            raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
+            raise EngineError(
+                "--kv-store / --kv-host-memory do not keep hybrid or sliding-window models' snapshots yet "
+                "(--no-window-paging keeps a window model's KV in pages the tiers can hold)"
+            )
         self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
