@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= out/patterns
 
-.PHONY: setup model run test bench lint clean
+.PHONY: setup model browser run test bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -21,11 +21,16 @@ $(VENV)/.installed: pyproject.toml
 model: setup
 	$(PY) -c "from runtime.loading.model_source import resolve_model; print('model:', resolve_model(None)[0])"
 
+# The live page's browser tests (tests/test_ui_browser.py) drive Debian's Chromium through Playwright's
+# Python client; nothing is downloaded by Playwright itself. A no-op when the browser is there.
+browser:
+	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
+
 # The main job: the context-pattern benchmark report on the embedded model.
 run: model
 	$(PY) -m runtime.cli.main bench patterns --out $(OUT)
 
-test: model
+test: model browser
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: model

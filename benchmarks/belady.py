@@ -37,6 +37,15 @@ def page_ids(tokens: Sequence[int], n_pages: int, page_size: int) -> list[int]:
     return ids
 
 
+def working_set_pages(trace: Trace, page_size: int) -> int:
+    """Distinct whole pages the trace leaves behind (what a pool would need to keep everything)."""
+    seen: set[int] = set()
+    for prompt, output in trace:
+        computed = list(prompt) + list(output[:-1])
+        seen.update(page_ids(computed, len(computed) // page_size, page_size))
+    return len(seen)
+
+
 def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
     """Cached tokens of each request under the offline optimum (see the module docstring)."""
     matchable, kept = [], []
@@ -93,13 +102,24 @@ def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
     return hits
 
 
-def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size: int = 512) -> list[int]:
+def replay(
+    trace: Trace,
+    num_pages: int,
+    page_size: int,
+    policy: str,
+    chunk_size: int = 512,
+    check: bool = True,
+    cache: CacheManager | None = None,
+) -> list[int]:
     """Cached tokens of each request through the real scheduler, cache manager and radix tree.
 
     Nothing is computed: each batch the scheduler hands out is committed with the trace's next
-    output tokens as the samples, exactly where the engine commits sampled ones.
+    output tokens as the samples, exactly where the engine commits sampled ones.  ``check``: the
+    cache manager's integrity check after every batch (off for long production traces, where it
+    would walk a large tree thousands of times).  ``cache``: a cache manager built by the caller
+    (with lower tiers, say) instead of a plain one of ``num_pages`` under ``policy``.
     """
-    cache = CacheManager(num_pages, page_size, "radix", policy)
+    cache = cache if cache is not None else CacheManager(num_pages, page_size, "radix", policy)
     sched = Scheduler(cache, chunk_size, 1, "fcfs")
     out = []
     for i, (prompt, output) in enumerate(trace):
@@ -113,6 +133,7 @@ def replay(trace: Trace, num_pages: int, page_size: int, policy: str, chunk_size
             for s in sched.commit(batch, SampleResult(tokens, [None] * len(tokens))):
                 if (reason := s.req.stop_reason(s.token)) is not None:  # as the engine ends a request
                     sched.finish(s.req, reason)
-            cache.check_integrity()
+            if check:
+                cache.check_integrity()
         out.append(req.cached_tokens)
     return out

@@ -27,7 +27,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from benchmarks.belady import Trace, belady, replay
+from benchmarks.belady import Trace, belady, replay, working_set_pages
 from benchmarks.common import base_parser, bench_main, format_table, progress
 from runtime.cache.eviction import POLICIES
 
@@ -89,17 +89,6 @@ def zipf_steps(rng, vocab, sessions=32, requests=480, system=256, first=256, new
         yield k, body, out
 
 
-def working_set_pages(trace: Trace) -> int:
-    """Distinct whole pages the trace leaves behind (what a pool would need to keep everything)."""
-    from benchmarks.belady import page_ids
-
-    seen = set()
-    for prompt, output in trace:
-        computed = prompt + output[:-1]
-        seen.update(page_ids(computed, len(computed) // PAGE, PAGE))
-    return len(seen)
-
-
 def traces(quick: bool) -> dict[str, tuple[Trace, int]]:
     """name -> (trace, pool pages); each pool holds only part of what the trace reuses."""
     vocab, out = 50_000, {}
@@ -110,9 +99,9 @@ def traces(quick: bool) -> dict[str, tuple[Trace, int]]:
     steps = list(subagent_steps(random.Random(2), vocab, turns=5 // scale + 1))
     sub = build(steps, random.Random(2), vocab)
     reused = [t for t, (conv, _, _) in zip(sub, steps) if not isinstance(conv, tuple)]
-    out["subagents"] = (sub, int(0.75 * working_set_pages(reused)))  # scans excluded from the set
+    out["subagents"] = (sub, int(0.75 * working_set_pages(reused, PAGE)))  # scans excluded from the set
     zipf = build(zipf_steps(random.Random(3), vocab, requests=480 // scale), random.Random(3), vocab)
-    out["zipf"] = (zipf, int(0.3 * working_set_pages(zipf)))
+    out["zipf"] = (zipf, int(0.3 * working_set_pages(zipf, PAGE)))
     return out
 
 
@@ -160,7 +149,7 @@ def run(args: argparse.Namespace) -> dict:
         for policy in policies:
             rates[policy] = hit_rate(trace, replay(trace, pool, PAGE, policy))
             progress(f"{name} {policy}: {rates[policy]:.3f} (belady {opt:.3f})")
-        results[name] = {"requests": len(trace), "pool_pages": pool, "working_set_pages": working_set_pages(trace),
+        results[name] = {"requests": len(trace), "pool_pages": pool, "working_set_pages": working_set_pages(trace, PAGE),
                          "belady": opt, "hit_rate": rates}  # fmt: skip
         rows += [[name, p, r, r / opt if opt else float("nan"), r / rates["lru"] if rates["lru"] else float("inf")]
                  for p, r in rates.items()]  # fmt: skip

@@ -206,9 +206,11 @@ def _timed(timed: list[dict], curve: list[dict]) -> list[str]:
 
 
 def write_report(results: dict, out: Path) -> Path:
-    """Write report.md (verdicts first, then costs, tables, checks, TTFT, explanations) and the PNG plots."""
+    """Write report.md (verdicts first, then costs, tables, checks, TTFT, explanations), the PNG plots and
+    report.html (the same, one self-contained page)."""
     from benchmarks.patterns.verdicts import table as verdict_table
     from benchmarks.patterns.verdicts import verdicts
+    from benchmarks.report_html import write_html
     from benchmarks.report_plots import all_plots
 
     meta, runs, timed = results["meta"], results["runs"], results.get("timed", [])
@@ -273,6 +275,7 @@ def write_report(results: dict, out: Path) -> Path:
     lines += ["", "## Plots", ""] + [f"![{p[:-4]}]({p})" for p in pngs] + [""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
+    write_html(path)  # the same report as one offline page, plots embedded
     return path
 
 

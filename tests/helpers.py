@@ -147,3 +147,17 @@ def make_tiny_windowed(out: Path, shape: str, seed: int = 0) -> Path:
 
 def window_of(shape: str) -> int:
     return WINDOW_SHAPES[shape][1]["sliding_window"]
+
+
+def chat_topic(client, topic: str, words: int = 140) -> dict:
+    """A one-message chat of ``words`` numbered words (~2 tokens each) through a TestClient; the response."""
+    text = " ".join(f"{topic}{i}" for i in range(words))
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 2,
+        "temperature": 0,
+    }
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()

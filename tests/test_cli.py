@@ -33,10 +33,11 @@ def tiny(tmp_path_factory):
 
 
 HELP_NEEDLES = {
-    (): ["generate", "chat", "serve", "bench", "template-check"],
+    (): ["generate", "chat", "serve", "bench", "template-check", "top"],
     ("generate",): ["--prompt", "--max-tokens", "--page-size", "--prefix-cache", "(default 16)"],
     ("chat",): ["--system", "--chat-template", "--schedule-policy"],
-    ("serve",): ["--port", "--max-waiting", "--kv-cache-memory"],
+    ("serve",): ["--port", "--max-waiting", "--kv-cache-memory", "--no-ui", "--ui-history"],
+    ("top",): ["--url", "--api-key", "--interval", "--once"],
     ("bench",): ["patterns", "throughput", "ttft", "overhead"],
     ("template-check",): ["--chat-template", "--keep-reasoning"],
 }

@@ -13,7 +13,7 @@ from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
-from tests.helpers import make_tiny_model
+from tests.helpers import chat_topic, make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
 PS = 16
@@ -33,16 +33,7 @@ def client(tmp_path_factory):
 
 
 def _chat(client, topic: str) -> dict:
-    text = " ".join(f"{topic}{i}" for i in range(140))
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": 2,
-        "temperature": 0,
-    }
-    r = client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return chat_topic(client, topic)
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:

@@ -14,6 +14,7 @@ from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
 from runtime.server.tenants import load_keys
+from runtime.server.ui.routes import is_page
 from tests.helpers import make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,6 +56,11 @@ def test_every_route_but_health_needs_a_key(client):
             r = client.request(method, path, headers=headers)
             if path == "/health":
                 assert r.status_code == 200, (method, path)
+            elif is_page(
+                path
+            ):  # the live page's own files: the same for all, no data (its data route is 401)
+                kind = r.headers["content-type"].split(";")[0]
+                assert r.status_code == 404 or kind in ("text/html", "text/javascript", "text/css"), path
             else:
                 assert r.status_code == 401, (method, path, headers, r.status_code)
                 assert r.json()["error"]["type"] == "authentication_error"

@@ -30,6 +30,17 @@ other and against Belady's offline optimum):
   conversation's first turn) and goes first, newest first, so that under cyclic access the
   conversation furthest from returning gives way.  An overdue node (idle longer than its gap)
   is forecast as far again as it has been idle, so sessions that went quiet age out.
+* ``hazard`` (default): evict the node least likely to be used again before the cache turns
+  over.  Nodes fall in classes by how often they were used (never: a first turn, or a new leaf
+  under a used path, told apart; once; twice or more), and each class learns online, weighted
+  by pages, the share of its nodes that come back and a histogram of how long they took.  A
+  node idle for ``t`` ticks scores ``P(back within W | not back by t)`` for its class, ``W``
+  the mean idle time of recent victims (how long the cache keeps things now): regular gaps
+  (cyclic turns) make the node due soonest the most valuable, spread-out gaps (a production
+  chat service) make long-idle nodes the likeliest never to return.  Evicted nodes leave a
+  ghost (their first page's hash), so a prefix that comes back after eviction still counts as
+  a return for its class, and those returns are not lost to the cache's own misses.
+  Production-shaped traces (``benchmarks/trace_replay.py``) are where ``reuse`` fell below LRU.
 """
 
 from __future__ import annotations
@@ -41,6 +52,8 @@ if TYPE_CHECKING:
     from runtime.cache.tree_node import TreeNode
 
 UNKNOWN = float("inf")  # the forecast of a node with no reuse anywhere on its path
+GAP_BUCKETS = 48  # log2 buckets of a return gap, in ticks
+TURNOVER_EWMA = 0.05  # weight of the latest victim's idle time in the turnover estimate
 
 
 class EvictionPolicy:
@@ -263,9 +276,113 @@ class ReuseForecast(_PerNode):
         return (-forecast, -node.last_access)
 
 
-DEFAULT_POLICY = "reuse"  # chosen on the traces: benchmarks/results/eviction_traces.json
+class ReturnStats:
+    """One class of nodes: page-weighted waits and returns, and a log2 histogram of the gaps."""
+
+    def __init__(self) -> None:
+        self.entries = self.returns = 0.0
+        self.count = [0.0] * GAP_BUCKETS
+        self._above: list[float] | None = None  # suffix sums of ``count``, rebuilt after a return
+
+    def back(self, gap: int, pages: int) -> None:
+        self.returns += pages
+        self.count[min(max(gap, 1).bit_length() - 1, GAP_BUCKETS - 1)] += pages
+        self._above = None
+
+    def survival(self, x: float) -> float:
+        """Share of the returns whose gap was longer than ``x`` (uniform within a bucket)."""
+        if self._above is None:
+            self._above = [0.0] * (GAP_BUCKETS + 1)
+            for b in range(GAP_BUCKETS - 1, -1, -1):
+                self._above[b] = self._above[b + 1] + self.count[b]
+        b = min(max(int(x), 1).bit_length() - 1, GAP_BUCKETS - 1)
+        inside = min(1.0, max(0.0, ((2 << b) - x) / (1 << b)))
+        return (self._above[b + 1] + inside * self.count[b]) / self.returns
+
+    def soon(self, idle: int, window: float) -> float:
+        """Chance that a node idle for ``idle`` ticks is back within ``window`` more (Bayes over the
+        share that ever comes back: the longer a node waits, the likelier it is one that never will)."""
+        if self.returns == 0:
+            return 0.0
+        p = self.returns / max(self.entries, self.returns)
+        now_s, later_s = self.survival(idle), self.survival(idle + window)
+        waiting = p * now_s + (1 - p)
+        return p * (now_s - later_s) / waiting if waiting > 0 else 0.0
+
+
+class ReturnHazard(_PerNode):
+    """Evict the node least likely to be back before the cache turns over (see the module docstring)."""
+
+    name = "hazard"
+
+    def __init__(self, ghost_size: int = 1 << 16) -> None:
+        super().__init__()
+        self.classes: dict[tuple, ReturnStats] = {}
+        self.ghost: OrderedDict[int, tuple] = (
+            OrderedDict()
+        )  # first page's hash -> (class, last use, uses, pages)
+        self.ghost_size = ghost_size
+        self.turnover = 0.0  # mean idle time of evicted nodes, in ticks
+        self.now = 0
+
+    def _class(self, cls: tuple) -> ReturnStats:
+        return self.classes.setdefault(cls, ReturnStats())
+
+    def _enter(self, node: TreeNode, now: int, uses: int, cls: tuple) -> None:
+        self._class(cls).entries += len(node.pages)
+        self.state[node] = [now, uses, cls]
+
+    @staticmethod
+    def _page_hashes(node: TreeNode) -> list[int]:
+        ps = len(node.key) // max(len(node.pages), 1)
+        return [hash(node.key[i : i + ps]) for i in range(0, len(node.key), ps)] if ps else []
+
+    def added(self, node: TreeNode, now: int) -> None:
+        self.now = now
+        back = [g for g in (self.ghost.pop(h, None) for h in self._page_hashes(node)) if g is not None]
+        for cls, last, _, pages in back:  # evicted pieces of this prefix came back: returns the tree missed
+            self._class(cls).back(now - last, pages)
+        if back:
+            uses = 1 + max(g[2] for g in back)
+            self._enter(node, now, uses, (min(uses, 2), False))
+            return
+        parent = self.state.get(node.parent) if node.parent is not None else None
+        self._enter(node, now, 0, (0, parent is not None and parent[1] > 0))
+
+    def used(self, node: TreeNode, now: int) -> None:
+        st = self.state.get(node)
+        if st is None:
+            return self._enter(node, now, 1, (1, False))
+        self._class(st[2]).back(now - st[0], len(node.pages))
+        self._enter(node, now, st[1] + 1, (min(st[1] + 1, 2), False))
+
+    def removed(self, node: TreeNode) -> None:
+        st = self.state.pop(node, None)
+        hashes = self._page_hashes(node)
+        if st is None or node.parent is None or not hashes:
+            return
+        idle = max(self.now - st[0], 1)
+        self.turnover = (
+            idle if self.turnover == 0 else (1 - TURNOVER_EWMA) * self.turnover + TURNOVER_EWMA * idle
+        )
+        self.ghost[hashes[0]] = (st[2], st[0], st[1], len(node.pages))
+        while len(self.ghost) > self.ghost_size:
+            self.ghost.popitem(last=False)
+
+    def priority(self, node: TreeNode, now: int) -> tuple:
+        self.now = now
+        st = self.state.get(node)
+        if st is None:
+            return (0.0, node.last_access)
+        window = self.turnover or float(1 << 40)
+        return (self._class(st[2]).soon(now - st[0], window), st[0])
+
+
+DEFAULT_POLICY = (
+    "hazard"  # chosen on the first half of the Mooncake trace: benchmarks/results/trace_replay.json
+)
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    p.name: p for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast)
+    p.name: p for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast, ReturnHazard)
 }
 
 

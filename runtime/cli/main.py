@@ -1,4 +1,4 @@
-"""``kvreuse`` command line: generate, chat, serve, bench, template-check.
+"""``kvreuse`` command line: generate, chat, serve, bench, template-check, cache, top.
 
 Every failure a user can cause ends in one line on stderr and exit code 2, never a traceback.
 """
@@ -124,6 +124,7 @@ BUILT_IN = {
     "serve": "OpenAI-compatible server (see `kvreuse serve --help`)",
     "template-check": "check that a chat template renders history append-only",
     "cache": "the disk KV tier offline: `kvreuse cache save|load|inspect|clear --kv-store DIR`",
+    "top": "a live terminal view of a running server: `kvreuse top --url http://127.0.0.1:8000`",
 }
 PLUGIN_GROUP = "kvreuse.commands"
 
@@ -149,6 +150,10 @@ def _delegate(command: str, rest: list[str]) -> int | None:
         from runtime.cli.cache import main as cache_main
 
         return cache_main(rest)
+    if command == "top":
+        from runtime.cli.top import main as top_main
+
+        return top_main(rest)
     if command == "template-check":
         from chat_templates.template_check import main as check_main
         from runtime.loading.model_source import resolve_model

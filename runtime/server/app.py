@@ -26,6 +26,7 @@ from runtime.server.openai.cache_routes import install_cache_routes
 from runtime.server.openai.errors import document_errors
 from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from runtime.server.state import ServerConfig, ServerState
+from runtime.server.ui.routes import install_ui, page_open
 
 # bodiless POSTs still say application/json (see guard.py); the body itself is ignored
 JSON_OBJECT_BODY = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
@@ -145,12 +146,16 @@ def create_app(
 
     install_cache_routes(app, state)
     anthropic_routes.install_anthropic_routes(app, state)
+    authenticate = state.tenants.authenticate
+    if config.ui:
+        install_ui(app, state)
+        authenticate = page_open(authenticate)
     app.add_middleware(
         RequestGuard,
         allowed_hosts=config.allowed_hosts,
         max_request_bytes=config.max_request_bytes,
         json_paths={r.path for r in app.routes if "POST" in getattr(r, "methods", ())},
-        authenticate=state.tenants.authenticate,
+        authenticate=authenticate,
         on_error=render_error,
         count=lambda path, status: state.metrics.http_requests.labels(path, str(status)).inc(),
     )

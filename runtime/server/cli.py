@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-alias", action="append", default=None, metavar="PATTERN",
         help="Anthropic API: model names (globs) answered by the served model (default: claude-*)",
     )  # fmt: skip
+    p.add_argument("--no-ui", action="store_true", help="no live page at /ui (and no request records kept)")
+    p.add_argument(
+        "--ui-history", type=int, default=200, help="finished requests the /ui page keeps per tenant"
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
     return p
@@ -109,7 +113,7 @@ class _DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def banner(engine, pool_tokens: int, url: str, template: str, name: str) -> str:
+def banner(engine, pool_tokens: int, url: str, template: str, name: str, ui: bool = True) -> str:
     cfg = engine.config
     return "\n".join(
         (
@@ -119,6 +123,7 @@ def banner(engine, pool_tokens: int, url: str, template: str, name: str) -> str:
             f"prefix cache {cfg.prefix_cache}, max running {cfg.max_running}",
             f"  chat template: {template}",
             f"  listening on {url}  (OpenAI base_url {url}/v1)",
+            f"  live page: {url}/ui" if ui else "  live page: off (--no-ui)",
         )
     )
 
@@ -174,12 +179,14 @@ def main(argv: list[str]) -> int:
         else Path(args.public_system_prompt).read_text(),
         keep_billing_header=args.keep_billing_header,
         model_aliases=tuple(args.model_alias) if args.model_alias is not None else ("claude-*",),
+        ui=not args.no_ui,
+        ui_history=args.ui_history,
     )
     app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
     state = app.state.kv
     url = f"http://{args.host}:{args.port}"
     print(
-        banner(engine, engine.kv_capacity_tokens, url, state.template.name, name),
+        banner(engine, engine.kv_capacity_tokens, url, state.template.name, name, config.ui),
         file=sys.stderr,
         flush=True,
     )

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import EngineStats
+from runtime.server.activity import NoActivity, RecentRequests
 from runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
 from runtime.server.diagnostics import CacheDiagnostics
 from runtime.server.errors import APIError, bad_request
@@ -41,6 +42,8 @@ class ServerConfig:
     public_system_prompt: str | None = None  # the system prompt all tenants may share (opt-in)
     keep_billing_header: bool = False  # Anthropic: keep Claude Code's per-request nonce system block
     model_aliases: tuple[str, ...] = ("claude-*",)  # Anthropic model names served by this model
+    ui: bool = True  # the live page at /ui (--no-ui: off, and no request records kept)
+    ui_history: int = 200  # finished requests the page keeps per tenant
 
 
 MODEL_NAME_SHOWN = 64  # characters of a client's model value echoed back in a 404
@@ -57,6 +60,7 @@ class ServerState:
         self.template: TemplateInfo = resolve_template(self.tokenizer, config.chat_template)
         self.diagnostics = CacheDiagnostics(self.tokenizer, self.engine.page_size, config.diagnostics_history)
         self._tenant_diagnostics: dict[Any, CacheDiagnostics] = {None: self.diagnostics}
+        self.activity = RecentRequests(config.ui_history) if config.ui else NoActivity()
         self.last_stats: EngineStats | None = None
         self.last_cache: CacheSnapshot | None = None
         self.metrics = ServerMetrics(lambda: self.last_stats)

@@ -79,6 +79,10 @@ class ChatRun(EngineRun):
         diag = diagnostics.diagnose(
             p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens, first.snapshot_cut
         )
+        self.details = {
+            "cache": diag,
+            "break": st.activity.break_detail(diagnostics, p.token_ids, p.messages, diag),
+        }
         diagnostics.record(
             HistoryEntry(
                 list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools

@@ -62,6 +62,7 @@ class EngineRun:
                 self.params.append(ps)
         self.prompts: list[list[int]] = [r.prompt_ids for r in self.requests[::n]]
         self.prompt_ids = self.prompts[0]
+        self.details: dict[str, Any] = {}  # what the live page shows beyond the figures (chat: the break)
 
     def first_params(self, params: SamplingParams) -> SamplingParams:
         """What a choice's engine request runs with (a reasoning budget's first phase caps it)."""
@@ -82,3 +83,4 @@ class EngineRun:
             self.state.metrics.observe_request(
                 o.prompt_tokens, o.cached_tokens, len(o.output_token_ids), o.ttft_s, o.decode_s
             )
+        self.state.activity.record(self, outs, time.time())

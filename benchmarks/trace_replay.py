@@ -1,0 +1,125 @@
+"""Eviction policies on a production-shaped trace (Mooncake format), against LRU, Belady and an infinite cache.
+
+Run from the repository root: ``python -m benchmarks.trace_replay [--quick] [--trace PATH]``.
+
+The trace (``benchmarks/mooncake.py``; kept out of the repository, read from
+``../shared/traces/`` at run time) replays token level through the real scheduler, cache manager
+and radix tree (``benchmarks/belady.py``: nothing computed, the same accounting as the engine), at
+pools of 3%, 10% and 30% of the trace's working set (the distinct pages it leaves behind) and at
+two page sizes.  Three traces: the whole trace and its two halves by time.  The overfitting
+guard: the default policy's design and its one knob were chosen on the *first* half only; the
+second half and the whole trace are held out.  ``before`` is the previous default (``reuse``),
+``after`` the current one.  The figure is the token hit rate: cached prompt tokens over prompt
+tokens; ``infinite`` is what a pool that never evicts would hit.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks import mooncake
+from benchmarks.belady import Trace, belady, replay, working_set_pages
+from benchmarks.common import base_parser, bench_main, format_table, progress
+from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+
+SHARES = (0.03, 0.10, 0.30)
+BEFORE = "reuse"  # the default these traces were first replayed against (issue 33)
+GOAL_X_BELADY = 0.6
+
+
+def hit_rate(trace: Trace, cached: list[int]) -> float:
+    return sum(cached) / sum(len(p) for p, _ in trace)
+
+
+def pool_for(trace: Trace, share: float, page: int, ws: int) -> int:
+    """``share`` of the working set, never less than the largest request needs (it must fit)."""
+    need = max(-(-(len(p) + len(o)) // page) for p, o in trace) + 1
+    return max(int(share * ws), need)
+
+
+def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES) -> dict:
+    """Belady, infinite and every policy at each pool share, for one trace and page size."""
+    ws = working_set_pages(trace, page)
+    infinite = hit_rate(trace, belady(trace, 1 << 62, page))
+    out = {"requests": len(trace), "prompt_tokens": sum(len(p) for p, _ in trace), "working_set_pages": ws,
+           "infinite": infinite, "pools": {}}  # fmt: skip
+    for share in shares:
+        pool = pool_for(trace, share, page, ws)
+        opt = hit_rate(trace, belady(trace, pool, page))
+        rates = {}
+        for policy in policies:
+            rates[policy] = hit_rate(trace, replay(trace, pool, page, policy, check=False))
+            progress(f"  {share:.0%} {policy}: {rates[policy]:.3f} (belady {opt:.3f})")
+        out["pools"][f"{share:.2f}"] = {"pool_pages": pool, "belady": opt, "hit_rate": rates}
+    return out
+
+
+def traces(path: Path, quick: bool, which: list[str]) -> dict[str, list[mooncake.TraceRequest]]:
+    reqs = mooncake.load(path, limit=600 if quick else None)
+    first, second = mooncake.halves(reqs)
+    named = {"first": ("first_half (tuning)", first), "second": ("second_half (held out)", second),
+             "full": ("full (held out)", reqs)}  # fmt: skip
+    return dict(named[w] for w in which)
+
+
+def verdict(results: dict) -> dict:
+    """The default against Belady and LRU on every trace, page size and pool."""
+    rows = [(name, page, share, r["belady"], r["hit_rate"])
+            for name, by_page in results.items() for page, t in by_page.items()
+            for share, r in t["pools"].items()]  # fmt: skip
+    out = {}
+    for policy in (BEFORE, DEFAULT_POLICY):
+        xb = [(h[policy] / b if b else 1.0, f"{n} page {p} pool {s}") for n, p, s, b, h in rows]
+        xl = [(h[policy] / h["lru"] if h["lru"] else 1.0, f"{n} page {p} pool {s}") for n, p, s, b, h in rows]
+        out[policy] = {"min_x_belady": min(xb), "min_x_lru": min(xl),
+                       "meets_x_belady": min(xb)[0] >= GOAL_X_BELADY, "never_below_lru": min(xl)[0] >= 1.0}  # fmt: skip
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    policies = list(POLICIES) if not args.policies else args.policies.split(",")
+    for p in ("lru", BEFORE, DEFAULT_POLICY):
+        if p not in policies:
+            policies.append(p)
+    pages = [int(x) for x in args.pages.split(",")]
+    results: dict[str, dict] = {}
+    table = []
+    for name, reqs in traces(args.trace, args.quick, args.traces.split(",")).items():
+        trace = mooncake.materialise(reqs, args.unit)
+        results[name] = {}
+        for page in pages:
+            label = f"{page * args.unit}"
+            progress(f"{name}, page {label} trace tokens ({len(trace)} requests)")
+            r = results[name][label] = run_trace(trace, page, policies)
+            for share, pr in r["pools"].items():
+                table.append([name, label, share, r["infinite"], pr["belady"],
+                              *(pr["hit_rate"][p] for p in policies),
+                              pr["hit_rate"][BEFORE] / pr["belady"], pr["hit_rate"][DEFAULT_POLICY] / pr["belady"]])  # fmt: skip
+    print(format_table(["trace", "page", "pool", "infinite", "Belady", *policies,
+                        f"{BEFORE} x Bel", f"{DEFAULT_POLICY} x Bel"], table))  # fmt: skip
+    v = verdict(results)
+    print("verdict:", v)
+    return {"dtype": "none (token level, no model)", "threads": 1, "trace": str(args.trace), "unit": args.unit,
+            "page_sizes_trace_tokens": [p * args.unit for p in pages], "before": BEFORE, "after": DEFAULT_POLICY,
+            "traces": results, "verdict": v, "goal": {"x_belady": GOAL_X_BELADY, "x_lru": 1.0}}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = base_parser("trace_replay", __doc__.split("\n")[0])
+    p.add_argument("--trace", type=Path, default=mooncake.DEFAULT_TRACE, help="Mooncake-format .jsonl")
+    p.add_argument("--unit", type=int, default=16, help="trace tokens per replayed token (default 16)")
+    p.add_argument("--pages", default="4,32", help="page sizes in replayed tokens (default 4,32: 64, 512)")
+    p.add_argument("--policies", default="", help="comma-separated (default: every policy)")
+    p.add_argument(
+        "--traces", default="first,second,full", help="which of first,second,full (halves by time)"
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("trace_replay", parse_args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""The JSON behind the live page: a tenant's new request records, its pins, the tiers' occupancy."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from runtime.engine.engine import EngineStats
+from runtime.server.cache_info import CacheSnapshot, describe
+from runtime.server.state import ServerState
+
+
+def tiers(stats: EngineStats, snap: CacheSnapshot | None, page_bytes: int, host_budget: int | None,
+          disk_budget: int | None) -> dict[str, Any]:  # fmt: skip
+    """Pool pages by holder, the host tier's pages against its budget, the disk tier's bytes against its
+    budget (``None``: that tier is not configured)."""
+    pinned = snap.pages["pinned"] if snap is not None else 0
+    pool = {
+        "total": stats.total_pages, "free": stats.free_pages, "in_use": stats.request_pages,
+        "pinned": pinned, "cached": stats.tree_pages - pinned,
+    }  # fmt: skip
+    host = (
+        None
+        if not host_budget
+        else {"pages": stats.host_tier_pages, "capacity_pages": host_budget // page_bytes}
+    )
+    disk = None if disk_budget is None else {
+        "pages": stats.disk_tier_pages, "bytes": stats.disk_tier_bytes, "budget_bytes": disk_budget,
+    }  # fmt: skip
+    return {"page_bytes": page_bytes, "pool": pool, "host": host, "disk": disk}
+
+
+def page_bytes(engine) -> int:
+    """One KV page's bytes (the engine's dtype may be a name or a torch dtype)."""
+    dtype = engine.dtype if isinstance(engine.dtype, torch.dtype) else getattr(torch, str(engine.dtype))
+    item = torch.empty((), dtype=dtype).element_size()
+    return engine.model_config.kv_bytes_per_token(item) * engine.page_size
+
+
+class LiveView:
+    """Builds ``GET /ui/api/live`` for one caller from the server's state."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        engine, cfg = state.engine, state.engine.config
+        self.page_bytes = page_bytes(engine)
+        self.host_budget = cfg.kv_host_memory
+        self.disk_budget = cfg.kv_store_size if cfg.kv_store else None
+
+    async def snapshot(self, tenant: str | None, after: int) -> dict[str, Any]:
+        st = self.state
+        stats = await st.refresh_stats()
+        return {
+            "object": "ui.live",
+            "now": time.time(),
+            "model": st.config.served_model_name,
+            "tenant": tenant,
+            "keys": st.tenants.enabled,
+            "history": st.activity.per_tenant,
+            "requests": st.activity.since(tenant, after),
+            "cache": describe(st.last_cache, tenant),
+            "tiers": tiers(stats, st.last_cache, self.page_bytes, self.host_budget, self.disk_budget),
+            "engine": {"running": stats.running, "waiting": stats.waiting, "in_flight": st.in_flight},
+        }

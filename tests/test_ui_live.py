@@ -1,0 +1,94 @@
+"""The live page's data route in-process (tiny random model): records bounded per tenant and equal to
+the API's usage, ``after`` paging, bad input as a 400, cached tokens by tier and the tiers' occupancy,
+Anthropic requests, and ``ui=False`` (``--no-ui``) serving nothing."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runtime.engine.async_engine import AsyncEngine
+from runtime.engine.engine import Engine
+from runtime.server.app import create_app
+from runtime.server.state import ServerConfig
+from tests.helpers import chat_topic, make_tiny_model
+
+pytestmark = pytest.mark.timeout(300)
+PROMPT = " ".join(f"word{i}" for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("ui") / "m", vocab=49152)
+
+
+def _client(model_dir, engine_options: dict | None = None, **config) -> TestClient:
+    options = {"num_pages": 128, **(engine_options or {})}
+    engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", page_size=16, **options)
+    aengine = AsyncEngine(engine)
+    app = create_app(aengine, ServerConfig("tiny", **config), on_shutdown=aengine.shutdown)
+    return TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
+
+
+def _complete(c: TestClient, prompt: str) -> dict:
+    r = c.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_records_are_bounded_and_match_usage(model_dir):
+    with _client(model_dir, ui_history=3) as c:
+        bodies = [_complete(c, PROMPT + f" tail {k}") for k in range(5)]
+        live = c.get("/ui/api/live").json()
+        recs = live["requests"]
+        assert [r["id"] for r in recs] == [b["id"] for b in bodies[-3:]]  # the ring keeps the last 3
+        for r, b in zip(recs, bodies[-3:]):
+            u = b["usage"]
+            cached = u["prompt_tokens_details"]["cached_tokens"]
+            assert (r["prompt_tokens"], r["cached_tokens"]) == (u["prompt_tokens"], cached)
+            assert r["prefilled_tokens"] == u["prompt_tokens"] - cached
+            assert r["generated_tokens"] == u["completion_tokens"]
+            assert sum(r["cached_by_tier"].values()) == cached and r["cache"] is None  # no chat diagnosis
+        assert cached > 0  # later prompts hit the shared prefix
+        after = recs[-2]["seq"]
+        assert [r["id"] for r in c.get(f"/ui/api/live?after={after}").json()["requests"]] == [
+            bodies[-1]["id"]
+        ]
+        pool = live["tiers"]["pool"]
+        assert pool["total"] == 128 and pool["free"] + pool["in_use"] + pool["pinned"] + pool["cached"] == 128
+        r = c.get("/ui/api/live?after=-1")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "after"
+        assert c.get("/ui/static/../state.py").status_code == 404
+        page = c.get("/ui")
+        assert page.status_code == 200 and "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+def test_no_ui_serves_and_keeps_nothing(model_dir):
+    with _client(model_dir, ui=False) as c:
+        _complete(c, PROMPT)
+        for path in ("/ui", "/ui/static/ui.js", "/ui/api/live"):
+            assert c.get(path).status_code == 404, path
+        assert c.app.state.kv.activity.since(None) == []
+
+
+def test_tiers_and_anthropic_requests(model_dir, tmp_path):
+    # 40 pool pages: one ~300-token conversation fits, two do not, so the first goes down the tiers
+    options = {"num_pages": 40, "kv_store": str(tmp_path / "store"), "kv_host_memory": "1M"}
+    with _client(model_dir, options) as c:
+        chat_topic(c, "alpha"), chat_topic(c, "beta")
+        again = chat_topic(c, "alpha")
+        by_tier = again["kvreuse"]["cache"]["cached_by_tier"]
+        assert by_tier["host"] + by_tier["disk"] > 0, by_tier  # loaded back from a lower tier
+        body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": PROMPT}]}
+        msg = c.post("/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"}).json()
+        live = c.get("/ui/api/live").json()
+        rec = {r["id"]: r for r in live["requests"]}
+        shown = rec[again["id"]]["cached_by_tier"]
+        assert shown == {k: by_tier[k] for k in ("pool", "host", "disk")}
+        assert rec[msg["id"]]["cache"]["cause"] == "new_conversation"
+        u, m = msg["usage"], rec[msg["id"]]
+        assert m["cached_tokens"] == u["cache_read_input_tokens"]
+        assert m["prefilled_tokens"] == u["input_tokens"] + u["cache_creation_input_tokens"]
+        tiers = live["tiers"]
+        assert tiers["host"]["pages"] + tiers["disk"]["pages"] > 0 and tiers["disk"]["budget_bytes"] > 0
+        assert tiers["host"]["capacity_pages"] == (1 << 20) // tiers["page_bytes"]
