@@ -37,6 +37,7 @@ class StepReport(NamedTuple):
     previous_text: str = ""  # text of previous prompt + generation from the divergence on
     next_text: str = ""  # text of the next request from the divergence on
     before_text: str = ""  # common text just before the divergence
+    refused: str = ""  # the template raised on this conversation (e.g. Gemma 3 on tool turns): no verdict
 
 
 def _starts(tokenizer: Any, text: str) -> list[int]:
@@ -116,8 +117,15 @@ def check_prefix_stability(
         gens = [i for i, r in enumerate(roles) if r == "assistant" and i > 0]
         for n, k in enumerate(gens):
             j = gens[n + 1] if n + 1 < len(gens) else len(roles)
-            if j > k + 1:
+            if j <= k + 1:
+                continue
+            try:
                 reports.append(_step(tokenizer, conv, k, j, template, kwargs))
+            except Exception as exc:  # jinja2's TemplateError from raise_exception: a refusal, not a break
+                if "TemplateError" not in type(exc).__name__:
+                    raise
+                reports.append(StepReport(conv.name, k, j, 0, True, refused=str(exc)))
+                break
     return reports
 
 
@@ -125,16 +133,21 @@ def format_table(reports: list[StepReport]) -> str:
     """A readable table: one row per step, with the break details under failing rows."""
     lines = [f"{'conversation':<18} {'step':>4} {'next msgs':>9} {'tokens':>7}  result"]
     for r in reports:
+        verdict = "ok" if r.ok else f"BREAK at token {r.divergence}: {r.segment}"
         lines.append(
             f"{r.conversation:<18} {r.step:>4} {r.next_messages:>9} {r.prefix_tokens:>7}  "
-            + ("ok" if r.ok else f"BREAK at token {r.divergence}: {r.segment}")
+            + (f"refused by the template: {r.refused}" if r.refused else verdict)
         )
         if not r.ok:
             lines.append(f"{'':<22}before:   {r.before_text!r}")
             lines.append(f"{'':<22}previous: {r.previous_text!r}")
             lines.append(f"{'':<22}next:     {r.next_text!r}")
     breaks = sum(not r.ok for r in reports)
-    lines.append(f"{len(reports)} steps, {breaks} break(s)")
+    refused = sum(bool(r.refused) for r in reports)
+    lines.append(
+        f"{len(reports) - refused} steps, {breaks} break(s)"
+        + (f", {refused} conversation(s) refused" if refused else "")
+    )
     return "\n".join(lines)
 
 
@@ -149,7 +162,9 @@ def main(
     """
     parser = argparse.ArgumentParser(prog="kvreuse template-check", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="model dir, .gguf, hub id (default: embedded model)")
-    parser.add_argument("--chat-template", default=None, help="bundled name (chatml, qwen3, llama3) or path")
+    parser.add_argument(
+        "--chat-template", default=None, help="bundled name (chatml, qwen3, llama3, qwen3_5, gemma3) or path"
+    )
     parser.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--keep-reasoning", action="store_true", help="qwen3: keep every turn's reasoning")
     args = parser.parse_args(argv)

@@ -27,7 +27,7 @@ _SIGNATURES = {
     "silu_mul": (None, [_P, _P, _I, _I]),
     "rope_store": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P]),
     "q8_linear": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
-    "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _P]),
+    "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P]),
     "dequant_int4": (None, [_P, _P, _P, _I, _I, _P]),
     "dequant_int8": (None, [_P, _P, _I, _I, _P]),
 }
@@ -105,36 +105,37 @@ class NativeOps:
             fn(codes.data_ptr(), scale.data_ptr(), low.data_ptr(), n, k, out.data_ptr())
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+                         page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float,
+                         window: int | None = None) -> torch.Tensor:  # fmt: skip
         """q ``[B, Hq, D]`` (rows may be strided, heads not) over each sequence's keys read from its pages
-        in place -> ``[B, Hq, D]``."""
+        in place -> ``[B, Hq, D]``; ``window``: only each sequence's last ``window`` keys."""
         b, nh, d = q.shape
         out = torch.empty_like(q)
         rc = self.fns["decode_attention", q.dtype](q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                                                    page_table.data_ptr(), page_table.stride(0),
                                                    seq_lens_k.data_ptr(), b, nh, k_cache.shape[-2], d,
-                                                   k_cache.shape[1], scale, out.data_ptr())  # fmt: skip
+                                                   k_cache.shape[1], scale, window or 0, out.data_ptr())  # fmt: skip
         if rc != 0:
             raise ValueError(f"decode_attention: unsupported shape (heads {nh}, head_dim {d})")
         return out
 
     def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float,
-                               *, plan: object = None) -> torch.Tensor:  # fmt: skip
+                               *, plan: object = None, window: int | None = None) -> torch.Tensor:  # fmt: skip
         """The backend's ``decode_attention`` signature (``plan`` unused: pages are read in place)."""
         return self.decode_attention(q.contiguous(), k_cache, v_cache, page_table.contiguous(),
-                                     seq_lens_k.contiguous(), scale)  # fmt: skip
+                                     seq_lens_k.contiguous(), scale, window)  # fmt: skip
 
     def extend_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor,
-                         scale: float) -> torch.Tensor:  # fmt: skip
+                         scale: float, *, window: int | None = None) -> torch.Tensor:  # fmt: skip
         """The backend's ``extend_attention``: bf16 through the flash kernel (pages read in place), other
-        dtypes and head sizes (``head_dim % 64``) through ``kernels.reference``."""
+        dtypes, head sizes (``head_dim % 64``) and sliding windows through ``kernels.reference``."""
         nh, d = q.shape[1:]
-        if (self.extend_bf16 is None or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
+        if (window is not None or self.extend_bf16 is None or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
                 or d % 64 or d > 256 or q.stride(2) != 1 or q.stride(1) != d):  # fmt: skip
             return reference.extend_attention(
-                q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, scale
+                q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, scale, window=window
             )
         out = q.new_empty(q.shape[0], nh, d)
         table = page_table.to(torch.int32).contiguous()

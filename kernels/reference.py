@@ -15,6 +15,14 @@ The new tokens of a sequence are the *last* q_len of its seq_len_k keys, so the
 causal mask is aligned bottom-right: query j (0-based among the new tokens) sees
 keys 0 .. seq_len_k - q_len + j.  ``scaled_dot_product_attention(is_causal=True)``
 aligns top-left, which is only right when q_len == seq_len_k.
+
+A sliding-window layer (``window=W``) sees only the last W keys of each query, as transformers'
+sliding mask: the query at position p sees keys p - W < k <= p.  Keys before the first query's
+window are never read, so their pages may hold anything (a window layer's ring reuses them)::
+
+    keys      0 ........ lo ......... prefix ......... seq_len_k
+                         [  read: lo = max(0, prefix - W + 1)  ]
+    query p              (p - W, p]  (a band: causal and windowed)
 """
 
 from __future__ import annotations
@@ -36,12 +44,15 @@ def store_kv(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def kv_slots(page_table: torch.Tensor, seq_len: int, page_size: int) -> torch.Tensor:
-    """Flat slot index of each of the first ``seq_len`` tokens of one sequence."""
+def kv_slots(page_table: torch.Tensor, seq_len: int, page_size: int, lo: int = 0) -> torch.Tensor:
+    """Flat slot index of tokens ``lo .. seq_len - 1`` of one sequence."""
     n_pages = (seq_len + page_size - 1) // page_size
-    pages = page_table[:n_pages].long()
+    first = lo // page_size
+    pages = page_table[first:n_pages].long()
     offs = torch.arange(page_size, device=pages.device)
-    return (pages[:, None] * page_size + offs[None, :]).reshape(-1)[:seq_len]
+    return (pages[:, None] * page_size + offs[None, :]).reshape(-1)[
+        lo - first * page_size : seq_len - first * page_size
+    ]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
@@ -131,10 +142,13 @@ def extend_attention(
     cu_seqlens_q: torch.Tensor,
     seq_lens_k: torch.Tensor,
     scale: float,
+    *,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of new tokens over their cached prefix plus themselves (already stored).
 
-    q: [total_q, Hq, D] -> out [total_q, Hq, D].  Handles q_len == 1 (decode) too.
+    q: [total_q, Hq, D] -> out [total_q, Hq, D].  Handles q_len == 1 (decode) too.  ``window``: a
+    sliding-window layer's W (see the module docstring).
     """
     page_size = k_cache.shape[1]
     hkv, d = k_cache.shape[2:]
@@ -146,13 +160,32 @@ def extend_attention(
         s, e = cu[i], cu[i + 1]
         if e == s:
             continue
-        slots = kv_slots(page_table[i], lk, page_size)
+        prefix = lk - (e - s)
+        lo = 0 if window is None else max(0, prefix - window + 1)
+        slots = kv_slots(page_table[i], lk, page_size, lo)
         # head-major [Hkv, Lk, D], the layout the attention GEMMs read (gather then transpose: 3x
         # faster than index_select on the transposed pool)
         k = kf.index_select(0, slots).to(q.dtype).transpose(0, 1).contiguous()
         v = vf.index_select(0, slots).to(q.dtype).transpose(0, 1).contiguous()
-        out[s:e] = _attend(q[s:e], k, v, scale, lk - (e - s))
+        if window is not None and lk - lo > window:  # some query's window starts after key lo
+            out[s:e] = _attend_band(q[s:e], k, v, scale, prefix - lo, window)
+        else:
+            out[s:e] = _attend(q[s:e], k, v, scale, prefix - lo)
     return out
+
+
+def _attend_band(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, offset: int, window: int
+) -> torch.Tensor:
+    """q [Lq, Hq, D] over k/v [Hkv, Lk, D] where query j sees keys ``offset + j - window < i <= offset + j``."""
+    lq, lk = q.shape[0], k.shape[1]
+    qi = torch.arange(lq, device=q.device)[:, None] + offset
+    ki = torch.arange(lk, device=q.device)[None, :]
+    mask = (ki <= qi) & (ki > qi - window)
+    gqa = q.shape[1] != k.shape[0]
+    qt = q.transpose(0, 1)[None]
+    out = F.scaled_dot_product_attention(qt, k[None], v[None], attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out[0].transpose(0, 1)
 
 
 class DecodePlan(NamedTuple):
@@ -162,7 +195,12 @@ class DecodePlan(NamedTuple):
     valid: torch.Tensor | None  # [B, L] key exists; None when every sequence has L keys (no mask needed)
 
 
-def decode_plan(page_table: torch.Tensor, seq_lens_k: torch.Tensor, page_size: int) -> DecodePlan:
+def decode_plan(
+    page_table: torch.Tensor, seq_lens_k: torch.Tensor, page_size: int, window: int | None = None
+) -> DecodePlan:
+    """The keys each sequence's new token sees: all of them, or a window layer's last ``window``."""
+    if window is not None:
+        return _window_decode_plan(page_table, seq_lens_k, page_size, window)
     b = page_table.shape[0]
     max_len = int(seq_lens_k.max())
     n_pages = (max_len + page_size - 1) // page_size
@@ -174,6 +212,20 @@ def decode_plan(page_table: torch.Tensor, seq_lens_k: torch.Tensor, page_size: i
     return DecodePlan(slots.masked_fill(~valid, 0).reshape(-1), valid)
 
 
+def _window_decode_plan(
+    page_table: torch.Tensor, seq_lens_k: torch.Tensor, page_size: int, window: int
+) -> DecodePlan:
+    lens = seq_lens_k.long()
+    lo = (lens - window).clamp(min=0)
+    width = int((lens - lo).max())
+    pos = lo[:, None] + torch.arange(width, device=page_table.device)[None, :]
+    valid = pos < lens[:, None]
+    pos = torch.minimum(pos, lens[:, None] - 1)  # padding reads the sequence's own last key (masked)
+    pages = page_table.long().gather(1, pos // page_size)
+    slots = pages * page_size + pos % page_size
+    return DecodePlan(slots.reshape(-1), None if bool(valid.all()) else valid)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -183,12 +235,15 @@ def decode_attention(
     scale: float,
     *,
     plan: DecodePlan | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], batched with a padding mask."""
+    """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], batched with a padding mask.
+
+    ``plan`` must have been made with the same ``window`` (``decode_plan``)."""
     hkv, d = k_cache.shape[2:]
     b, hq, _ = q.shape
     if plan is None:
-        plan = decode_plan(page_table, seq_lens_k, k_cache.shape[1])
+        plan = decode_plan(page_table, seq_lens_k, k_cache.shape[1], window)
     # index_select, not advanced indexing: several times faster for a flat gather on CPU
     k = k_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).to(q.dtype)
     v = v_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).to(q.dtype)

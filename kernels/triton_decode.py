@@ -45,6 +45,7 @@ def _decode_split_kernel(
     stride_mos,
     stride_lb,
     stride_lh,
+    window,
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -59,6 +60,8 @@ def _decode_split_kernel(
     seq_len_k = tl.load(SEQ_LENS_K + seq)
     k_start = split * split_len
     k_end = tl.minimum(seq_len_k, k_start + split_len)
+    if window > 0:  # a sliding-window layer: only the last `window` keys
+        k_start = tl.maximum(k_start, seq_len_k - window)
 
     # The group's query heads form the rows of the dot; BLOCK_H >= 16 pads them for tensor cores.
     offs_h = tl.arange(0, BLOCK_H)
@@ -145,6 +148,7 @@ def decode_attention(
     num_kv_splits: int | None = None,
     out: torch.Tensor | None = None,
     plan: object | None = None,  # the torch reference's host-side gather plan; unused here
+    window: int | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] -> [B, Hq, D].
 
@@ -185,6 +189,7 @@ def decode_attention(
         page_table.stride(0),
         *mid_o.stride()[:3],
         *mid_lse.stride()[:2],
+        window or 0,
         PAGE_SIZE=page_size,
         GROUP=group,
         BLOCK_H=max(16, triton.next_power_of_2(group)),

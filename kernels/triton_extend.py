@@ -98,8 +98,8 @@ def paged_attend_block(
     Loads the block's K/V through the sequence's page-table row ``PAGE_ROW`` (slot = page * page_size +
     pos % page_size), scores it against ``q`` rows (log2 units: ``qk_scale`` includes log2(e)), masks
     with ``visible`` and returns the updated running max ``m_i``, sum ``l_i`` and output ``acc``.  Shared
-    by the extend and decode kernels; the caller guarantees a visible key in the first block, so the
-    running max is finite.
+    by the extend and decode kernels.  A row with no visible key yet (a sliding window's band starts
+    in a later block) keeps ``m_i = -inf`` and zero sums.
     """
     page = tl.load(PAGE_ROW + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
     in_page = pos % PAGE_SIZE
@@ -110,8 +110,10 @@ def paged_attend_block(
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # a window row may see nothing in an early block: keep its sums at 0 instead of exp(-inf + inf)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
@@ -138,6 +140,7 @@ def _extend_kernel(
     stride_vs,
     stride_vh,
     stride_pt,
+    window,
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -172,18 +175,23 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # Keys past the last row's causal horizon are never visible to this block.
     k_end = tl.minimum(seq_len_k, prefix + (m_block + 1) * BLOCK_M)
-    for start in range(0, k_end, BLOCK_N):
+    # A sliding window (window > 0): keys before the first row's band are never visible to this block.
+    k_lo = 0
+    if window > 0:
+        k_lo = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0)
+    for start in range(k_lo // BLOCK_N * BLOCK_N, k_end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
-        key_ok = pos < k_end
+        key_ok = (pos < k_end) & (pos >= k_lo)  # never load a key below the band: its page may be reused
         visible = key_ok[None, :] & (pos[None, :] <= prefix + offs_m[:, None])
-        # Key 0 is visible to every row and lies in the first block, so m_i is finite from then on.
+        if window > 0:
+            visible = visible & (pos[None, :] > prefix + offs_m[:, None] - window)
         m_i, l_i, acc = paged_attend_block(
             q, m_i, l_i, acc, K_CACHE, V_CACHE, PAGE_TABLE + seq * stride_pt, kv_head, pos, key_ok, visible,
             offs_d, qk_scale, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
             PAGE_SIZE, PRECISION,
         )  # fmt: skip
 
-    out = acc / l_i[:, None]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows see no key
     o_ptr = OUT + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
 
@@ -198,11 +206,12 @@ def extend_attention(
     scale: float,
     *,
     out: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention of new tokens over their cached prefix plus themselves (already stored).
 
     q: [total_q, Hq, D] -> out [total_q, Hq, D] (fp32 accumulation, output in q's dtype), written
-    into ``out`` when given.
+    into ``out`` when given.  ``window``: a sliding-window layer's W (``kernels.reference``).
 
     The grid needs the longest query run of the batch.  With one sequence that is ``total_q``
     (a shape, no sync); with several it is read from ``cu_seqlens_q`` on the host, one device sync
@@ -236,6 +245,7 @@ def extend_attention(
         *k_cache.stride()[:3],
         *v_cache.stride()[:3],
         page_table.stride(0),
+        window or 0,
         PAGE_SIZE=page_size,
         GROUP=hq // hkv,
         HEAD_DIM=head_dim,

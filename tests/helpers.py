@@ -120,6 +120,43 @@ def load_hf(model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
+# name -> (arch, overrides): sliding-window models of odd shape.  Windows not multiples of the test
+# page sizes (4, 16); Gemma's interleaving both explicit and by its default pattern; softcapping, a
+# query_pre_attn_scalar that is not head_dim, a linear-scaled global rope; Mistral windows every layer
+WINDOW_SHAPES = {
+    "gemma3-odd": ("gemma3_text", dict(
+        tie=True, num_hidden_layers=5, num_attention_heads=3, num_key_value_heads=1, head_dim=16,
+        hidden_size=48, intermediate_size=80, sliding_window=7, query_pre_attn_scalar=20,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"],
+        final_logit_softcapping=30.0,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 50000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
+    )),
+    "gemma3-pattern": ("gemma3_text", dict(
+        num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=40,
+        intermediate_size=72, sliding_window=12, query_pre_attn_scalar=8,
+    )),
+    "mistral": ("mistral", dict(sliding_window=9, num_attention_heads=6, num_key_value_heads=2, hidden_size=48)),
+    "ministral": ("ministral", dict(
+        sliding_window=6, num_hidden_layers=3, head_dim=16, layer_types=["sliding_attention", "full_attention",
+                                                            "sliding_attention"],
+    )),
+}  # fmt: skip
+
+
+def make_tiny_windowed(out: Path, shape: str, seed: int = 0) -> Path:
+    """A tiny random sliding-window model (transformers' own class) of one of ``WINDOW_SHAPES``."""
+    arch, kw = WINDOW_SHAPES[shape]
+    kw = dict(kw)
+    tie = kw.pop("tie", False)
+    return make_tiny_model(out, arch, tie, seed=seed, initializer_range=0.1, **kw)
+
+
+def window_of(shape: str) -> int:
+    return WINDOW_SHAPES[shape][1]["sliding_window"]
+
+
 def chat_topic(client, topic: str, words: int = 140) -> dict:
     """A one-message chat of ``words`` numbered words (~2 tokens each) through a TestClient; the response."""
     text = " ".join(f"{topic}{i}" for i in range(words))

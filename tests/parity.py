@@ -11,6 +11,7 @@ from runtime.engine.engine import Engine
 from runtime.models.gated_deltanet import StateBatch
 from runtime.request import Request
 from runtime.runner.forward_batch import build_forward_batch
+from runtime.runner.window_pool import WindowPool, ring_batch
 from runtime.sampling.params import SamplingParams
 
 
@@ -23,7 +24,10 @@ def all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
     fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
     fb = fb._replace(logits_rows=torch.arange(len(ids)))
     if r.state_pool is None:
-        logits = r.model(fb, r.pool.layers, r.backend)
+        logits = r.model(fb, r.kv_layers, r.backend)
+    elif isinstance(r.state_pool, WindowPool):  # window layers on the request's ring
+        ring = ring_batch(fb, [eng.cache.states.slot(req)], r.state_pool.ring_pages, eng.cache.page_size)
+        logits = r.model(fb, r.kv_layers, r.backend, ring)
     else:  # a hybrid: one sequence from a zero state in its slot, no snapshots taken
         slot = torch.tensor([eng.cache.states.slot(req)])
         sb = StateBatch(r.linear_backend, slot, torch.tensor([True]), [0, len(ids)], [[]], [])

@@ -69,3 +69,23 @@ def test_default_policy_meets_the_goal_on_the_quick_traces():
         assert rates["reuse"] >= 0.8 * opt, (name, rates, opt)
         if name == "cyclic":
             assert rates["reuse"] >= 2 * rates["lru"], rates
+
+
+def test_with_states_leaves_no_match_can_end_at_go_first():
+    """A hybrid's or window model's leaf without a state (its snapshot never taken, or evicted from the
+    budget) only extends KV matches that are cut back: it goes before any resumable leaf, even a
+    less recently used one (LRU alone would take the older, resumable path)."""
+    from runtime.cache.node_states import NodeStates
+    from tests.test_radix_cache_model import State
+
+    tree = RadixCache(1, PageAllocator(16), "lru", NodeStates(10))
+    resumable = seq(4, 100)
+    tree.insert(resumable, tree.allocator.alloc(4), extra=[(4, State(tuple(resumable)))])
+    insert_fresh(tree, seq(4, 200))  # newer, and no state at its end
+    assert tree.evict(1) == 4
+    assert tree.match(resumable).cached_len == 4 and tree.match(seq(4, 200)).cached_len == 0
+    plain = _tree("lru")  # without a state store the order is the policy's
+    insert_fresh(plain, seq(4, 100))
+    insert_fresh(plain, seq(4, 200))
+    plain.evict(1)
+    assert plain.match(seq(4, 100)).cached_len == 0 and plain.match(seq(4, 200)).cached_len == 4

@@ -75,3 +75,20 @@ def test_cli_exit_codes(capsys):
     assert "0 break(s)" in capsys.readouterr().out
     assert check_main(["--chat-template", "qwen3", "--keep-reasoning"], resolve_model) == 0
     assert check_main(["--chat-template", "nope"], resolve_model) == 2
+
+
+def test_gemma3_turns_are_append_only_and_tool_turns_are_refused(tok, capsys):
+    """Gemma 3's template (bundled as ``gemma3``): the system prompt folds into the first user turn,
+    the assistant is ``model``; it raises on tool turns, which template-check reports, not as a break."""
+    from chat_templates.render import render
+
+    msgs = [{"role": "system", "content": "Be helpful."}, {"role": "user", "content": "Hello"}]
+    text = render(tok, msgs, None, template="gemma3", add_generation_prompt=True).text
+    bos = tok.bos_token or ""
+    assert text == bos + "<start_of_turn>user\nBe helpful.\n\nHello<end_of_turn>\n<start_of_turn>model\n"
+    reports = check_prefix_stability(tok, "gemma3")
+    plain = [r for r in reports if not r.refused]
+    assert {r.conversation for r in plain} == {"plain", "reasoning"} and all(r.ok for r in plain)
+    assert {r.conversation for r in reports if r.refused} == {"tools", "reasoning+tools"}
+    assert check_main(["--chat-template", "gemma3"], resolve_model) == 0
+    assert "2 conversation(s) refused" in capsys.readouterr().out

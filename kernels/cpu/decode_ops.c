@@ -17,6 +17,8 @@
 
 #define KEY_BLOCK 64  /* keys scored at once: the online softmax rescales once a block */
 #define SPLIT_KEYS 512 /* keys per work item: lets 2 threads share one sequence's heads */
+/* A sliding-window layer (window > 0) reads only each sequence's last `window` keys. */
+#define FIRST_KEY(b) (window > 0 && seq_lens[b] > window ? seq_lens[b] - window : 0)
 #define MAX_GROUP 16
 #define MAX_D 256
 
@@ -148,14 +150,16 @@ static inline __attribute__((always_inline)) void attend_part_##SUF(const T *q, 
                                                                                                      \
 /* out[b, h, :] = softmax(q k^T * scale) v over sequence b's keys, read from its pages in place.    \
  * q rows are q_stride elements apart (a view into the qkv rows).  Work items are (sequence, KV     \
- * head, run of SPLIT_KEYS keys); the runs merge by their max and sums.  */                        \
+ * head, run of SPLIT_KEYS keys); the runs merge by their max and sums.  window > 0: only the last \
+ * `window` keys (a sliding-window layer).  */                                                      \
 int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *vc, const int32_t *page_table,         \
                            int64_t pt_stride, const int32_t *seq_lens, int64_t bsz, int64_t nh,     \
-                           int64_t nkv, int64_t d, int64_t page_size, float scale, T *out) {        \
+                           int64_t nkv, int64_t d, int64_t page_size, float scale, int64_t window,  \
+                           T *out) {                                                                \
     int64_t g = nh / nkv, max_split = 1;                                                             \
     if (g > MAX_GROUP || d > MAX_D) return -1;                                                       \
     for (int64_t b = 0; b < bsz; b++) {                                                              \
-        int64_t ns = (seq_lens[b] + SPLIT_KEYS - 1) / SPLIT_KEYS;                                    \
+        int64_t ns = (seq_lens[b] - FIRST_KEY(b) + SPLIT_KEYS - 1) / SPLIT_KEYS;                     \
         if (ns > max_split) max_split = ns;                                                          \
     }                                                                                                \
     int64_t items = bsz * nkv * max_split;                                                           \
@@ -164,7 +168,7 @@ int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *v
     _Pragma("omp parallel for schedule(dynamic)")                                                    \
     for (int64_t it = 0; it < items; it++) {                                                         \
         int64_t b = it / (nkv * max_split), hk = (it / max_split) % nkv, sp = it % max_split;        \
-        int64_t k0 = sp * SPLIT_KEYS, k1 = k0 + SPLIT_KEYS;                                          \
+        int64_t k0 = FIRST_KEY(b) + sp * SPLIT_KEYS, k1 = k0 + SPLIT_KEYS;                           \
         if (k1 > seq_lens[b]) k1 = seq_lens[b];                                                      \
         float *p = part + it * g * (d + 2);                                                          \
         if (k0 >= k1) {                                                                              \

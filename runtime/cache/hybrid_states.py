@@ -4,7 +4,8 @@ the snapshots it offers the prefix cache, which keeps them on its tree nodes (``
 Where snapshots are taken (always at page boundaries, where the tree's KV pages end):
 
 * the last page boundary of every prefill chunk: the end of the prompt (where the next turn of a
-  conversation continues) and chunk ends on long prompts;
+  conversation continues) and chunk ends on long prompts (only the prompt's end where the pool says
+  snapshots are dear: ``chunk_end_snapshots``, a window model's);
 * every ``every_pages`` pages inside a chunk (0: off);
 * where a request's KV match was cut back to an earlier snapshot: the end of that KV match, a
   point where two prompts are known to diverge (a later prompt diverging there resumes from it);
@@ -62,8 +63,8 @@ class HybridStates:
         ``kv_len``: how far the KV pages matched; past the state's end it is a divergence point."""
         if req not in self._slots:
             self._slots[req] = self.pool.alloc()
-        if state is not None:
-            self.pool.restore(self._slots[req], state)
+        if state is not None:  # the state after req.tokens[:num_computed] (a window pool needs where)
+            self.pool.restore(self._slots[req], state, req.num_computed)
         if kv_len > req.num_computed:
             self._forks[req] = kv_len
 
@@ -100,7 +101,9 @@ class HybridStates:
         cuts, inside, ends = [], [], []
         for req, start, length in chunks:
             decode = length == 1 and start >= req.num_prompt
-            cut, at_end = self._cuts(start, length, decode, self._forks.get(req, 0))
+            # the last boundary of a chunk: of every chunk where snapshots are cheap, else only the prompt's
+            last = pool.chunk_end_snapshots or start + length >= req.num_prompt
+            cut, at_end = self._cuts(start, length, decode, self._forks.get(req, 0), last)
             cuts.append(cut)
             for off in cut:
                 inside.append(snap := pool.empty_snapshot())
@@ -112,8 +115,11 @@ class HybridStates:
             [self._slots[r] for r, _, _ in chunks], [s == 0 for _, s, _ in chunks], cuts, inside, ends
         )
 
-    def _cuts(self, start: int, length: int, decode: bool, fork: int) -> tuple[list[int], bool]:
-        """Offsets inside a chunk whose states to capture, and whether to capture its end state too."""
+    def _cuts(
+        self, start: int, length: int, decode: bool, fork: int, chunk_end: bool = True
+    ) -> tuple[list[int], bool]:
+        """Offsets inside a chunk whose states to capture, and whether to capture its end state too
+        (``chunk_end``: a snapshot at the chunk's last page boundary)."""
         if not self.keep:
             return [], False
         ps, end = self.page_size, start + length
@@ -122,7 +128,7 @@ class HybridStates:
         last = end - end % ps
         every = self.every_pages * ps
         points = {n for n in range(start - start % ps + ps, end + 1, ps) if every and n % every == 0}
-        if last > start:
+        if last > start and chunk_end:
             points.add(last)
         if start < fork <= end:
             points.add(fork)

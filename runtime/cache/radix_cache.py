@@ -200,16 +200,20 @@ class RadixCache(NoTiers, RadixTree):
     def evict(self, n_pages: int) -> int:
         """Free at least ``n_pages`` pages if possible, in policy order; returns pages freed.
 
-        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.
+        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.  With a state
+        store, leaves no match can end at go first, whatever the policy says: no state at their end
+        (never taken, or evicted from its budget), their pages only ever extend a KV match that is then
+        cut back (a hybrid's or window model's tombstones).
         """
         policy, now = self.policy, self._clock
-        heap = [(policy.priority(leaf, now), leaf.uid, leaf) for leaf in self._evictable]
+        key = lambda leaf: (self.states.resumes_at(leaf, True), policy.priority(leaf, now), leaf.uid)  # noqa: E731
+        heap = [(*key(leaf), leaf) for leaf in self._evictable]
         heapq.heapify(heap)
         freed = 0
         while freed < n_pages and heap:
-            _, _, leaf = heapq.heappop(heap)
+            *_, leaf = heapq.heappop(heap)
             if policy.spare(leaf):
-                heapq.heappush(heap, (policy.priority(leaf, now), leaf.uid, leaf))
+                heapq.heappush(heap, (*key(leaf), leaf))
                 continue
             want = n_pages - freed
             if policy.trim and want < len(leaf.pages):
@@ -228,7 +232,7 @@ class RadixCache(NoTiers, RadixTree):
             self.num_nodes -= 1
             self._refresh(parent)
             if parent in self._evictable:
-                heapq.heappush(heap, (policy.priority(parent, now), parent.uid, parent))
+                heapq.heappush(heap, (*key(parent), parent))
         self.evicted_pages_total += freed
         return freed
 

@@ -132,13 +132,21 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--snapshot-memory",
         default=None,
-        help="hybrid models (Qwen3.5): budget for linear-attention state snapshots, e.g. 2G (default 1G)",
+        help="hybrid (Qwen3.5) and sliding-window (Gemma 3) models: budget for state / window snapshots, e.g. 2G "
+        "(default 1G)",
     )
     g.add_argument(
         "--snapshot-every",
         type=int,
         default=D["snapshot_every"],
-        help="hybrid models: also snapshot every K pages inside a prefill chunk (default 0: chunk ends only)",
+        help="hybrid and window models: also snapshot every K pages inside a prefill chunk (default 0: chunk ends)",
+    )
+    g.add_argument(
+        "--window-paging",
+        action=argparse.BooleanOptionalAction,
+        default=D["window_paging"],
+        help="sliding-window models with full-attention layers too (Gemma 3): window layers' KV in "
+        "per-request rings, window snapshots beside the radix tree (--no-window-paging: pages for every token)",
     )
 
 
@@ -168,4 +176,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         snapshot_memory=args.snapshot_memory,
         snapshot_every=args.snapshot_every,
         speculative=args.speculative,
+        window_paging=args.window_paging,
     )

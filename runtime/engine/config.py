@@ -53,6 +53,10 @@ class EngineConfig:
     # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/cache/hybrid_states.py)
     snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
     snapshot_every: int = 0  # also snapshot every K pages inside a prefill chunk (0: chunk ends only)
+    # sliding-window models with full-attention layers too (Gemma 3): window layers' KV in per-request
+    # rings, snapshots of the last W keys beside the radix tree (runtime/runner/window_pool.py); False:
+    # every layer keeps pool pages for every token
+    window_paging: bool = True
 
     def __post_init__(self) -> None:
         from runtime.runner.kv_pool import parse_memory  # here, so the CLI reads these defaults without torch

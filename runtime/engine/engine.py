@@ -73,12 +73,14 @@ class Engine:
             state_slots=cfg.max_running,
             quantize=cfg.quantize,
             compile_decode=cfg.compile_decode,
+            chunk_size=cfg.chunk_size,
+            window_paging=cfg.window_paging,
         )
         self.dtype, self.device = dtype, self.runner.device
         self.tokenizer = load_tokenizer(self.model_dir)
         self.eos_ids = frozenset(eos_token_ids(self.model_dir, self.runner.cfg, self.tokenizer))
         mc = self.runner.cfg
-        model_len = min(mc.max_position_embeddings, mc.sliding_window or 1 << 30)
+        model_len = mc.max_position_embeddings  # a sliding window limits what a layer sees, not the context
         if cfg.max_model_len is not None and cfg.max_model_len > model_len:  # positions past it have no rope
             raise EngineError(
                 f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
@@ -90,7 +92,10 @@ class Engine:
                 "linear-attention state rolled back"
             )
         if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
-            raise EngineError("--kv-store / --kv-host-memory do not keep hybrid models' state snapshots yet")
+            raise EngineError(
+                "--kv-store / --kv-host-memory do not keep hybrid or sliding-window models' snapshots yet "
+                "(--no-window-paging keeps a window model's KV in pages the tiers can hold)"
+            )
         self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
@@ -336,6 +341,9 @@ class Engine:
 
     def set_chunk_size(self, tokens: int) -> None:
         """Prefill token budget per step from the next step on (benchmarks sweep it in one engine)."""
+        ring_chunk = getattr(self.runner.state_pool, "max_chunk", tokens)  # window rings hold W + this
+        if tokens > ring_chunk:
+            raise ValueError(f"chunk size {tokens} exceeds the window rings' {ring_chunk} (set it at start)")
         self.scheduler.chunk_size = tokens
 
     def check_integrity(self) -> CacheStats:

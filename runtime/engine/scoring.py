@@ -24,6 +24,8 @@ def prompt_logprobs(
     runner: ModelRunner, cache: CacheManager, chunk_size: int, ids: list[int], top: int
 ) -> list[Entry]:
     """``[(token, (logprob, top alternatives) | None)]`` for every prompt token, in order."""
+    if runner.state_pool is not None:  # a hybrid's states / a window model's rings need a slot
+        raise EngineError("prompt logprobs (echo) are not supported for hybrid or sliding-window models yet")
     scratch = Request("score", list(ids), len(ids), SamplingParams(max_tokens=1), frozenset())
     if not cache.reserve(scratch, len(ids)):
         raise EngineError("not enough free KV pages to score the prompt now; retry shortly")

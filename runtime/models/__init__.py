@@ -1,4 +1,5 @@
-"""Model code: one decoder implementation for the dense families, one for the hybrids (Qwen3.5)."""
+"""Model code: one decoder implementation for the dense families, one for Gemma 3, one for the hybrids
+(Qwen3.5)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 
 from runtime.models.config import SUPPORTED, ModelConfig
 from runtime.models.decoder import CausalLM
+from runtime.models.gemma3 import GemmaCausalLM
 from runtime.models.layers import RotaryEmbedding
 from runtime.models.qwen3_5 import HybridCausalLM, rotary_dim
 
@@ -20,7 +22,7 @@ def build_model(
     """
     with torch.device("meta"):
         # allocate in the target dtype: no fp32 copy of an 8B model
-        model = (HybridCausalLM if cfg.is_hybrid else CausalLM)(cfg).to(dtype)
+        model = model_class(cfg)(cfg).to(dtype)
     model.to_empty(device=device)
     if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor
         model.lm_head.weight = model.embed_tokens.weight
@@ -28,7 +30,18 @@ def build_model(
         model.rope = RotaryEmbedding(
             rotary_dim(cfg), cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
+        if cfg.gemma is not None:  # the sliding layers' own rope base
+            g = cfg.gemma
+            model.local_rope = RotaryEmbedding(
+                cfg.head_dim, cfg.max_position_embeddings, g.local_rope_theta, g.local_rope_scaling
+            )
     return model
 
 
-__all__ = ["SUPPORTED", "ModelConfig", "CausalLM", "HybridCausalLM", "build_model"]
+def model_class(cfg: ModelConfig) -> type[CausalLM] | type[HybridCausalLM]:
+    if cfg.is_hybrid:
+        return HybridCausalLM
+    return GemmaCausalLM if cfg.gemma is not None else CausalLM
+
+
+__all__ = ["SUPPORTED", "ModelConfig", "CausalLM", "GemmaCausalLM", "HybridCausalLM", "build_model"]

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from runtime.models.hybrid_config import HYBRID, LinearAttnConfig, hybrid_fields, text_config
 from runtime.models.moe_config import MoEConfig
+from runtime.models.window_config import GEMMA, WINDOWED, GemmaConfig, gemma_fields, layer_windows
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2",
@@ -15,16 +16,19 @@ SUPPORTED = {
     "qwen2": "Qwen2 / Qwen2.5",
     "qwen3": "Qwen3",
     "qwen3_moe": "Qwen3-MoE (30B-A3B, Coder-30B-A3B)",
+    **WINDOWED,
+    **GEMMA,
     **HYBRID,
 }
 
 
 class ModelConfig(NamedTuple):
-    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and the
-    hybrids.
+    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3
+    and the hybrids.
 
     Hybrids (Qwen3.5, Qwen3-Next) also set ``layer_types`` (which layers are Gated DeltaNet linear
-    attention), ``linear_attn`` (their shape) and ``partial_rotary_factor``.
+    attention), ``linear_attn`` (their shape) and ``partial_rotary_factor``.  ``windows``: each layer's
+    sliding window (None: full attention; empty: no layer has one).  ``gemma``: Gemma 3's switches.
     """
 
     model_type: str
@@ -49,6 +53,8 @@ class ModelConfig(NamedTuple):
     layer_types: tuple[str, ...] = ()
     linear_attn: LinearAttnConfig | None = None
     partial_rotary_factor: float = 1.0
+    windows: tuple[int | None, ...] = ()
+    gemma: GemmaConfig | None = None
 
     @classmethod
     def from_dict(cls, c: dict[str, Any]) -> ModelConfig:
@@ -66,7 +72,11 @@ class ModelConfig(NamedTuple):
             scaling = dict(rope, rope_type=rope_type)
         eos = c.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        use_sw = c.get("use_sliding_window", mt == "mistral")
+        extra = hybrid_fields(c) if mt in HYBRID else {}
+        if mt in GEMMA:
+            extra = gemma_fields(c)
+            scaling, theta = extra.pop("rope_scaling"), extra.pop("rope_theta")
+        windows = layer_windows(c, mt, c["num_hidden_layers"])
         return cls(
             model_type=mt,
             vocab_size=c["vocab_size"],
@@ -82,12 +92,13 @@ class ModelConfig(NamedTuple):
             max_position_embeddings=c.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=mt == "qwen2" or bool(c.get("attention_bias", False)),
-            qk_norm=mt in ("qwen3", "qwen3_moe") or mt in HYBRID,
-            sliding_window=c.get("sliding_window") if use_sw else None,
+            qk_norm=mt in ("qwen3", "qwen3_moe") or mt in HYBRID or mt in GEMMA,
+            sliding_window=max((w for w in windows if w is not None), default=None),
             eos_token_ids=eos_ids,
             bos_token_id=c.get("bos_token_id"),
             moe=MoEConfig.from_dict(c),
-            **(hybrid_fields(c) if mt in HYBRID else {}),
+            windows=windows,
+            **extra,
         )
 
     @classmethod
@@ -98,12 +109,16 @@ class ModelConfig(NamedTuple):
     def is_hybrid(self) -> bool:
         return self.linear_attn is not None
 
+    def window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window (None: it attends to every earlier token)."""
+        return self.windows[layer] if self.windows else None
+
     @property
     def num_attention_layers(self) -> int:
         """Layers with a KV cache: all of them, or a hybrid's full-attention ones."""
         if not self.layer_types:
             return self.num_layers
-        return sum(t == "full_attention" for t in self.layer_types)
+        return sum(t != "linear_attention" for t in self.layer_types)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes

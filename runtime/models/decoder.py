@@ -1,7 +1,7 @@
-"""Our decoder-only transformer over the paged KV pool (Llama, Mistral, Qwen2, Qwen3).
+"""Our decoder-only transformer over the paged KV pool (Llama, Mistral, Ministral, Qwen2, Qwen3).
 
-The differences between these families are three switches read from the config:
-QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings.
+The differences between these families are four switches read from the config:
+QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3), tied embeddings, per-layer sliding windows (Mistral).
 """
 
 from __future__ import annotations
@@ -23,20 +23,53 @@ from runtime.models.summary import ParamCounts, count_parameters
 
 
 class StepContext(NamedTuple):
-    """What every layer of one forward shares: the batch, rope tables, kernels and their plan."""
+    """What every layer of one forward shares: the batch, rope tables, kernels and their decode plans
+    (one per sliding window the model has, key None for full attention; None: no plans)."""
 
     fb: ForwardBatch
     cos: torch.Tensor
     sin: torch.Tensor
     backend: AttentionBackend
-    plan: Any
+    plan: dict[int | None, Any] | None
+
+
+def decode_plans(
+    fb: ForwardBatch, backend: AttentionBackend, page_size: int, windows: tuple[int | None, ...]
+) -> dict[int | None, Any] | None:
+    """A decode step's per-layer gather plans, made once per window size (reference backend only)."""
+    if not fb.is_decode or backend.decode_plan is None:
+        return None
+    return {
+        w: backend.decode_plan(fb.page_table, fb.seq_lens_k, page_size, w) for w in set(windows or (None,))
+    }
+
+
+def step_contexts(
+    fb: ForwardBatch,
+    ring: ForwardBatch | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    backend: AttentionBackend,
+    page_size: int,
+    windows: tuple[int | None, ...],
+) -> tuple[StepContext, StepContext]:
+    """The full-attention layers' context and the window layers' (their ring's page table and slots,
+    and decode plans over it; the same as the first when the window layers keep pool pages)."""
+    if ring is None:
+        ctx = StepContext(fb, cos, sin, backend, decode_plans(fb, backend, page_size, windows))
+        return ctx, ctx
+    full = tuple(w for w in windows if w is None)
+    wins = tuple(w for w in windows if w is not None)
+    ctx = StepContext(fb, cos, sin, backend, decode_plans(fb, backend, page_size, full))
+    return ctx, StepContext(ring, cos, sin, backend, decode_plans(ring, backend, page_size, wins))
 
 
 class PagedAttention(nn.Module):
     """Self-attention whose keys and values live in one layer of the paged KV pool."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, window: int | None = None) -> None:
         super().__init__()
+        self.window = window  # a sliding-window layer sees only the last ``window`` keys
         self.nh, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.nh * self.hd, self.nkv * self.hd
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
@@ -60,7 +93,7 @@ class PagedAttention(nn.Module):
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = apply_rope(self.q_norm.forward(q.view(-1, self.nh, self.hd)), ctx.cos, ctx.sin)
             k = apply_rope(self.k_norm.forward(k.view(-1, self.nkv, self.hd)), ctx.cos, ctx.sin)
-        o = paged_attention(q, k, v, ctx, kv, self.scale)
+        o = paged_attention(q, k, v, ctx, kv, self.scale, self.window)
         return self.o_proj.run(o.reshape(-1, self.q_size))
 
 
@@ -71,16 +104,21 @@ def paged_attention(
     ctx: StepContext,
     kv: tuple[torch.Tensor, torch.Tensor],
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Store this step's k/v in the layer's pages, then attend: q [T, Hq, D] -> [T, Hq, D]."""
+    """Store this step's k/v in the layer's pages, then attend: q [T, Hq, D] -> [T, Hq, D]; ``window``:
+    only each query's last ``window`` keys (a sliding-window layer)."""
     k_cache, v_cache = kv
     fb, backend = ctx.fb, ctx.backend
     backend.store_kv(k_cache, v_cache, fb.slot_mapping, k, v)
     if fb.is_decode:
+        plan = None if ctx.plan is None else ctx.plan[window]
         return backend.decode_attention(
-            q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, scale, plan=ctx.plan
+            q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, scale, plan=plan, window=window
         )
-    return backend.extend_attention(q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, scale)
+    return backend.extend_attention(
+        q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, scale, window=window
+    )
 
 
 class DecoderLayer(nn.Module):
@@ -89,7 +127,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = PagedAttention(cfg)
+        self.self_attn = PagedAttention(cfg, cfg.window(layer))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = feed_forward(cfg.hidden_size, cfg.intermediate_size, cfg.moe, layer)
 
@@ -165,20 +203,22 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, fb: ForwardBatch, kv_layers: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend
+        self,
+        fb: ForwardBatch,
+        kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend,
+        ring: ForwardBatch | None = None,
     ) -> torch.Tensor:
-        """Returns float32 logits ``[len(fb.logits_rows), vocab]``."""
-        plan = None
-        if fb.is_decode and backend.decode_plan is not None:
-            plan = backend.decode_plan(fb.page_table, fb.seq_lens_k, kv_layers[0][0].shape[1])
+        """Returns float32 logits ``[len(fb.logits_rows), vocab]``; ``ring``: the batch as the window
+        layers address their rings (``runtime/runner/window_pool.py``), None when they use ``fb``'s pages."""
         cos, sin = self.rope.lookup(fb.positions)
-        ctx = StepContext(fb, cos, sin, backend, plan)
+        ctx, wctx = step_contexts(fb, ring, cos, sin, backend, kv_layers[0][0].shape[1], self.cfg.windows)
         h = self.embed_tokens(fb.input_ids)
         run_layer, layers = DecoderLayer.forward, self.layers
         if fb.is_decode and self.decode_run is not None:
             run_layer, layers = self.decode_run
-        for layer, kv in zip(layers, kv_layers):
-            h = run_layer(layer, h, ctx, kv)
+        for layer, kv, w in zip(layers, kv_layers, self.cfg.windows or [None] * len(kv_layers)):
+            h = run_layer(layer, h, ctx if w is None else wctx, kv)
         h = self.norm.forward(h[fb.logits_rows])
         logits = self.lm_head.run(h)
         return logits.float()

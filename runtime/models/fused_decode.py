@@ -56,6 +56,7 @@ class LayerPlan(NamedTuple):
     kn: torch.Tensor | None
     qk_eps: float
     scale: float
+    window: int | None
     o: torch.nn.Module
     post_w: torch.Tensor
     post_eps: float
@@ -71,7 +72,7 @@ def layer_plan(layer: torch.nn.Module) -> LayerPlan:
         norm.weight, norm.eps, attn.qkv_proj, attn.nh, attn.nkv, attn.hd, attn.q_size,
         None if attn.q_norm is None else attn.q_norm.weight,
         None if attn.k_norm is None else attn.k_norm.weight,
-        norm.eps if attn.q_norm is None else attn.q_norm.eps, attn.scale, attn.o_proj,
+        norm.eps if attn.q_norm is None else attn.q_norm.eps, attn.scale, attn.window, attn.o_proj,
         post.weight, post.eps, mlp.gate_up_proj if gated else None, mlp.down_proj if gated else None, mlp,
     )  # fmt: skip
 
@@ -88,7 +89,7 @@ def fused_decode_layer(
     ops.rope_store(qkv, p.nh, p.nkv, p.hd, ctx.cos, ctx.sin, p.qn, p.kn, p.qk_eps, k_cache, v_cache,
                    fb.slot_mapping)  # fmt: skip
     q = qkv[:, : p.q_size].view(-1, p.nh, p.hd)
-    o = ops.decode_attention(q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, p.scale)
+    o = ops.decode_attention(q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, p.scale, p.window)
     a = p.o.run(o.view(-1, p.q_size))
     x = ops.rms_norm(h, p.post_w, p.post_eps, residual=a.contiguous())
     if p.gate_up is not None:

@@ -11,8 +11,8 @@ HYBRID = {
     "qwen3_5_moe_text": "Qwen3.5-MoE (text; every layer a sparse MoE block with a shared expert)",
     "qwen3_5_moe": "Qwen3.5-MoE (text model of the multimodal checkpoint)",
 }
-# multimodal checkpoints whose text model is nested under ``text_config``
-_NESTED = ("qwen3_5", "qwen3_5_moe")
+# multimodal checkpoints whose text model is nested under ``text_config`` (Gemma 3's too)
+_NESTED = ("qwen3_5", "qwen3_5_moe", "gemma3")
 
 
 class LinearAttnConfig(NamedTuple):
@@ -43,7 +43,8 @@ class LinearAttnConfig(NamedTuple):
 
 
 def text_config(c: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config: a multimodal ``qwen3_5(_moe)`` checkpoint nests it under ``text_config``."""
+    """The text model's config: a multimodal ``qwen3_5(_moe)`` / ``gemma3`` checkpoint nests it under
+    ``text_config``."""
     if c.get("model_type") in _NESTED and "text_config" in c:
         inner = dict(c["text_config"])
         inner["model_type"] = c["model_type"]

@@ -29,6 +29,20 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm scaled by ``1 + weight`` (weights stored zero-centred: Gemma, Qwen3.5), in fp32, cast to
+    the input's dtype after the scale."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.float() + 1.0
+        return F.rms_norm(x.float(), w.shape, w, self.eps).to(x.dtype)
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """Inverse frequencies, with the llama3 and linear scalings that our supported models use."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))

@@ -11,30 +11,16 @@ state per request (``runtime/runner/state_pool.py``).  The MoE variants swap the
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend
 from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
-from runtime.models.decoder import CausalLM, StepContext, paged_attention
+from runtime.models.decoder import CausalLM, StepContext, decode_plans, paged_attention
 from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
-from runtime.models.layers import RotaryEmbedding, apply_rope
+from runtime.models.layers import OffsetRMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
 from runtime.models.moe import feed_forward
-
-
-class OffsetRMSNorm(nn.Module):
-    """RMSNorm scaled by ``1 + weight`` (weights stored zero-centred), in fp32."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight.float() + 1.0
-        return F.rms_norm(x.float(), w.shape, w, self.eps).to(x.dtype)
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -130,8 +116,8 @@ class HybridCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns float32 logits ``[len(fb.logits_rows), vocab]``; updates the slots in ``states``."""
         plan = None
-        if fb.is_decode and backend.decode_plan is not None and kv_layers:
-            plan = backend.decode_plan(fb.page_table, fb.seq_lens_k, kv_layers[0][0].shape[1])
+        if kv_layers:
+            plan = decode_plans(fb, backend, kv_layers[0][0].shape[1], ())
         cos, sin = self.rope.lookup(fb.positions)
         ctx = StepContext(fb, cos, sin, backend, plan)
         h = self.embed_tokens(fb.input_ids)

@@ -26,6 +26,9 @@ _EXPERT = re.compile(
 )
 
 
+_VISION = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+
+
 class WeightsError(Exception):
     """Weights are missing, corrupt or do not fit the architecture."""
 
@@ -58,6 +61,10 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
     if e:
         _load_expert(params, e, w, name, seen)
         return
+    if cfg.gemma is not None:  # the multimodal checkpoint nests the text model; its vision tower is not ours
+        if _VISION.match(name):
+            return
+        name = name.replace("model.language_model.", "model.", 1)
     if cfg.is_hybrid:  # its own name map (fused linear-attention projections, gated q_proj)
         for key, rows, part in map_hybrid_weight(cfg, name, w):
             if key == "lm_head.weight" and cfg.tie_word_embeddings:

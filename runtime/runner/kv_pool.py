@@ -21,10 +21,14 @@ class KVPool:
         device: torch.device,
         memory_bytes: int | None = None,
         num_pages: int | None = None,
+        num_layers: int | None = None,
     ) -> None:
+        """``num_layers``: how many layers keep pages here (default: every attention layer; fewer when a
+        model's window layers live in rings, ``runtime/runner/window_pool.py``)."""
         self.page_size = page_size
         elem = torch.tensor([], dtype=dtype).element_size()
-        self.bytes_per_page = cfg.kv_bytes_per_token(elem) * page_size
+        layers = cfg.num_attention_layers if num_layers is None else num_layers
+        self.bytes_per_page = 2 * layers * cfg.num_kv_heads * cfg.head_dim * elem * page_size
         if num_pages is None:
             budget = memory_bytes if memory_bytes is not None else default_kv_budget(device)
             num_pages = budget // self.bytes_per_page
@@ -36,7 +40,7 @@ class KVPool:
         shape = (self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         self.layers = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_attention_layers)
+            for _ in range(layers)
         ]
 
     def read_pages(self, pages: list[int]) -> torch.Tensor:

@@ -30,6 +30,7 @@ from runtime.runner.distributed.sharding import TPGroup, local_config, shard_int
 from runtime.runner.forward_batch import ForwardBatch, StepInput, build_forward_batch
 from runtime.runner.kv_pool import KVPool
 from runtime.runner.state_pool import StateInput, StatePool
+from runtime.runner.window_pool import WindowPool, ring_batch
 from runtime.sampling.sampler import SampleResult, sample
 from runtime.speculative.verify import verify
 
@@ -76,6 +77,8 @@ class ModelRunner:
         quantize: str = "none",
         tp: TPGroup | None = None,
         compile_decode: bool = False,
+        chunk_size: int = 512,
+        window_paging: bool = True,
     ) -> None:
         self.cfg = ModelConfig.from_dir(model_dir)  # the whole model's shapes, whatever this rank keeps
         self.workers: Workers | None = None
@@ -104,11 +107,28 @@ class ModelRunner:
         self.compile_decode = compile_decode
         log.info("%s %s: %s", self.cfg.model_type, model_dir, self.model.parameter_counts().describe())
         pool_cfg = local_config(self.cfg, tp.world) if tp else self.cfg
-        self.pool = KVPool(pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages)
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
         hybrid = self.cfg.is_hybrid
-        self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device) if hybrid else None
+        self.state_pool: StatePool | WindowPool | None = None
+        if hybrid:
+            self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device)
+        elif window_paging and uses_rings(self.cfg) and tp is None:
+            self.state_pool = WindowPool(
+                self.cfg, state_slots, page_size, chunk_size, self.dtype, self.device
+            )
+        rings = isinstance(self.state_pool, WindowPool)
+        if rings and kv_cache_memory is not None and num_pages is None:  # the rings come out of the budget
+            kv_cache_memory -= self.state_pool.nbytes
+        full_layers = sum(w is None for w in self.cfg.windows) if rings else None
+        self.pool = KVPool(
+            pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages, full_layers
+        )
+        # each attention layer's (k, v): a window layer's ring when the rings hold them, else its pool pages
+        self.kv_layers = list(self.pool.layers)
+        if rings:
+            full, ring = iter(self.pool.layers), iter(self.state_pool.layers)
+            self.kv_layers = [next(full) if w is None else next(ring) for w in self.cfg.windows]
         self.linear_backend = select_linear_backend(self.device) if hybrid else None
         self.graphs: DecodeGraphRunner | None = None
         self.decode_path = "eager"  # see choose_decode
@@ -119,7 +139,7 @@ class ModelRunner:
         Triton backend on one device, dense models), else the model's own choice among ``fused``
         (the CPU kernels), ``compiled`` (``--compile-decode``) and ``eager``.  ``max_seq_len``: the
         longest sequence a graph must hold (None: no graphs, e.g. a tensor-parallel worker)."""
-        layers = self.pool.layers
+        layers = self.kv_layers
         self.decode_path = self.model.choose_decode(self.backend, layers[0][0] if layers else None,
                                                     self.compile_decode)  # fmt: skip
         graphs = self.device.type == "cuda" and self.backend.name == "triton" and self.state_pool is None
@@ -132,9 +152,7 @@ class ModelRunner:
         """Run decode steps through static buffers: replayed CUDA graphs on a GPU (``capture=None``: when
         the device is CUDA), the same padded forward run eagerly otherwise (how CPU tests check it)."""
         max_pages = -(-max_seq_len // self.page_size)
-        self.graphs = DecodeGraphRunner(
-            self.model, self.pool.layers, self.backend, max_pages, capture=capture
-        )
+        self.graphs = DecodeGraphRunner(self.model, self.kv_layers, self.backend, max_pages, capture=capture)
         self.graphs.capture_graphs()
 
     def _load(self, model_dir: Path) -> torch.nn.Module:
@@ -170,11 +188,14 @@ class ModelRunner:
             if self.workers is not None:
                 self.workers.check()
             send_batch(fb, self.tp.group, self.device)
+        if isinstance(self.state_pool, WindowPool):
+            assert states is not None, "a window model's step needs its ring slots"
+            return self._window_forward(fb, states)
         if states is not None:
             return self._hybrid_forward(fb, states)
         if self.graphs is not None and self.graphs.can_run(fb):
             return self.graphs.run(fb)  # a static buffer's view: consumed before the next step
-        return self.model(fb, self.pool.layers, self.backend)
+        return self.model(fb, self.kv_layers, self.backend)
 
     def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
         """Forward over the sequences' state slots, filling the snapshots the step asked for."""
@@ -192,6 +213,28 @@ class ModelRunner:
         for slot, snap in zip(st.slots, st.ends):
             if snap is not None:  # the state after the whole chunk
                 pool.copy_to(slot, snap)
+        return logits
+
+    def _window_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
+        """Forward with the window layers on the sequences' rings; then fill the window snapshots the
+        step asked for (every snapshot lies within its chunk, still in the ring)."""
+        pool = self.state_pool
+        assert isinstance(pool, WindowPool)
+        cu = fb.cu_seqlens_q.tolist()
+        longest = max(b - a for a, b in zip(cu, cu[1:]))
+        if longest > pool.max_chunk:
+            raise ValueError(
+                f"a {longest}-token chunk overflows the window rings (built for {pool.max_chunk})"
+            )
+        ring = ring_batch(fb, st.slots, pool.ring_pages, self.page_size)
+        logits = self.model(fb, self.kv_layers, self.backend, ring)
+        starts = fb.positions[fb.cu_seqlens_q[:-1].long()].tolist() if cu[-1] else []
+        inside = iter(st.inside)
+        for i, (slot, cuts, end) in enumerate(zip(st.slots, st.cuts, st.ends)):
+            for off in cuts:
+                pool.copy_to(slot, next(inside), starts[i] + off)
+            if end is not None:
+                pool.copy_to(slot, end, starts[i] + cu[i + 1] - cu[i])
         return logits
 
     def close(self) -> None:
@@ -220,4 +263,11 @@ def run_worker(tp: TPGroup, model_dir, dtype: str, device: str, *rest) -> None:
     runner = ModelRunner(Path(model_dir), dtype, device, *rest, tp=tp)
     runner.choose_decode(None)  # the same layer path as rank 0 (graphs never run under tensor parallelism)
     while (fb := recv_batch(tp.group, runner.device)) is not None:
-        runner.model(fb, runner.pool.layers, runner.backend)
+        runner.model(fb, runner.kv_layers, runner.backend)
+
+
+def uses_rings(cfg: ModelConfig) -> bool:
+    """Window layers go to rings when the model also has full-attention layers (whose pages the prefix
+    cache keeps beside the window snapshots); a model windowed in every layer (Mistral) keeps all its
+    KV in pool pages, so its prefix cache works as a dense model's."""
+    return any(w is not None for w in cfg.windows) and any(w is None for w in cfg.windows)

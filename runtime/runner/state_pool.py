@@ -42,6 +42,9 @@ class StateInput(NamedTuple):
 class StatePool:
     """``conv[layer, slot]`` and ``rec[layer, slot]`` for ``num_slots`` requests; ``layers[i]`` is layer i's pair."""
 
+    # snapshots at every prefill chunk's end, not only the prompt's: a long prompt's mid-points resume
+    chunk_end_snapshots = True
+
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
         lc = cfg.linear_attn
         assert lc is not None, "a state pool is for hybrid models"
@@ -80,6 +83,7 @@ class StatePool:
         snap.conv.copy_(self.conv[:, slot])
         snap.rec.copy_(self.rec[:, slot])
 
-    def restore(self, slot: int, snap: Snapshot) -> None:
+    def restore(self, slot: int, snap: Snapshot, end: int = 0) -> None:
+        """``end`` (where the snapshot was taken) is the window pool's concern, not a recurrent state's."""
         self.conv[:, slot].copy_(snap.conv)
         self.rec[:, slot].copy_(snap.rec)

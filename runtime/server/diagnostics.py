@@ -115,8 +115,8 @@ class CacheDiagnostics:
             out["cause"], out["detail"] = (
                 "snapshot_cut",
                 (
-                    f"the KV pages matched {cached_tokens + snapshot_cut} tokens but the last linear-attention "
-                    f"state snapshot ended at {cached_tokens}: {snapshot_cut} tokens were recomputed "
+                    f"the KV pages matched {cached_tokens + snapshot_cut} tokens but the last state snapshot "
+                    f"(linear-attention state or sliding-window keys) ended at {cached_tokens}: {snapshot_cut} tokens were recomputed "
                     "(raise --snapshot-memory, or --snapshot-every for snapshots inside long prompts)"
                 ),
             )

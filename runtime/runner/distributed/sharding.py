@@ -39,6 +39,8 @@ def local_config(cfg: ModelConfig, world: int) -> ModelConfig:
         raise ValueError("tensor parallelism does not shard mixture-of-experts layers yet")
     if getattr(cfg, "layer_types", ()):
         raise ValueError("tensor parallelism does not shard hybrid (linear-attention) models yet")
+    if getattr(cfg, "gemma", None) is not None:
+        raise ValueError("tensor parallelism does not shard Gemma 3 yet (its extra norms are unmapped)")
     if cfg.num_heads % world:
         raise ValueError(f"{cfg.num_heads} attention heads do not split over {world} tensor-parallel ranks")
     if cfg.intermediate_size % world:

@@ -1,0 +1,181 @@
+"""Sliding-window models: KV memory at 8K context against a full-attention twin, and prefix reuse over a
+10-turn tool-using session (issue #30).
+
+Run from the repository root: ``python -m benchmarks.window_paging [--quick] [--threads N]`` (fp32, CPU).
+
+Models: random-weight checkpoints of transformers' own classes (the embedded SmolLM2 tokenizer, window
+512): ``gemma3`` (5 sliding layers per full one, as Gemma 3), its ``twin`` (the same with every layer
+full attention), ``ministral`` (sliding and full alternating) and ``mistral`` (every layer windowed:
+its KV stays in pool pages).  Token counts do not depend on the weights' values.
+
+* memory: one 8K-token prompt; the KV bytes it holds: pool pages (``tree_pages`` after it ends) times
+  the page's bytes, plus the one window ring it ran in and the window snapshots kept; per context
+  token (the rings of all ``max_running`` = 4 slots are allocated up front: ``rings_allocated_bytes``);
+* session: each turn is the previous request's tokens (prompt + output) + Gemma's turn glue around a
+  tool result of 60-900 tokens (some longer than the window) + the generation prompt; ``ideal`` is
+  what was never computed before (prompt - previous tokens + 1: the previous request never computes
+  its last sampled token).  With the cache off every turn would prefill its whole prompt (``prompt``);
+* same turn: a prompt computed, then the same prompt with a tool result appended (vLLM #57610).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import base_parser, bench_main, format_table, progress
+
+WINDOW = 512
+BASE = dict(
+    hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    vocab_size=49152, max_position_embeddings=16384, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    sliding_window=WINDOW,
+)  # fmt: skip
+SLIDE, FULL = "sliding_attention", "full_attention"
+MODELS = {
+    "gemma3": ("gemma3_text", dict(num_hidden_layers=6, layer_types=[SLIDE] * 5 + [FULL])),
+    "twin": ("gemma3_text", dict(num_hidden_layers=6, layer_types=[FULL] * 6)),
+    "ministral": ("ministral", dict(num_hidden_layers=4, layer_types=[SLIDE, FULL] * 2)),
+    "mistral": ("mistral", dict(num_hidden_layers=4)),
+}
+GLUE_OPEN, GLUE_CLOSE = "<end_of_turn>\n<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"
+
+
+def model_path(name: str) -> Path:
+    """The random checkpoint for ``name``, written once under the kvreuse cache."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from runtime.loading.model_source import cache_dir, resolve_model
+
+    out = cache_dir() / "bench" / f"window-{name}"
+    if (out / ".complete").is_file():
+        return out
+    arch, kw = MODELS[name]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **BASE, **kw), dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    src = resolve_model(None)[0]
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / f, out / f)
+    (out / ".complete").touch()
+    return out
+
+
+def engine(name: str, **kw):
+    from runtime.engine.engine import Engine
+
+    opts = dict(
+        dtype="float32", device="cpu", page_size=16, chunk_size=512, kv_cache_memory="1G", max_running=4
+    )
+    return Engine(model_dir=str(model_path(name)), **{**opts, **kw})
+
+
+def run_one(eng, prompt: list[int], max_tokens: int):
+    from runtime.sampling.params import SamplingParams
+
+    req = eng.make_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    eng.submit(req)
+    while eng.has_work():
+        eng.step()
+    return req
+
+
+def memory_at(name: str, context: int) -> dict:
+    """KV bytes one ``context``-token prompt holds in ``name``'s pool, rings and snapshots."""
+    from benchmarks.common import synthetic_prompt
+
+    eng = engine(name)
+    run_one(eng, synthetic_prompt(context, seed=1), 1)
+    st = eng.stats()
+    runner = eng.runner
+    rings = getattr(runner.state_pool, "nbytes", 0)  # every running-request slot's ring (max_running of them)
+    ring = rings // max(1, getattr(runner.state_pool, "num_slots", 1))  # the one this request used
+    pages = st.tree_pages
+    pool = pages * runner.pool.bytes_per_page
+    snaps = st.snapshot_bytes
+    total = pool + ring + snaps
+    return {
+        "model": name, "context": context, "pool_pages": pages, "page_bytes": runner.pool.bytes_per_page,
+        "pool_bytes": pool, "ring_bytes": ring, "rings_allocated_bytes": rings, "snapshot_bytes": snaps,
+        "bytes_per_token": total / context,
+    }  # fmt: skip
+
+
+def session(name: str, turns: int, seed: int, **kw) -> list[dict]:
+    """The 10-turn tool session on one engine: per turn prompt, cached, prefilled, ideal."""
+    from benchmarks.common import synthetic_prompt
+
+    eng = engine(name, **kw)
+    tok = eng.tokenizer
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    g = torch.Generator().manual_seed(seed)
+    prompt = synthetic_prompt(700, seed) + enc("<start_of_turn>model\n")
+    computed, rows = 0, []
+    for t in range(turns):
+        req = run_one(eng, prompt, 24)
+        ideal = len(prompt) - computed
+        rows.append(dict(turn=t, prompt=len(prompt), cached=req.cached_tokens, prefilled=req.prefilled_tokens,
+                         ideal=ideal, snapshot_cut=req.snapshot_cut))  # fmt: skip
+        tool = synthetic_prompt(int(torch.randint(60, 900, (1,), generator=g)), seed * 100 + t)
+        computed = len(req.tokens) - 1
+        prompt = list(req.tokens) + enc(GLUE_OPEN) + tool + enc(GLUE_CLOSE)
+    return rows
+
+
+def same_turn(name: str) -> dict:
+    """A prompt computed, then the same prompt with a tool result appended before any output is kept."""
+    from benchmarks.common import synthetic_prompt
+
+    eng = engine(name)
+    first = synthetic_prompt(1500, 7)
+    run_one(eng, first, 4)
+    longer = first + synthetic_prompt(300, 8)
+    req = run_one(eng, longer, 4)
+    return dict(model=name, first=len(first), prompt=len(longer), cached=req.cached_tokens,
+                prefilled=req.prefilled_tokens, ideal=len(longer) - len(first))  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> dict:
+    turns = 4 if args.quick else 10
+    context = 2048 if args.quick else 8192
+    out: dict = {"dtype": "float32", "threads": torch.get_num_threads(), "window": WINDOW, "page_size": 16}
+    progress(f"memory at {context} tokens")
+    mem = [memory_at(n, context) for n in ("gemma3", "twin", "ministral", "mistral")]
+    out["memory"] = mem
+    twin = next(m for m in mem if m["model"] == "twin")["bytes_per_token"]
+    out["gemma3_vs_twin_bytes"] = next(m for m in mem if m["model"] == "gemma3")["bytes_per_token"] / twin
+    print(format_table(["model", "pool pages", "page B", "ring B", "snapshots B", "B/token"],
+                       [[m["model"], m["pool_pages"], m["page_bytes"], m["ring_bytes"], m["snapshot_bytes"],
+                         f"{m['bytes_per_token']:.0f}"] for m in mem]))  # fmt: skip
+    print(f"gemma3 / full-attention twin, KV bytes per context token: {out['gemma3_vs_twin_bytes']:.3f}")
+    out["sessions"] = {}
+    for name in ("gemma3", "ministral", "mistral"):
+        for label, kw in (("cache", {}),):  # cache off prefills every prompt whole: the prompt column
+            progress(f"session {name} {label}")
+            rows = session(name, turns, seed=3, **kw)
+            out["sessions"][f"{name}/{label}"] = rows
+            print(f"{name}, prefix cache {label}")
+            print(format_table(["turn", "prompt", "cached", "prefilled", "ideal", "cut"],
+                               [[r["turn"], r["prompt"], r["cached"], r["prefilled"], r["ideal"], r["snapshot_cut"]]
+                                for r in rows]))  # fmt: skip
+    out["same_turn"] = [same_turn(n) for n in ("gemma3", "ministral", "mistral")]
+    print(format_table(["model", "first", "prompt", "cached", "prefilled", "ideal"],
+                       [[r["model"], r["first"], r["prompt"], r["cached"], r["prefilled"], r["ideal"]]
+                        for r in out["same_turn"]]))  # fmt: skip
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return base_parser("window_paging", __doc__.split("\n")[0]).parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("window_paging", parse_args, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

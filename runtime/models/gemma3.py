@@ -1,0 +1,119 @@
+"""Gemma 3 text decoder over the paged KV pool (``transformers.models.gemma3``: Gemma3ForCausalLM).
+
+What it changes against the Llama decoder (``decoder.py``), each as transformers computes it:
+
+* RMSNorms scale by ``1 + weight`` in fp32 before casting back (``OffsetRMSNorm``), also on q and k per
+  head; every layer norms the attention output and the MLP's input and output too (four norms);
+* the attention scale is ``query_pre_attn_scalar ** -0.5``, not ``head_dim ** -0.5``;
+* layers alternate sliding-window ("sliding_attention", rope base ``local_rope_theta``) and full
+  attention (rope base ``rope_theta``, optionally linear-scaled): two rope tables;
+* the embedding is scaled by ``sqrt(hidden)`` (rounded to the weights' dtype), the MLP is GeGLU with
+  the tanh gelu, the final logits are softcapped (``tanh(x / c) * c``) where the config says.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import AttentionBackend
+from runtime.models.batch import ForwardBatch
+from runtime.models.config import ModelConfig
+from runtime.models.decoder import CausalLM, PagedAttention, StepContext, step_contexts
+from runtime.models.layers import GatedMLP, OffsetRMSNorm
+
+
+class GeGLUMLP(GatedMLP):
+    """``down(gelu(gate) * up)``, gate and up fused into one matmul; the tanh gelu unless the config
+    asks for the exact one."""
+
+    def __init__(self, hidden: int, inter: int, activation: str) -> None:
+        super().__init__(hidden, inter)
+        if activation not in ("gelu_pytorch_tanh", "gelu"):
+            raise ValueError(f"unsupported Gemma activation {activation!r} (gelu_pytorch_tanh, gelu)")
+        self.approximate = "tanh" if activation == "gelu_pytorch_tanh" else "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj.run(x).chunk(2, dim=-1)
+        return self.down_proj.run(F.gelu(gate, approximate=self.approximate) * up)
+
+
+class GemmaDecoderLayer(nn.Module):
+    """Sandwich-normed attention and GeGLU MLP; ``local`` layers use the sliding window and local rope."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        g = cfg.gemma
+        assert g is not None
+        eps, hidden = cfg.rms_norm_eps, cfg.hidden_size
+        self.local = cfg.window(layer) is not None
+        self.self_attn = PagedAttention(cfg, cfg.window(layer))
+        self.self_attn.q_norm = OffsetRMSNorm(cfg.head_dim, eps)
+        self.self_attn.k_norm = OffsetRMSNorm(cfg.head_dim, eps)
+        self.self_attn.scale = g.query_pre_attn_scalar**-0.5
+        self.input_layernorm = OffsetRMSNorm(hidden, eps)
+        self.post_attention_layernorm = OffsetRMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(hidden, eps)
+        self.post_feedforward_layernorm = OffsetRMSNorm(hidden, eps)
+        self.mlp = GeGLUMLP(hidden, cfg.intermediate_size, g.activation)
+
+    def forward(
+        self, h: torch.Tensor, ctx: StepContext, kv: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        a = self.self_attn.forward(self.input_layernorm.forward(h), ctx, kv)
+        h = h + self.post_attention_layernorm.forward(a)
+        m = self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
+        return h + self.post_feedforward_layernorm.forward(m)
+
+
+class GemmaCausalLM(CausalLM):
+    """Gemma 3's embeddings (scaled), decoder layers, final norm, LM head and logit softcap.
+
+    ``local_rope`` (the sliding layers' table) is built beside ``rope`` by ``build_model``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.local_rope: nn.Module | None = None
+
+    def choose_decode(self, backend: AttentionBackend, k_cache: torch.Tensor | None, compile: bool) -> str:
+        """``compiled`` (``--compile-decode``) or ``eager``: the fused CPU kernels are Llama's layer."""
+        if compile:
+            self.compile_decode()
+            return "compiled"
+        return "eager"
+
+    def compile_decode(self) -> None:
+        """``torch.compile`` the decode step's layer (see ``CausalLM.compile_decode``)."""
+        self.decode_run = (torch.compile(GemmaDecoderLayer.forward, dynamic=True), list(self.layers))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        fb: ForwardBatch,
+        kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
+        backend: AttentionBackend,
+        ring: ForwardBatch | None = None,
+    ) -> torch.Tensor:
+        """Returns float32 logits ``[len(fb.logits_rows), vocab]`` (``ring``: see ``CausalLM.forward``)."""
+        cfg = self.cfg
+        g = cfg.gemma
+        assert g is not None and self.local_rope is not None
+        ps = kv_layers[0][0].shape[1]
+        full, local = step_contexts(fb, ring, *self.rope.lookup(fb.positions), backend, ps, cfg.windows)
+        local = local._replace(**dict(zip(("cos", "sin"), self.local_rope.lookup(fb.positions))))
+        w = self.embed_tokens.weight
+        h = self.embed_tokens(fb.input_ids) * torch.tensor(cfg.hidden_size**0.5, dtype=w.dtype)
+        run_layer = GemmaDecoderLayer.forward
+        if fb.is_decode and self.decode_run is not None:
+            run_layer = self.decode_run[0]
+        for layer, kv in zip(self.layers, kv_layers):
+            h = run_layer(layer, h, local if layer.local else full, kv)
+        logits = self.lm_head.run(self.norm.forward(h[fb.logits_rows])).float()
+        if g.final_logit_softcapping is not None:
+            cap = g.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits

@@ -1,0 +1,135 @@
+"""The KV of sliding-window layers: a ring of pages per running request, not pages per token.
+
+A window layer's query at position p reads only keys (p - W, p], so a request needs at most the last
+``W - 1 + chunk`` keys of a window layer at any step.  Each request's slot owns ``ring_pages`` pages
+of every window layer, and token position ``t`` lives in ring page ``(t // page_size) % ring_pages``::
+
+    positions   0    4    8    12   16   20   24   28          (page_size 4, ring_pages 4)
+    logical pg  0    1    2    3    4    5    6    7
+    ring page   0    1    2    3    0    1    2    3     <- pages 4..7 overwrite 0..3
+    step: keys 13..27 (W = 9, chunk 20..27)    [ 3 | 0 | 1 | 2 | 3 ]  spans 5 logical pages,
+    so ring_pages = ceil((W + chunk) / page_size) + 1 always covers the band a step reads.
+
+The kernels read a window layer through a page table whose row for the slot maps logical page j to
+``slot * ring_pages + j % ring_pages`` (``ring_batch``) and read only each query's band, so pages
+that left every window are simply overwritten: a window layer costs ``slots * ring_pages`` pages
+however long the context.  The full-attention layers keep their pages in ``KVPool``.
+
+The prefix cache cannot keep a ring, so it keeps ``WindowSnapshot``s: every window layer's last
+``W`` keys before a page boundary, taken where ``runtime/cache/hybrid_states.py`` takes a hybrid's
+state snapshots and restored into a request's ring when its match ends there.  Same interface as
+``StatePool`` (alloc, free, snapshot, restore), so the cache manager and scheduler run one code path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from runtime.models.batch import ForwardBatch
+    from runtime.models.config import ModelConfig
+
+
+class WindowSnapshot(NamedTuple):
+    """Every window layer's keys and values at the ``span`` positions before a boundary ``n``:
+    ``kv [layers, 2, span, kv_heads, head_dim]``, position ``n - span + j`` at index j (garbage below 0)."""
+
+    kv: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
+
+
+class WindowPool:
+    """``layers[i]``: window layer i's ring buffers ``[slots * ring_pages, page_size, kv_heads, head_dim]``."""
+
+    # a snapshot is W keys of every window layer (more than the KV pages of W tokens of the full layers):
+    # at the end of each prompt and request (and --snapshot-every), not at every chunk of a long prompt
+    chunk_end_snapshots = False
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_slots: int,
+        page_size: int,
+        chunk_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        windows = [w for w in cfg.windows if w is not None]
+        self.page_size = page_size
+        self.span = max(windows)  # a snapshot keeps the widest window's keys for every window layer
+        self.max_chunk = chunk_size
+        self.ring_pages = -(-(self.span + chunk_size) // page_size) + 1
+        self.num_slots = num_slots
+        shape = (num_slots * self.ring_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+        self.layers = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in windows
+        ]
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        k = self.layers[0][0]
+        return 2 * len(self.layers) * self.span * k[0, 0].numel() * k.element_size()
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise RuntimeError(f"all {self.num_slots} window-ring slots are in use")
+        return self._free.pop()
+
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def slots_of(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """Ring slot (page * page_size + offset) of each position in ``[start, end)`` (clamped at 0)."""
+        pos = torch.arange(start, end, device=self.layers[0][0].device).clamp(min=0)
+        ps = self.page_size
+        return (slot * self.ring_pages + (pos // ps) % self.ring_pages) * ps + pos % ps
+
+    def empty_snapshot(self) -> WindowSnapshot:
+        k = self.layers[0][0]
+        return WindowSnapshot(k.new_empty(len(self.layers), 2, self.span, *k.shape[2:]))
+
+    def copy_to(self, slot: int, snap: WindowSnapshot, end: int) -> None:
+        """Fill ``snap`` with the ring's keys before position ``end`` (still in the ring: a step's
+        snapshots lie within its chunk, and the ring holds W + chunk positions)."""
+        idx = self.slots_of(slot, end - self.span, end)
+        for i, (k, v) in enumerate(self.layers):
+            snap.kv[i, 0].copy_(k.view(-1, *k.shape[2:]).index_select(0, idx))
+            snap.kv[i, 1].copy_(v.view(-1, *v.shape[2:]).index_select(0, idx))
+
+    def restore(self, slot: int, snap: WindowSnapshot, end: int) -> None:
+        """Put a snapshot taken at ``end`` back into ``slot``'s ring: its request resumes at ``end``."""
+        first = max(0, end - self.span)
+        idx = self.slots_of(slot, first, end)
+        part = snap.kv[:, :, self.span - (end - first) :]
+        for i, (k, v) in enumerate(self.layers):
+            k.view(-1, *k.shape[2:]).index_copy_(0, idx, part[i, 0])
+            v.view(-1, *v.shape[2:]).index_copy_(0, idx, part[i, 1])
+
+
+def ring_batch(fb: ForwardBatch, slots: list[int], ring_pages: int, page_size: int) -> ForwardBatch:
+    """``fb`` re-addressed for the window layers: each sequence's logical pages map into its slot's ring."""
+    dev = fb.page_table.device
+    base = torch.tensor(slots, dtype=torch.long, device=dev) * ring_pages
+    cols = torch.arange(fb.page_table.shape[1], device=dev) % ring_pages
+    table = (base[:, None] + cols[None, :]).to(torch.int32)
+    seq = torch.repeat_interleave(
+        torch.arange(len(slots), device=dev), (fb.cu_seqlens_q[1:] - fb.cu_seqlens_q[:-1]).long()
+    )
+    pos = fb.positions
+    slot_mapping = (base[seq] + (pos // page_size) % ring_pages) * page_size + pos % page_size
+    return fb._replace(page_table=table, slot_mapping=slot_mapping)

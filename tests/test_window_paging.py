@@ -1,0 +1,131 @@
+"""Window layers in per-request rings, window snapshots beside the radix tree (Gemma 3 shape).
+
+* the pool keeps pages only for the full-attention layers; the rings' size does not grow with the
+  context, and logits stay transformers' far past the ring's length;
+* with-cache == without-cache on random conversation trees, with a small pool (eviction, retraction)
+  and a snapshot budget of 3 (snapshot eviction), integrity after every step;
+* a 10-turn append-only session reuses all but the new tokens and the distance to the last
+  snapshot (page arithmetic, independently of the cache); a prompt extended within the same turn
+  (vLLM #57610's case) hits at the first prompt's last page boundary;
+* ``window_paging=False`` keeps every layer in pages, with the same outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.runner.window_pool import WindowPool
+from runtime.sampling.params import SamplingParams
+from tests.conversation_trees import check_conversation_tree
+from tests.conversation_trees import run_all as _run
+from tests.engine_drive import random_ids, tiny_engine
+from tests.helpers import load_hf, make_tiny_windowed
+from tests.parity import all_logits
+
+W = 7  # gemma3-odd's window: layers 0, 1, 3 slide, 2 and 4 attend to everything
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_windowed(tmp_path_factory.mktemp("wp") / "m", "gemma3-odd")
+
+
+def _engine(d, **kw):
+    return tiny_engine(d, **{"page_size": 4, "num_pages": 512, "record_logits": True, **kw})
+
+
+def test_pool_pages_hold_only_full_attention_layers(model_dir):
+    eng = _engine(model_dir, chunk_size=16, max_running=2)
+    ring = eng.runner.state_pool
+    assert isinstance(ring, WindowPool) and len(ring.layers) == 3 and len(eng.runner.pool.layers) == 2
+    assert ring.ring_pages == -(-(W + 16) // 4) + 1  # 7 keys of window + a 16-token chunk, +1 page
+    twin = _engine(model_dir, window_paging=False)
+    assert twin.runner.state_pool is None and len(twin.runner.pool.layers) == 5
+    assert eng.runner.pool.bytes_per_page * 5 == twin.runner.pool.bytes_per_page * 2
+    # a 150-token prompt wraps the 6-page ring six times; the logits are still transformers'
+    ids = random_ids(torch.Generator().manual_seed(1), 150)
+    with torch.no_grad():
+        ref = load_hf(model_dir)(torch.tensor([ids])).logits[0].float()
+    wide = _engine(model_dir, chunk_size=150)  # all_logits prefills in one chunk
+    assert (all_logits(wide, ids) - ref).abs().max().item() < 1e-4
+    out = eng.generate([ids], SamplingParams(max_tokens=20, ignore_eos=True))[0].output_token_ids
+    assert twin.generate([ids], SamplingParams(max_tokens=20, ignore_eos=True))[0].output_token_ids == out
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir) -> dict:
+    snap = _engine(model_dir).runner.state_pool.snapshot_bytes
+    out = {"off": _engine(model_dir, prefix_cache="off")}
+    for small in (False, True):
+        out[small] = _engine(
+            model_dir, num_pages=(96 if small else 1024) // 4, chunk_size=24,
+            snapshot_memory=3 * snap if small else None, snapshot_every=2,
+        )  # fmt: skip
+    return out
+
+
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(data=st.data())
+def test_cache_matches_off_on_random_conversation_trees(engines, data):
+    small = data.draw(st.booleans(), label="small_pool")
+    check_conversation_tree(data, engines[small], engines["off"], max_out=6)
+
+
+def test_ten_turn_session_prefills_only_new_tokens(model_dir):
+    """Turn t's prompt is turn t-1's prompt + output + new tokens.  The previous turn computed all but
+    its last sampled token, so its last window snapshot is at the page boundary at or below that:
+    cached = floor((len(prev) - 1) / ps) * ps, prefilled = new + (len(prev) - cached) <= new + ps."""
+    ps = 4
+    eng, off = _engine(model_dir, chunk_size=64), _engine(model_dir, chunk_size=64, prefix_cache="off")
+    gen = torch.Generator().manual_seed(7)
+    prev: list[int] = []
+    for turn in range(10):
+        new = random_ids(gen, 5 + 7 * turn % 23)
+        (req,) = _run(eng, [prev + new], [6])
+        (ref,) = _run(off, [prev + new], [6])
+        assert req.output_ids == ref.output_ids
+        snap = (len(prev) - 1) // ps * ps if prev else 0
+        assert (req.cached_tokens, req.prefilled_tokens) == (snap, len(new) + len(prev) - snap), turn
+        prev = list(req.tokens)
+    eng.check_integrity()
+    assert eng.stats().snapshots > 0
+
+
+def test_prompt_extended_within_the_turn_hits(model_dir):
+    """vLLM #57610: the same turn's prompt grows (a tool result appended before any output is kept)."""
+    eng, off = _engine(model_dir, chunk_size=64), _engine(model_dir, chunk_size=64, prefix_cache="off")
+    gen = torch.Generator().manual_seed(8)
+    first = random_ids(gen, 45)
+    _run(eng, [first], [3])
+    longer = first + random_ids(gen, 10)
+    (req,) = _run(eng, [longer], [5])
+    (ref,) = _run(off, [longer], [5])
+    assert req.output_ids == ref.output_ids
+    assert req.cached_tokens == 44 and req.prefilled_tokens == len(longer) - 44
+
+
+def test_disk_tier_restart_with_window_paging_off(model_dir, tmp_path):
+    """The tiers keep pages, not window snapshots: with rings they are refused; with
+    ``window_paging=False`` every layer's KV is in pages and a restarted engine resumes from disk."""
+    from runtime.engine.admission import EngineError
+
+    with pytest.raises(EngineError, match="no-window-paging"):
+        _engine(model_dir, kv_store=str(tmp_path / "refused"))
+    store = str(tmp_path / "store")
+    gen = torch.Generator().manual_seed(9)
+    turn1 = random_ids(gen, 50)
+    eng = _engine(model_dir, window_paging=False, kv_store=store)
+    (r1,) = _run(eng, [turn1], [4])
+    eng.close()
+    eng2 = _engine(model_dir, window_paging=False, kv_store=store)
+    turn2 = list(r1.tokens) + random_ids(gen, 9)
+    (r2,) = _run(eng2, [turn2], [4])
+    assert r2.cached_tokens == r2.cached_disk_tokens == len(r1.tokens) // 4 * 4
+    (ref,) = _run(_engine(model_dir, prefix_cache="off"), [turn2], [4])
+    assert r2.output_ids == ref.output_ids
+    eng2.close()
