@@ -25,6 +25,8 @@ from runtime.server.openai import models as openai_models
 from runtime.server.openai.cache_routes import install_cache_routes
 from runtime.server.openai.errors import document_errors
 from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from runtime.server.openai.responses_protocol import ResponsesRequest
+from runtime.server.openai.responses_routes import install_responses_routes
 from runtime.server.state import ServerConfig, ServerState
 
 # bodiless POSTs still say application/json (see guard.py); the body itself is ignored
@@ -144,6 +146,7 @@ def create_app(
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
     install_cache_routes(app, state)
+    install_responses_routes(app, state, json_body(ResponsesRequest))
     anthropic_routes.install_anthropic_routes(app, state)
     app.add_middleware(
         RequestGuard,
@@ -167,5 +170,5 @@ def create_app(
                 "anthropic-beta",
             ],
         )
-    document_errors(app, (ChatCompletionRequest, CompletionRequest))
+    document_errors(app, (ChatCompletionRequest, CompletionRequest, ResponsesRequest))
     return app

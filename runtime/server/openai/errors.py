@@ -35,7 +35,7 @@ class ErrorResponse(BaseModel):
 _ERRORS = {
     "400": "invalid request (malformed JSON, a field of the wrong type or out of range, a prompt "
     "that does not fit, a Host header not allowed)",
-    "404": "unknown model (the request's, or the one looked up)",
+    "404": "unknown model (the request's, or the one looked up), or a response id the caller has not stored",
     "409": "the engine is busy (cache reset while requests run)",
     "413": "request body larger than --max-request-bytes",
     "415": "POST body not sent as application/json",
@@ -72,7 +72,9 @@ def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> N
                 codes = ["400", "500", "503"]
                 if method == "post":
                     codes += ["413", "415"]
-                if path in ("/v1/chat/completions", "/v1/completions") or path.startswith("/v1/models/"):
+                if path in ("/v1/chat/completions", "/v1/completions") or path.startswith(
+                    ("/v1/models/", "/v1/responses")
+                ):
                     codes.append("404")
                 if path == "/v1/cache/reset":
                     codes.append("409")
@@ -83,7 +85,7 @@ def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> N
                     }
                 if path == "/health":  # a health body, not an error body: {"status": "error", ...}
                     responses["503"]["content"]["application/json"]["schema"] = {"type": "object"}
-                if path in ("/v1/chat/completions", "/v1/completions"):
+                if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                     ok = responses.setdefault("200", {"description": "OK"}).setdefault("content", {})
                     ok["text/event-stream"] = {"schema": {"type": "string"}}  # "stream": true
         app.openapi_schema = schema

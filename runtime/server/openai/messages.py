@@ -14,7 +14,8 @@ def chat_input(req: ChatCompletionRequest) -> ChatInput:
     choice, name = req.tool_choice, None
     if isinstance(choice, NamedToolChoice):
         choice, name = "tool", choice.function.name
-    return ChatInput(template_messages(req), tools, choice, name, req.chat_template_kwargs)
+    parallel = req.parallel_tool_calls is not False
+    return ChatInput(template_messages(req), tools, choice, name, req.chat_template_kwargs, None, parallel)
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict]:
