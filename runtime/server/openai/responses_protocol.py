@@ -187,6 +187,9 @@ class ResponsesRequest(_Body):
                 raise ValueError(
                     f"input items of type {kind!r} are not supported (only {', '.join(ITEM_TYPES)})"
                 )
+            if isinstance(item, dict):  # here, not in the item models: a union would bury the reason
+                _text_only(item.get("content"))
+                _text_only(item.get("output"))
         return data
 
     @field_validator("metadata")
