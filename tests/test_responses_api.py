@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import anthropic
 import httpx
@@ -32,7 +33,12 @@ WEATHER = {
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather for a city.",
           "parameters": WEATHER}]  # fmt: skip
 INSTRUCTIONS = "You are a travel agent. Check the weather for every city the user names, one call at a time."
-FIRST = [{"role": "user", "content": "Plan my trip to Paris, Rome, Oslo, Lima, Cairo and Tokyo: check the weather."}]
+FIRST = [
+    {
+        "role": "user",
+        "content": "Plan my trip to Paris, Rome, Oslo, Lima, Cairo and Tokyo: check the weather.",
+    }
+]
 LOOP = dict(model=MODEL, instructions=INSTRUCTIONS, tools=TOOLS, tool_choice="required",
             parallel_tool_calls=False, max_output_tokens=40, temperature=0)  # fmt: skip
 
@@ -124,7 +130,9 @@ def test_store_false_keeps_nothing_and_delete_forgets(client, server):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(resp.id)
     with pytest.raises(openai.NotFoundError) as e:
-        client.responses.create(model=MODEL, input="Again.", previous_response_id=resp.id, max_output_tokens=2)
+        client.responses.create(
+            model=MODEL, input="Again.", previous_response_id=resp.id, max_output_tokens=2
+        )
     assert e.value.body["code"] == "previous_response_not_found"
     long = "Say hi to " + ", ".join(f"friend {i}" for i in range(40)) + "."  # whole pages to pin
     kept = client.responses.create(model=MODEL, input=long, max_output_tokens=3, metadata={"k": "v"})
@@ -141,6 +149,35 @@ def test_store_false_keeps_nothing_and_delete_forgets(client, server):
     assert kept.id not in json.dumps(pins)
 
 
+def test_cancel_stops_a_streamed_response(server):
+    body = {"model": MODEL, "input": "Write a very long story.", "max_output_tokens": 2000, "temperature": 0,
+            "stream": True, "store": True}  # fmt: skip
+    events: list[dict] = []
+    started = threading.Event()
+
+    def read() -> None:
+        with httpx.stream("POST", f"{server.base_url}/responses", json=body, timeout=300) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if events[-1]["type"] == "response.output_text.delta":
+                        started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(120)
+    rid = events[0]["response"]["id"]
+    r = httpx.post(f"{server.base_url}/responses/{rid}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+    reader.join(120)
+    last = events[-1]
+    assert last["type"] == "response.failed" and last["response"]["status"] == "cancelled"
+    assert last["response"]["usage"]["output_tokens"] < 2000
+    assert (
+        httpx.get(f"{server.base_url}/responses/{rid}").status_code == 404
+    )  # a cancelled response is not kept
+
+
 def test_input_tokens_counts_the_prompt_that_runs(client, server):
     body = {"model": MODEL, "input": "Count me.", "instructions": "Be brief."}
     counted = httpx.post(f"{server.base_url}/responses/input_tokens", json=body).json()
@@ -151,7 +188,9 @@ def test_input_tokens_counts_the_prompt_that_runs(client, server):
 def test_json_schema_text_format_is_decoded_by_the_grammar(client):
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     fmt = {"format": {"type": "json_schema", "name": "place", "schema": schema}}
-    resp = client.responses.create(model=MODEL, input="Name a city.", text=fmt, max_output_tokens=30, temperature=0)
+    resp = client.responses.create(
+        model=MODEL, input="Name a city.", text=fmt, max_output_tokens=30, temperature=0
+    )
     assert set(json.loads(resp.output_text)) == {"city"}
 
 
@@ -175,15 +214,25 @@ def test_chat_completions_refuses_images_and_stream_options_without_stream(serve
     url = f"{server.base_url}/chat/completions"
     image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
     r = httpx.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": image}]})
-    assert r.status_code == 400 and "image_url content parts are not supported" in r.json()["error"]["message"]
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}
+    assert (
+        r.status_code == 400 and "image_url content parts are not supported" in r.json()["error"]["message"]
+    )
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "x"}],
+        "stream_options": {"include_usage": True},
+    }
     r = httpx.post(url, json=body)
     assert r.status_code == 400 and "stream_options is only allowed when stream is true" in r.text
 
 
 # -- parallel-call controls -------------------------------------------------------------------------
 def _shot_call(i: int, city: str) -> dict:
-    return {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+    return {
+        "id": f"c{i}",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+    }
 
 
 # two earlier turns in which the assistant called the tool once per city: the model then makes two
@@ -208,7 +257,9 @@ CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "descript
 
 @pytest.mark.parametrize("choice", ["auto", "required"])
 def test_chat_parallel_tool_calls_false_gives_one_call(client, choice):
-    kwargs = dict(model=MODEL, messages=SHOTS, tools=CHAT_TOOLS, tool_choice=choice, max_tokens=80, temperature=0)
+    kwargs = dict(
+        model=MODEL, messages=SHOTS, tools=CHAT_TOOLS, tool_choice=choice, max_tokens=80, temperature=0
+    )
     allowed = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
     single = client.chat.completions.create(**kwargs, parallel_tool_calls=False).choices[0].message.tool_calls
     assert len(allowed) == 2 and len(single) == 1, (allowed, single)  # parallel allowed: a forced choice too
@@ -231,7 +282,9 @@ def _items(messages: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_responses_parallel_tool_calls_false_gives_one_call(client, stream):
-    kwargs = dict(model=MODEL, input=_items(SHOTS), tools=TOOLS, max_output_tokens=80, temperature=0, store=False)
+    kwargs = dict(
+        model=MODEL, input=_items(SHOTS), tools=TOOLS, max_output_tokens=80, temperature=0, store=False
+    )
     assert len(_calls(_create(client, stream, **kwargs))) == 2
     assert len(_calls(_create(client, stream, **kwargs, parallel_tool_calls=False))) == 1
 
@@ -253,7 +306,9 @@ def test_anthropic_disable_parallel_tool_use_gives_one_call(server):
         else:
             msgs.append({"role": m["role"], "content": [{"type": "text", "text": m["content"]}]})
     tools = [{"name": "get_weather", "description": "Current weather for a city.", "input_schema": WEATHER}]
-    kwargs = dict(model=MODEL, system=system, messages=msgs, tools=tools, max_tokens=80, extra_body={"temperature": 0})
+    kwargs = dict(
+        model=MODEL, system=system, messages=msgs, tools=tools, max_tokens=80, extra_body={"temperature": 0}
+    )
     for choice in ("auto", "any"):
         allowed = c.messages.create(**kwargs, tool_choice={"type": choice})
         single = c.messages.create(**kwargs, tool_choice={"type": choice, "disable_parallel_tool_use": True})
@@ -280,7 +335,9 @@ def test_agents_sdk_default_provider_runs_a_tool_loop(server):
         agent = agents.Agent(name="travel", instructions="You check the weather.", model=MODEL,
                              tools=[get_weather], model_settings=settings)  # fmt: skip
         first = await agents.Runner.run(agent, "Weather in Paris?", max_turns=4)
-        second = await agents.Runner.run(agent, "And Rome?", previous_response_id=first.last_response_id, max_turns=4)
+        second = await agents.Runner.run(
+            agent, "And Rome?", previous_response_id=first.last_response_id, max_turns=4
+        )
         return first, second
 
     first, second = asyncio.run(main())
