@@ -83,13 +83,16 @@ def count_events(ndjson: Path) -> dict:
     }
 
 
-def fuzz(url: str, max_examples: int, workdir: Path, request_timeout: float = 300.0) -> dict:
+def fuzz(
+    url: str, max_examples: int, workdir: Path, request_timeout: float = 300.0, paths: str | None = None
+) -> dict:
+    """``paths``: a regex of the paths to fuzz (all of them when None)."""
     ndjson = workdir / "events.ndjson"
     cmd = [
         schemathesis_bin(), "--no-color", "run", f"{url}/openapi.json", "--checks", "all",
         "-n", str(max_examples), "--request-timeout", str(request_timeout), "--generation-deterministic",
         "--report-ndjson-path", str(ndjson),
-    ]  # fmt: skip
+    ] + (["--include-path-regex", paths] if paths else [])  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=1800)
     out = count_events(ndjson)
@@ -111,10 +114,10 @@ def alive(url: str) -> bool:
     return h.status_code == 200 and g.status_code == 200 and kv["ok"] and kv["pages"]["request_pages"] == 0
 
 
-def run(max_examples: int, log_dir: Path) -> dict:
+def run(max_examples: int, log_dir: Path, paths: str | None = None) -> dict:
     server = ServerProcess(SERVER_ARGS, log_dir / "fuzz_server.log").start()
     try:
-        result = fuzz(server.url, max_examples, log_dir)
+        result = fuzz(server.url, max_examples, log_dir, paths=paths)
         result["alive_at_end"] = alive(server.url)
         result["server_exit_code_running"] = server.proc.poll()
     finally:
@@ -126,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-examples", type=int, default=100, help="schemathesis -n (per operation)")
     p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--paths", default=None, help="only the paths matching this regex (e.g. ^/v1/responses)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
-        result = run(args.max_examples, Path(d))
+        result = run(args.max_examples, Path(d), args.paths)
     result = {
-        "server_args": SERVER_ARGS, "max_examples": args.max_examples, "dtype": "float32",
+        "server_args": SERVER_ARGS, "max_examples": args.max_examples, "paths": args.paths, "dtype": "float32",
         "threads": os.environ.get("OMP_NUM_THREADS", "default"), "load_average": os.getloadavg(), **result,
     }  # fmt: skip
     text = json.dumps(result, indent=2)
