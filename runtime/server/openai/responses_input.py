@@ -66,22 +66,6 @@ def input_messages(req: ResponsesRequest, open_calls: set[str]) -> list[dict[str
     return out
 
 
-def output_message(parsed: ParsedOutput) -> dict[str, Any]:
-    """What the model said, as the assistant message of the conversation (the same dict the items give)."""
-    msg: dict[str, Any] = {
-        "role": "assistant",
-        "content": parsed.content or (None if parsed.tool_calls else ""),
-    }
-    if parsed.reasoning:
-        msg["reasoning_content"] = parsed.reasoning
-    if parsed.tool_calls:
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls
-        ]
-    return msg
-
-
 def output_items(parsed: ParsedOutput, base: str, status: str = "completed") -> list[dict[str, Any]]:
     """The response's ``output``: reasoning, the message, then each function call (ids from ``base``)."""
     items: list[dict[str, Any]] = []

@@ -19,7 +19,8 @@ from chat_templates.tool_calls import ParsedDelta, ParsedOutput, ToolCall
 from runtime.engine.async_engine import EngineDead, RequestFailed
 from runtime.engine.outputs import RequestOutput
 from runtime.server.core.streaming import join_parsed
-from runtime.server.openai.responses_input import call_item, message_item, output_message, reasoning_item
+from runtime.server.openai.messages import assistant_message
+from runtime.server.openai.responses_input import call_item, message_item, reasoning_item
 from runtime.server.openai.responses_run import ResponsesRun
 from runtime.server.openai.responses_run import complete as complete  # the whole response (generate)
 
@@ -134,7 +135,7 @@ async def stream_events(run: ResponsesRun) -> AsyncIterator[str]:
             yield e
     for e in w.close("incomplete" if status == "incomplete" else "completed"):
         yield e
-    message = output_message(ParsedOutput(w.content, w.reasoning, w.calls))
+    message = assistant_message(ParsedOutput(w.content, w.reasoning, w.calls))
     body = run.finish_response(final, w.items, message)
     kind = {"incomplete": "response.incomplete", "cancelled": "response.failed"}.get(
         status, "response.completed"
