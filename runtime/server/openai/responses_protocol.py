@@ -6,6 +6,7 @@ cannot honour (a hosted tool, an image, ``background``) is a 400 that names it.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -163,6 +164,10 @@ class ResponsesRequest(_Body):
     def _refuse(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        try:  # metadata, user, format names come back in the response and the stored record
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ValueError("the body holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
         for name, why in _REFUSED.items():
             if data.get(name) not in (None, False, 0):
                 raise ValueError(why)
