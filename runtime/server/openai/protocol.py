@@ -97,7 +97,7 @@ class ChatMessage(_Body):
         if isinstance(data, dict) and isinstance(data.get("content"), list):
             for part in data["content"]:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind in NON_TEXT_PARTS:
+                if isinstance(kind, str) and kind in NON_TEXT_PARTS:
                     raise ValueError(
                         f"{kind} content parts are not supported: this server's model reads text only"
                     )

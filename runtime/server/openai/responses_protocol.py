@@ -50,7 +50,7 @@ def _text_only(parts: Any) -> Any:
     if isinstance(parts, list):
         for part in parts:
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in NON_TEXT_PARTS:
+            if isinstance(kind, str) and kind in NON_TEXT_PARTS:
                 raise ValueError(
                     f"{kind} content parts are not supported: this server's model reads text only"
                 )
