@@ -202,6 +202,7 @@ def test_json_schema_text_format_is_decoded_by_the_grammar(client):
          "input_image content parts are not supported"),
         ({"input": "x", "stream_options": {"include_obfuscation": False}}, "stream_options is only allowed"),
         ({"input": "x", "background": True}, "background responses are not supported"),
+        ({"input": [{"role": "user", "content": [{"type": {"not": "a string"}}]}]}, "input"),
         ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "1"}]}, "no earlier function_call"),
     ],
 )  # fmt: skip
@@ -216,6 +217,11 @@ def test_chat_completions_refuses_images_and_stream_options_without_stream(serve
     r = httpx.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": image}]})
     assert (
         r.status_code == 400 and "image_url content parts are not supported" in r.json()["error"]["message"]
+    )
+    odd = [{"type": {"not": "a string"}, "text": "x"}]  # once a 500: a dict is not hashable
+    assert (
+        httpx.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": odd}]}).status_code
+        == 400
     )
     body = {
         "model": MODEL,
