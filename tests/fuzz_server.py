@@ -87,14 +87,20 @@ KEY_FILE = "key-tenant-a a\nkey-tenant-b b\nkey-operator @operator\n"  # --keys:
 
 
 def fuzz(
-    url: str, max_examples: int, workdir: Path, request_timeout: float = 300.0, key: str | None = None
+    url: str,
+    max_examples: int,
+    workdir: Path,
+    request_timeout: float = 300.0,
+    key: str | None = None,
+    paths: str | None = None,
 ) -> dict:
+    """``key``: sent as a Bearer token; ``paths``: a regex of the paths to fuzz (all of them when None)."""
     ndjson = workdir / "events.ndjson"
     cmd = [
         schemathesis_bin(), "--no-color", "run", f"{url}/openapi.json", "--checks", "all",
         "-n", str(max_examples), "--request-timeout", str(request_timeout), "--generation-deterministic",
         "--report-ndjson-path", str(ndjson), *(["-H", f"Authorization: Bearer {key}"] if key else []),
-    ]  # fmt: skip
+    ] + (["--include-path-regex", paths] if paths else [])  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=1800)
     out = count_events(ndjson)
@@ -117,7 +123,7 @@ def alive(url: str, key: str | None = None) -> bool:
     return h.status_code == 200 and g.status_code == 200 and kv["ok"] and kv["pages"]["request_pages"] == 0
 
 
-def run(max_examples: int, log_dir: Path, keys: bool = False) -> dict:
+def run(max_examples: int, log_dir: Path, keys: bool = False, paths: str | None = None) -> dict:
     """``keys``: API keys on (tenants and an operator); schemathesis sends the operator's, which
     every route accepts, so every route is exercised past authentication."""
     args, key = SERVER_ARGS, None
@@ -126,7 +132,7 @@ def run(max_examples: int, log_dir: Path, keys: bool = False) -> dict:
         args, key = [*SERVER_ARGS, "--api-key-file", str(log_dir / "keys")], "key-operator"
     server = ServerProcess(args, log_dir / "fuzz_server.log").start()
     try:
-        result = fuzz(server.url, max_examples, log_dir, key=key)
+        result = fuzz(server.url, max_examples, log_dir, key=key, paths=paths)
         result["alive_at_end"] = alive(server.url, key)
         result["server_exit_code_running"] = server.proc.poll()
     finally:
@@ -139,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-examples", type=int, default=100, help="schemathesis -n (per operation)")
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--keys", action="store_true", help="API keys on (schemathesis sends the operator key)")
+    p.add_argument("--paths", default=None, help="only the paths matching this regex (e.g. ^/v1/responses)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
-        result = run(args.max_examples, Path(d), args.keys)
+        result = run(args.max_examples, Path(d), args.keys, args.paths)
     result = {
-        "server_args": SERVER_ARGS, "keys": args.keys, "max_examples": args.max_examples, "dtype": "float32",
+        "server_args": SERVER_ARGS, "keys": args.keys, "max_examples": args.max_examples, "paths": args.paths,
+        "dtype": "float32",
         "threads": os.environ.get("OMP_NUM_THREADS", "default"), "load_average": os.getloadavg(), **result,
     }  # fmt: skip
     text = json.dumps(result, indent=2)

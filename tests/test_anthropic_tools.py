@@ -1,7 +1,7 @@
 """``tool_choice`` on ``/v1/messages`` is enforced by constrained decoding: with the embedded model,
 20 different prompts over 3 tools give, for ``any``, a ``tool_use`` block naming one of the tools with
 an ``input`` that validates (jsonschema) against its ``input_schema``; for ``tool``, the named tool;
-``stop_reason`` is ``tool_use``, and the streamed message equals the non-streamed one.  ``none``
+``stop_reason`` is ``tool_use`` (one call: ``disable_parallel_tool_use``), and the streamed message equals the non-streamed one.  ``none``
 keeps the tools in the prompt (same cached prefix) but no call is parsed: text only."""
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _only_call(msg) -> anthropic.types.ToolUseBlock:
 
 def test_any_calls_a_real_tool_with_valid_input(client):
     names = [_only_call(_both(client, messages=[{"role": "user", "content": p}],
-                              tool_choice={"type": "any"})).name for p in PROMPTS]  # fmt: skip
+                              tool_choice={"type": "any", "disable_parallel_tool_use": True})).name for p in PROMPTS]  # fmt: skip
     assert len(names) == 20 and set(names) <= set(SCHEMAS)
 
 
@@ -96,7 +96,9 @@ def test_named_tool_is_the_one_called(client):
     for i, p in enumerate(PROMPTS):
         name = TOOLS[i % 3]["name"]
         msg = _both(
-            client, messages=[{"role": "user", "content": p}], tool_choice={"type": "tool", "name": name}
+            client,
+            messages=[{"role": "user", "content": p}],
+            tool_choice={"type": "tool", "name": name, "disable_parallel_tool_use": True},
         )
         assert _only_call(msg).name == name
 

@@ -319,6 +319,10 @@ class Engine:
         handle = cm.prefix.match(ids, scope).handle
         return cm.prefix.handle_len(handle), cm.pins.pin(owner, handle, ttl)
 
+    def unpin(self, owner: object) -> None:
+        """Drop ``owner``'s pin, if it has one (the pages stay cached, evictable again)."""
+        self.cache.pins.unpin(owner)
+
     def prompt_logprobs(self, ids: list[int], top: int, chunk_size: int | None = None) -> list[Entry]:
         """Logprobs of a prompt's own tokens (only between steps): see ``runtime.engine.scoring``.  A small
         ``chunk_size`` scores through the kernels decode uses (the quantized head's take <= 8 rows)."""

@@ -25,6 +25,8 @@ from runtime.server.openai import models as openai_models
 from runtime.server.openai.cache_routes import install_cache_routes
 from runtime.server.openai.errors import document_errors
 from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from runtime.server.openai.responses_protocol import ResponsesRequest
+from runtime.server.openai.responses_routes import install_responses_routes
 from runtime.server.state import ServerConfig, ServerState
 from runtime.server.ui.routes import install_ui, page_open
 
@@ -139,6 +141,7 @@ def create_app(
         return {**await state.on_engine(snapshot), "in_flight": state.in_flight}
 
     install_cache_routes(app, state)
+    install_responses_routes(app, state, json_body(ResponsesRequest))
     anthropic_routes.install_anthropic_routes(app, state)
     authenticate = state.tenants.authenticate
     if config.ui:
@@ -167,5 +170,7 @@ def create_app(
                 "anthropic-beta",
             ],
         )
-    document_errors(app, (ChatCompletionRequest, CompletionRequest, *anthropic_routes.BODIES))
+    document_errors(
+        app, (ChatCompletionRequest, CompletionRequest, ResponsesRequest, *anthropic_routes.BODIES)
+    )
     return app

@@ -8,7 +8,14 @@ server builds with it: docs/api.md (tool calls, ``response_format``).
 
 from runtime.sampling.constrained.compiler import GrammarBusy, GrammarCompiler, GrammarError
 from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.constrained.spec import CALL_FORMATS, Grammar, json_object, json_schema, tool_call
+from runtime.sampling.constrained.spec import (
+    CALL_FORMATS,
+    Grammar,
+    at_most_one_call,
+    json_object,
+    json_schema,
+    tool_call,
+)
 
 __all__ = [
     "CALL_FORMATS",
@@ -17,6 +24,7 @@ __all__ = [
     "GrammarCompiler",
     "GrammarError",
     "Matcher",
+    "at_most_one_call",
     "json_object",
     "json_schema",
     "tool_call",

@@ -18,6 +18,10 @@ CALL_FORMATS = {
     "hermes": ('", "arguments": ', "}\n</tool_call>"),
     "llama3": ('", "parameters": ', "}"),
 }
+# How a call opens (the forced prefix of "required") and what goes between two calls, for the formats
+# whose parser reads several calls; a format missing here gets one call and no free-text grammar.
+CALL_OPEN = {"hermes": '<tool_call>\n{"name": "'}
+CALL_SEPARATOR = {"hermes": "\n"}
 
 
 class Grammar(NamedTuple):
@@ -73,21 +77,66 @@ def json_object() -> Grammar:
 
 
 def tool_call(
-    tools: list[tuple[str, dict[str, Any] | None]], call_format: str, forced: str | None
+    tools: list[tuple[str, dict[str, Any] | None]],
+    call_format: str,
+    forced: str | None,
+    parallel: bool = False,
 ) -> Grammar:
-    """The rest of one tool call after the forced prefix: the name (one of ``tools``, unless the prefix
-    already named ``forced``), the arguments valid against that tool's ``parameters``, the closing markup.
+    """The rest of a forced tool call after the forced prefix: the name (one of ``tools``, unless the prefix
+    already named ``forced``), the arguments valid against that tool's ``parameters``, the closing markup;
+    with ``parallel`` (where the format separates calls) further calls of the same kind may follow.
     """
     if call_format not in CALL_FORMATS:
         raise ValueError(f"no tool-call grammar for format {call_format!r}")
     mid, end = CALL_FORMATS[call_format]
     schemas = {name: params or {"type": "object"} for name, params in tools}
     if forced is not None:
-        rules = [f"start: args_0 {_lit(end)}", f"args_0: {_json_rule(schemas[forced])}"]
-        return Grammar("\n".join(rules) + "\n", f"tool {forced}")
-    alts, rules = [], []
-    for i, (name, schema) in enumerate(schemas.items()):
+        rules = [f"first: args_0 {_lit(end)}", f"args_0: {_json_rule(schemas[forced])}",
+                 f"call: {_lit(forced + mid)} args_0 {_lit(end)}"]  # fmt: skip
+        label = f"tool {forced}"
+    else:
+        alts, rules = [], []
+        for i, (name, schema) in enumerate(schemas.items()):
+            alts.append(f"call_{i}")
+            rules.append(f"call_{i}: {_lit(name + mid)} args_{i} {_lit(end)}")
+            rules.append(f"args_{i}: {_json_rule(schema)}")
+        rules += ["first: call", "call: " + " | ".join(alts)]
+        label = "tool_choice required"
+    more = parallel and call_format in CALL_SEPARATOR
+    nxt = _lit(CALL_SEPARATOR.get(call_format, "") + CALL_OPEN.get(call_format, ""))
+    start = f"start: first ({nxt} call)*" if more else "start: first"
+    return Grammar(start + "\n" + "\n".join(rules) + "\n", label + (" (parallel)" if more else ""))
+
+
+def at_most_one_call(tools: list[tuple[str, dict[str, Any] | None]], call_format: str) -> Grammar | None:
+    """Free text, or free text and then exactly one tool call, then the end (``tool_choice`` auto without
+    parallel calls); None for a format with no grammar for its opening markup."""
+    if call_format not in CALL_OPEN:
+        return None
+    mid, end = CALL_FORMATS[call_format]
+    opening = CALL_OPEN[call_format]
+    marker = opening.split("\n", 1)[0]  # "<tool_call>": free text never contains it
+    any_ = "(?s:.*)"
+    m = _regex_lit(marker)
+    # one lexeme for "text, then the opening": a text lexeme that stopped before the marker cannot
+    # be taken back by the lexer, so the choice between the two is made on the marker itself
+    rules = [
+        "start: TEXT | PRE call",
+        f"TEXT: /{any_}/ & ~/{any_}{m}{any_}/",
+        f"PRE: /{any_}{_regex_lit(opening)}/ & ~/{any_}{m}{any_}{m}{any_}/",
+    ]
+    alts = []
+    for i, (name, schema) in enumerate(tools):
         alts.append(f"call_{i}")
         rules.append(f"call_{i}: {_lit(name + mid)} args_{i} {_lit(end)}")
-        rules.append(f"args_{i}: {_json_rule(schema)}")
-    return Grammar("start: " + " | ".join(alts) + "\n" + "\n".join(rules) + "\n", "tool_choice required")
+        rules.append(f"args_{i}: {_json_rule(schema or {'type': 'object'})}")
+    rules.append("call: " + " | ".join(alts))
+    return Grammar("\n".join(rules) + "\n", "at most one tool call")
+
+
+def _regex_lit(s: str) -> str:
+    # only the metacharacters: the regex crate reads an escaped "<" or ">" as a word boundary
+    return "".join("\\n" if c == "\n" else "\\" + c if c in _REGEX_META else c for c in s)
+
+
+_REGEX_META = set('\\.+*?()|[]{}^$#&-~/"')

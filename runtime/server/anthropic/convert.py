@@ -167,5 +167,6 @@ def convert(req: CountTokensRequest, keep_nonce: bool = False) -> Converted:
     budget = (
         req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
     )
-    chat = ChatInput(msgs, tools, {"any": "required"}.get(choice, choice), name, kwargs, budget)
+    parallel = not (req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use)
+    chat = ChatInput(msgs, tools, {"any": "required"}.get(choice, choice), name, kwargs, budget, parallel)
     return Converted(chat, marks, spans, dropped)

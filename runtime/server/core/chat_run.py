@@ -39,10 +39,14 @@ class ChatRun(EngineRun):
         grammar: Grammar | None = None,
         session: str | None = None,
     ) -> None:
-        self.prompt: ChatPrompt = build_chat_prompt(chat, state.tokenizer, state.template)
+        self.prompt: ChatPrompt = self.build_prompt(state, chat)
         grammar = tool_grammar(chat, self.prompt.tool_format) or grammar
         super().__init__(state, caller, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session)
         self.budget_reports: dict[int, BudgetReport] = {}
+
+    def build_prompt(self, state: ServerState, chat: ChatInput) -> ChatPrompt:
+        """The prompt of ``chat``: rendered whole (a protocol that continues a stored sequence overrides it)."""
+        return build_chat_prompt(chat, state.tokenizer, state.template)
 
     def first_params(self, params: SamplingParams) -> SamplingParams:
         budget = self.prompt.reasoning_budget

@@ -20,6 +20,7 @@ class ChatInput(NamedTuple):
     "tool" (the tool ``tool_name``): the last two are enforced by a grammar (``constraints.py``).
     ``reasoning_budget``: with a template that has reasoning, the reasoning is opened by the prompt
     (if the template did not) and closed after that many tokens (``reasoning_budget.py``).
+    ``parallel_tool_calls`` False: at most one call, by the grammar (``constraints.py``).
     """
 
     messages: list[dict]
@@ -28,6 +29,7 @@ class ChatInput(NamedTuple):
     tool_name: str | None = None
     template_kwargs: dict[str, Any] | None = None
     reasoning_budget: int | None = None
+    parallel_tool_calls: bool = True
 
 
 class ChatPrompt(NamedTuple):
@@ -50,17 +52,31 @@ def forced_tool(chat: ChatInput) -> str | None:
     return "required" if chat.tool_choice == "required" else chat.tool_name
 
 
-def build_chat_prompt(chat: ChatInput, tokenizer: Any, template: TemplateInfo) -> ChatPrompt:
-    messages, tools = chat.messages, chat.tools or None
+def render_kwargs(chat: ChatInput) -> dict[str, Any]:
+    """The template variables a request may set (never the ones rendering itself passes)."""
     kwargs = dict(chat.template_kwargs or {})
     for reserved in ("messages", "tools", "add_generation_prompt", "chat_template"):
         kwargs.pop(reserved, None)
+    return kwargs
+
+
+def build_chat_prompt(chat: ChatInput, tokenizer: Any, template: TemplateInfo) -> ChatPrompt:
+    messages, tools, kwargs = chat.messages, chat.tools or None, render_kwargs(chat)
     try:
         rendered = render(tokenizer, messages, tools, template=template.source, **kwargs)
     except Exception as e:  # a template's raise_exception or a Jinja error on this input is the client's
         raise bad_request(
-            f"the chat template cannot render these messages: {_one_line(e)}", "messages"
+            f"the chat template cannot render these messages: {one_line(e)}", "messages"
         ) from None
+    return prompt_from(chat, rendered, list(rendered.token_ids), tokenizer, template)
+
+
+def prompt_from(
+    chat: ChatInput, rendered: RenderedPrompt, ids: list[int], tokenizer: Any, template: TemplateInfo
+) -> ChatPrompt:
+    """The prompt whose rendered conversation is ``ids`` (a fresh render's, or a stored sequence
+    continued), with the forced tool-call or reasoning prefix the request's choices add."""
+    tools = chat.tools or None
     tool_format = template.tool_format if tools and chat.tool_choice != "none" else None
     prefix = forced_tool_prefix(tool_format, forced_tool(chat))
     think_open = template.reasoning and rendered.text.rstrip().endswith(THINK_OPEN)
@@ -70,10 +86,10 @@ def build_chat_prompt(chat: ChatInput, tokenizer: Any, template: TemplateInfo) -
             raise bad_request("a reasoning budget cannot be combined with a tool choice that forces a call")
         if not think_open:
             prefix = THINK_OPEN + "\n"  # how reasoning models open it; the parser reads it as reasoning
-    ids = list(rendered.token_ids)
+    ids = list(ids)
     if prefix:
         ids += encode_text(tokenizer, prefix, "tool_choice" if budget is None else "thinking")
-    return ChatPrompt(messages, tools, rendered, ids, prefix, tool_format, think_open, budget)
+    return ChatPrompt(chat.messages, tools, rendered, ids, prefix, tool_format, think_open, budget)
 
 
 def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
@@ -81,9 +97,9 @@ def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
     try:
         return tokenizer.encode(text, add_special_tokens=False)
     except Exception as e:  # tokenizers raises TypeError for unencodable str, others their own
-        raise bad_request(f"{param} cannot be tokenised: {_one_line(e)}", param) from None
+        raise bad_request(f"{param} cannot be tokenised: {one_line(e)}", param) from None
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     lines = str(e).strip().splitlines()
     return lines[0] if lines else type(e).__name__

@@ -13,7 +13,7 @@ from runtime.server.core.streaming import final_outputs, join_parsed
 from runtime.server.openai.constraints import response_grammar
 from runtime.server.openai.events import DONE, delta_messages, sse
 from runtime.server.openai.events import error_events as error_events  # the stream error shape (generate)
-from runtime.server.openai.messages import chat_input
+from runtime.server.openai.messages import assistant_message, chat_input
 from runtime.server.openai.params import chat_logprobs
 from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.server.openai.run import OpenAIRun, body_params
@@ -38,17 +38,7 @@ async def complete(run: ChatCompletionRun) -> dict[str, Any]:
     choices = []
     for i, out in enumerate(ordered):
         parsed = run.parse(out, i)
-        msg: dict[str, Any] = {
-            "role": "assistant",
-            "content": parsed.content or (None if parsed.tool_calls else ""),
-        }
-        if parsed.reasoning:
-            msg["reasoning_content"] = parsed.reasoning
-        if parsed.tool_calls:
-            msg["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in parsed.tool_calls
-            ]
+        msg = assistant_message(parsed)
         choice = {"index": i, "message": msg, "finish_reason": run.finish_reason(out, len(parsed.tool_calls))}
         choice["logprobs"] = chat_logprobs(run.state.tokenizer, out.logprobs) if run.req.logprobs else None
         choices.append(choice)

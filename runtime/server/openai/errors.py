@@ -37,7 +37,7 @@ _ERRORS = {
     "that does not fit, a Host header not allowed)",
     "401": "API keys are on and the request has no valid one",
     "403": "the key may not use this route (operator routes, the cache reset)",
-    "404": "unknown model (the request's, or the one looked up)",
+    "404": "unknown model (the request's, or the one looked up), or a response id the caller has not stored",
     "408": "the request body did not arrive within --body-timeout",
     "409": "the engine is busy (cache reset while requests run)",
     "413": "request body larger than --max-request-bytes",
@@ -76,7 +76,9 @@ def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> N
                 codes = ["400", "401", "403", "429", "500", "503"]
                 if method == "post":
                     codes += ["408", "413", "415"]
-                if path in ("/v1/chat/completions", "/v1/completions") or path.startswith("/v1/models/"):
+                if path in ("/v1/chat/completions", "/v1/completions") or path.startswith(
+                    ("/v1/models/", "/v1/responses")
+                ):
                     codes.append("404")
                 if path == "/v1/cache/reset":
                     codes.append("409")
@@ -87,7 +89,7 @@ def document_errors(app: FastAPI, bodies: tuple[type[BaseModel], ...] = ()) -> N
                     }
                 if path == "/health":  # a health body, not an error body: {"status": "error", ...}
                     responses["503"]["content"]["application/json"]["schema"] = {"type": "object"}
-                if path in ("/v1/chat/completions", "/v1/completions"):
+                if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                     ok = responses.setdefault("200", {"description": "OK"}).setdefault("content", {})
                     ok["text/event-stream"] = {"schema": {"type": "string"}}  # "stream": true
         app.openapi_schema = schema

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chat_templates.tool_calls import ParsedOutput
 from runtime.server.core.prompting import ChatInput
 from runtime.server.errors import bad_request
 from runtime.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
@@ -14,7 +15,8 @@ def chat_input(req: ChatCompletionRequest) -> ChatInput:
     choice, name = req.tool_choice, None
     if isinstance(choice, NamedToolChoice):
         choice, name = "tool", choice.function.name
-    return ChatInput(template_messages(req), tools, choice, name, req.chat_template_kwargs)
+    parallel = req.parallel_tool_calls is not False
+    return ChatInput(template_messages(req), tools, choice, name, req.chat_template_kwargs, None, parallel)
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict]:
@@ -45,3 +47,19 @@ def template_messages(req: ChatCompletionRequest) -> list[dict]:
             d["name"] = m.name
         out.append(d)
     return out
+
+
+def assistant_message(parsed: ParsedOutput) -> dict[str, Any]:
+    """A parsed output as an OpenAI assistant message (the chat answer; a Responses conversation's turn)."""
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content or (None if parsed.tool_calls else ""),
+    }
+    if parsed.reasoning:
+        msg["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        msg["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls
+        ]
+    return msg

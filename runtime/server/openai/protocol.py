@@ -65,6 +65,10 @@ class ToolCall(_Body):
     function: CalledFunction
 
 
+# content part types of a multimodal OpenAI request (chat completions and Responses)
+NON_TEXT_PARTS = frozenset({"image_url", "input_image", "input_audio", "file", "input_file", "audio"})
+
+
 class ContentPart(_Body):
     type: Literal["text"]
     text: str
@@ -86,6 +90,18 @@ class ChatMessage(_Body):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("content"), list):
+            for part in data["content"]:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind in NON_TEXT_PARTS:
+                    raise ValueError(
+                        f"{kind} content parts are not supported: this server's model reads text only"
+                    )
+        return data
 
     @model_validator(mode="after")
     def _role_fields(self) -> ChatMessage:
@@ -164,6 +180,12 @@ class _Sampling(_Body):
     @classmethod
     def _refuse(cls, data: Any) -> Any:
         return refuse_unsupported(data)
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> Any:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
 
     @field_validator("logit_bias")
     @classmethod

@@ -1,0 +1,123 @@
+"""Stored responses: each tenant's own, with the token sequence the next turn continues.
+
+A stored response keeps its response object, the conversation as template messages (input and its
+own output) and its whole token sequence (prompt + output).  The KV pages of that sequence are pinned
+under the response's own pin owner (``pin_owner``) by the request's cache scope, with the session
+TTL and pin budget (``runtime/cache/pins.py``).  With ``--kv-store`` the records are written beside
+the page store (one JSON line per record, a tombstone per delete; per model fingerprint), so a
+restarted server continues a stored conversation from the disk tier's pages.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.server.errors import APIError
+
+MAX_STORED = 4096  # records kept in memory (and on disk after a compaction): the oldest go first
+
+
+@dataclass
+class StoredResponse:
+    """One stored response (``tenant`` None: a server without API keys)."""
+
+    id: str
+    tenant: str | None
+    body: dict[str, Any]  # the response object as answered
+    instructions: str | None
+    tools: list[dict] | None
+    template_kwargs: dict[str, Any]
+    messages: list[dict]  # the conversation up to and including this response's assistant message
+    token_ids: list[int]  # prompt + output: what a response naming this one continues
+
+
+def pin_owner(tenant: str | None, response_id: str) -> Hashable:
+    return (tenant, "response", response_id)  # a tenant's pins lead with the tenant (cache_info)
+
+
+def not_found(response_id: str, param: str | None) -> APIError:
+    shown = response_id if len(response_id) <= 64 else response_id[:64] + "..."
+    code = "previous_response_not_found" if param == "previous_response_id" else "response_not_found"
+    return APIError(404, f"Response with id {shown!r} not found.", type="invalid_request_error",
+                    param=param, code=code)  # fmt: skip
+
+
+class ResponseStore:
+    """Records by id, visible only to the tenant that made them; ``path`` (a JSON-lines file) persists them."""
+
+    def __init__(self, path: Path | None = None, max_stored: int = MAX_STORED) -> None:
+        self.path, self.max_stored = path, max_stored
+        self._records: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._running: dict[str, tuple[str | None, Any]] = {}  # id -> (tenant, the run)
+        self._lock = threading.Lock()  # records are written in the event loop and read in the prep thread
+        if path is not None and path.exists():
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut short by a crash: the records before it stand
+                continue
+            if "deleted" in rec:
+                self._records.pop(rec["deleted"], None)
+            else:
+                self._remember(StoredResponse(**rec))
+        self._compact()
+
+    def _remember(self, rec: StoredResponse) -> None:
+        self._records[rec.id] = rec
+        while len(self._records) > self.max_stored:
+            self._records.popitem(last=False)
+
+    def _append(self, obj: dict[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+    def _compact(self) -> None:
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(
+                "".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in self._records.values())
+            )
+            tmp.replace(self.path)
+
+    def get(self, response_id: str, tenant: str | None, param: str | None = None) -> StoredResponse:
+        """The tenant's record, else a 404 (another tenant's id is as unknown as a made-up one)."""
+        with self._lock:
+            rec = self._records.get(response_id)
+        if rec is None or rec.tenant != tenant:
+            raise not_found(response_id, param)
+        return rec
+
+    def put(self, rec: StoredResponse) -> None:
+        with self._lock:
+            self._remember(rec)
+            self._append(asdict(rec))
+
+    def delete(self, response_id: str, tenant: str | None) -> StoredResponse:
+        rec = self.get(response_id, tenant)
+        with self._lock:
+            self._records.pop(response_id, None)
+            self._append({"deleted": response_id})
+        return rec
+
+    # -- responses being generated (for cancel) --------------------------------------------------------
+    def running(self, response_id: str, tenant: str | None, run: Any) -> None:
+        """``run`` (with ``cancel()``) is being generated until ``done``."""
+        self._running[response_id] = (tenant, run)
+
+    def done(self, response_id: str) -> None:
+        self._running.pop(response_id, None)
+
+    def run_of(self, response_id: str, tenant: str | None) -> Any | None:
+        """The tenant's run of that id while it is being generated, else None."""
+        entry = self._running.get(response_id)
+        return entry[1] if entry is not None and entry[0] == tenant else None
