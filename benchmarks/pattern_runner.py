@@ -23,7 +23,7 @@ from benchmarks.workloads import ALL_WORKLOADS, Trajectory
 
 DEFAULT_STACK = STACKS["smollm2"]
 
-DEFAULT_OUT = Path("benchmarks/results/patterns")
+DEFAULT_OUT = Path("out/patterns")
 
 
 def render_all(
@@ -160,7 +160,8 @@ def add_savings(runs: list[dict]) -> None:
     """
 
     def key(r: dict) -> tuple:
-        return r["workload"], r.get("stack"), r.get("replies"), r.get("round", 0)
+        return (r["workload"], r.get("variant"), r.get("stack"), r.get("replies"), r.get("round", 0),
+                r.get("prefix_cache", "radix"), r.get("page_size"))  # fmt: skip
 
     naive = {key(r): r["totals"] for r in runs if r["pattern"] == "naive"}
     derived = {key(r): r["totals"]["prompt_tokens"] for r in runs if r["pattern"] == "append_only"}
@@ -179,7 +180,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--quick", action="store_true", help="a smoke run (a few patterns, one TTFT round)")
     ap.add_argument(
-        "--full", action="store_true", help="add the agent-scale session (token-exact) to the default"
+        "--full",
+        action="store_true",
+        help="add the agent-scale session (65 requests, ~17K static prefix) through the engine, two tokenizers",
+    )
+    ap.add_argument(
+        "--accounting",
+        action="store_true",
+        help="with --full: the agent session through the engine's reuse rule instead of the engine (fast)",
     )
     ap.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="folder for report.md, PNG plots, results.json"
