@@ -213,6 +213,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="token-exact jobs: cached (forced decoding, default) or replayed (the first edition's mode)",
     )
+    ap.add_argument(
+        "--reply-kv",
+        choices=("extend", "decode"),
+        default="extend",
+        help="cached replies: KV written by one extend step (default; equal counts, tests/test_reply_extend.py) "
+        "or by forced decoding, one engine step per reply token",
+    )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved TTFT rounds (default 3, --quick 1)")
     ap.add_argument("--no-ttft", action="store_true", help="token-exact sections only (no timing)")
     ap.add_argument(
@@ -249,6 +256,7 @@ def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
     timed = [] if args.no_ttft else timed_jobs(args.quick)
     if args.replies:
         tokens = [j._replace(replies=args.replies) for j in tokens]
+    tokens = [j._replace(reply_kv=getattr(args, "reply_kv", "extend")) for j in tokens]
     if args.patterns:
         wanted = {p.name for p in select(args.patterns)}
         tokens, timed = [j for j in tokens if j.pattern in wanted], [j for j in timed if j.pattern in wanted]

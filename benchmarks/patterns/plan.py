@@ -25,7 +25,7 @@ class Job(NamedTuple):
     replies: str  # "cached" | "replayed"
     prefix_cache: str = "radix"  # "off": the cache-off contrast of a verdict pair (same requests)
     page: int = 0  # page size (0: the run's --page-size); Experiment 2-3 also runs at a provider's 256
-    reply_kv: str = "decode"  # cached replies: forced decoding, or one extend step (targets.InProcessTarget)
+    reply_kv: str = "extend"  # cached replies: one extend step, or forced decoding (targets.InProcessTarget)
 
 
 MAIN_STACK = "qwen3-append"
@@ -63,7 +63,9 @@ TIMED = ["append_only", "naive", "timestamp_start", "timestamp_end", "tools_reor
 
 
 def _applies(stack: str, workload: str, pattern: str) -> bool:
-    if stack == "llama3.1" and (workload == "fanout" or pattern == "timestamp_end_tools_first"):
+    if stack == "llama3.1" and (
+        workload == "fanout" or pattern in ("timestamp_end_tools_first", "timestamp_tool")
+    ):
         return False  # Llama 3.1 takes one tool call per message; it has no system-then-tools block
     return True
 
@@ -80,27 +82,26 @@ def token_jobs(full: bool, quick: bool, stacks: tuple[str, ...] = REAL_STACKS) -
         Job(w, "default", s, p, "cached") for w, ps in groups for s in stacks for p in ps if _applies(s, w, p)
     ]
     if full:
-        jobs += [Job("agent", "default", s, p, "cached", reply_kv="extend") for s in stacks if s in AGENT_STACKS
+        jobs += [Job("agent", "default", s, p, "cached") for s in stacks if s in AGENT_STACKS
                  for p in AGENT]  # fmt: skip
     if MAIN_STACK in stacks:
         jobs += [Job("coding", "default", MAIN_STACK, p, "replayed") for p in ("append_only", "status_replace",
                                                                               "status_append", "text_stable")]  # fmt: skip
-        jobs += contrast_jobs(jobs) + exp23_jobs() + sweep_jobs(full)
+        sweep = sweep_jobs(full)
+        jobs += sweep + contrast_jobs(jobs + sweep) + exp23_jobs()
     return jobs
 
 
 def contrast_jobs(jobs: list[Job]) -> list[Job]:
     """The cache-off contrast: every main-stack job with cached replies again on an engine whose prefix
     cache is off (naive already is cache-off)."""
-    return [j._replace(prefix_cache="off", reply_kv="extend") for j in jobs
+    return [j._replace(prefix_cache="off") for j in jobs
             if j.stack == MAIN_STACK and j.replies == "cached" and j.pattern != "naive" and j.workload != "agent"]  # fmt: skip
 
 
 def exp23_jobs() -> list[Job]:
     return [
-        Job("coding", "quick", MAIN_STACK, p, "cached", "radix", page, "extend")
-        for page in (0, 256)
-        for p in EXP23
+        Job("coding", "quick", MAIN_STACK, p, "cached", "radix", page) for page in (0, 256) for p in EXP23
     ]
 
 
@@ -109,7 +110,7 @@ def sweep_jobs(full: bool) -> list[Job]:
     from benchmarks.patterns.sweep import SIZES
 
     workloads = ["coding", "research"] + (["agent"] if full else [])
-    return [Job(w, "default", MAIN_STACK, f"status_{mode}_{n}", "cached", reply_kv="extend") for w in workloads for n in SIZES
+    return [Job(w, "default", MAIN_STACK, f"status_{mode}_{n}", "cached") for w in workloads for n in SIZES
             for mode in ("replace", "append")]  # fmt: skip
 
 

@@ -64,8 +64,10 @@ def cells(runs: list[dict], stack: str = "qwen3-append") -> list[dict]:
     """One cell per (workload, size): both modes' totals, the measured status size, dollars per price table."""
     from benchmarks.patterns.cost import PRICE_RULES, session_dollars
 
-    by = {(r["workload"], r["pattern"]): r for r in runs
-          if r.get("stack") == stack and r.get("prefix_cache", "radix") == "radix" and r.get("replies") == "cached"}  # fmt: skip
+    from benchmarks.patterns.verdicts import Runs
+
+    by = {(w, p): r for (w, s, p, replies, cache), r in Runs(runs).by.items()
+          if s == stack and cache == "radix" and replies == "cached"}  # fmt: skip
     out = []
     for w in dict.fromkeys(w for w, _ in by):
         base = by.get((w, "append_only"))

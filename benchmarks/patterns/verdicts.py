@@ -35,12 +35,18 @@ class Verdict(NamedTuple):
 
 
 class Runs:
-    """Look-up of token-exact runs by (workload, stack, pattern, replies, prefix cache)."""
+    """Look-up of token-exact runs by (workload, stack, pattern, replies, prefix cache), among the runs of the
+    default sessions at the run's page size (Experiment 2-3's short session and 256-token pages are apart)."""
 
     def __init__(self, runs: list[dict]) -> None:
+        from collections import Counter
+
+        pages = Counter(r.get("page_size") for r in runs if r.get("variant", "default") == "default")
+        self.page = pages.most_common(1)[0][0] if pages else None
         self.by = {
             (r["workload"], r.get("stack"), r["pattern"], r.get("replies", "cached"), r.get("prefix_cache", "radix")): r
             for r in runs
+            if r.get("variant", "default") == "default" and r.get("page_size") == self.page
         }  # fmt: skip
 
     def get(
