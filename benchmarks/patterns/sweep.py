@@ -63,7 +63,6 @@ def append_builder(tokens: int) -> Any:
 def cells(runs: list[dict], stack: str = "qwen3-append") -> list[dict]:
     """One cell per (workload, size): both modes' totals, the measured status size, dollars per price table."""
     from benchmarks.patterns.cost import PRICE_RULES, session_dollars
-
     from benchmarks.patterns.verdicts import Runs
 
     by = {(w, p): r for (w, s, p, replies, cache), r in Runs(runs).by.items()
