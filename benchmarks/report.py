@@ -256,7 +256,8 @@ def write_report(results: dict, out: Path) -> Path:
              "requests on an engine with `prefix_cache=\"off\"`), so prompt-size differences cancel. Verdicts are "
              "computed (`benchmarks/patterns/verdicts.py`, claims in `claims*.py`); none is written by hand.", "",
              *claim_counts(vs), "", *verdict_table(vs), ""]  # fmt: skip
-    if not vs:
+    if all(v.verdict == "not measurable here" for v in vs):
+        lines = lines[: lines.index("## Verdicts") + 2]
         lines += [
             "(No claim's runs are in this report: the claims read the `qwen3-append` runs with their cache-off "
             "contrasts, which a --quick, filtered or single-model run does not have; they are judged in "
