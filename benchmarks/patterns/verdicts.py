@@ -41,12 +41,12 @@ class Runs:
     def __init__(self, runs: list[dict]) -> None:
         from collections import Counter
 
-        pages = Counter(r.get("page_size") for r in runs if r.get("variant", "default") == "default")
+        pages = Counter(r.get("page_size") for r in runs if r.get("variant") != "quick")
         self.page = pages.most_common(1)[0][0] if pages else None
         self.by = {
             (r["workload"], r.get("stack"), r["pattern"], r.get("replies", "cached"), r.get("prefix_cache", "radix")): r
             for r in runs
-            if r.get("variant", "default") == "default" and r.get("page_size") == self.page
+            if r.get("variant") != "quick" and r.get("page_size") == self.page
         }  # fmt: skip
 
     def get(
