@@ -12,7 +12,7 @@ from __future__ import annotations
 from benchmarks.patterns.claims_compression import COMPRESSION_CLAIMS
 from benchmarks.patterns.claims_extra import EXTRA_CLAIMS
 from benchmarks.patterns.claims_measured import MEASURED_CLAIMS
-from benchmarks.patterns.verdicts import Contrast, Invalidates, NotMeasurable, Reaches, sub_prefilled
+from benchmarks.patterns.verdicts import Contrast, Invalidates, NotMeasurable, Reaches, Same, sub_prefilled
 
 S003_KV = "003 §KV Cache 友好的上下文设计"
 S003_EXP = "003 §实验 2-3 常见的错误上下文管理模式"
@@ -61,6 +61,14 @@ CACHE_CLAIMS = [
     Contrast("USER:/ASSISTANT: text flattening is cache-neutral when byte-stable; only unstable formatting "
              "breaks the cache", S003_EXP, "coding", "text_stable", "text_unstable",
              "the stable flattening extends the previous request; [i/N] labels rewrite every entry"),
+    Same("Byte-stable text concatenation still hits the cache: it costs what the structured messages cost "
+         "(cached replies)", S003_KV, "coding", "append_only", "text_stable",
+         "each reply is generated as an assistant turn and rendered next as text inside the user message, so "
+         "its KV is never reused: the flattening costs the replies again (the row below: same cost without "
+         "reply KV)"),
+    Same("...the same pair with the first edition's replayed replies (no reply KV for either to lose)", S003_KV,
+         "coding", "append_only", "text_stable", "with no reply KV to lose, the flattened history is a prefix "
+         "of the next request as the structured one is", replies="replayed"),
     Contrast("A status bar replaced every turn costs the turns after it; appended and never removed it costs "
              "nothing", S003_STATUS, "coding", "status_append", "status_replace",
              "removing the old status invalidates the reply generated after it, so each turn recomputes status + "

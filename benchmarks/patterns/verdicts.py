@@ -137,6 +137,51 @@ class Contrast:
 
 
 @dataclass(frozen=True)
+class Same:
+    """Claim: ``a`` costs the same as ``b`` (no cache penalty): confirmed when the cache effect is within
+    [1/NOISE, NOISE] and the cache saves both arms >= 50% of their cache-off prefill; partly within
+    [1/CONFIRM, CONFIRM]; else refuted.  Symmetric, so its runs field is written ``a ~ b``.  The cache-off
+    arm is the cached-replies run (the prompts do not depend on how replies were cached)."""
+
+    claim: str
+    source: str
+    workload: str
+    a: str
+    b: str
+    why: str
+    replies: str = "cached"
+    stack: str = MAIN
+
+    def arms(self) -> None:
+        return None
+
+    def __call__(self, R: Runs) -> Verdict | None:
+        on = [R.get(self.workload, p, self.stack, self.replies) for p in (self.a, self.b)]
+        off = [R.get(self.workload, p, self.stack, cache="off") for p in (self.a, self.b)]
+        if any(r is None for r in on + off):
+            return None
+        a_on, b_on = (prefilled(r) for r in on)  # type: ignore[arg-type]
+        a_off, b_off = (prefilled(r) for r in off)  # type: ignore[arg-type]
+        effect = (b_on / max(a_on, 1)) / (b_off / max(a_off, 1))
+        saved = min(1 - a_on / max(a_off, 1), 1 - b_on / max(b_off, 1))
+        near = max(effect, 1 / effect) if effect > 0 else float("inf")
+        verdict = ("confirmed" if near <= NOISE and saved >= 0.5 else
+                   "partly" if near <= CONFIRM and saved >= 0.5 else "refuted")  # fmt: skip
+        number = (f"replies {self.replies}: `{self.b}` {_n(b_on)} vs `{self.a}` {_n(a_on)} prefilled; cache off: "
+                  f"{_n(b_off)} vs {_n(a_off)}; cache effect **{effect:.2f}x**; the cache saves both >= {saved:.0%}")  # fmt: skip
+        rule = (f"confirmed when the cache effect is within {1 / NOISE:.2f}-{NOISE:.2f}x and the cache saves both "
+                f"arms >= 50%; partly within {1 / CONFIRM:.2f}-{CONFIRM:.2f}x; else refuted")  # fmt: skip
+        why = (
+            self.why
+            if verdict != "refuted"
+            else f"`{self.b}` costs {effect:.2f}x once prompt sizes are accounted for"
+        )
+        return Verdict(
+            self.claim, self.source, f"{self.workload}: {self.a} ~ {self.b}", number, verdict, rule, why, True
+        )
+
+
+@dataclass(frozen=True)
 class Invalidates:
     """Claim: ``pattern`` loses (almost) all reuse.  Saved share = 1 - prefill(cache on) / prefill(cache off);
     confirmed when it is <= 5% while ``ref`` (append-only) saves >= 50% on the same workload."""
