@@ -61,14 +61,13 @@ def test_swapping_the_arms_of_a_pair_flips_its_verdict() -> None:
     runs = _runs()
     names = {r["pattern"] for r in runs}
     checked = 0
-    for i, v in enumerate(verdicts(runs)):
+    for v in verdicts(runs):
         pair = _pair(v.pattern)
         if pair is None or not {pair[1], pair[2]} <= names or v.verdict not in ("confirmed", "partly"):
             continue
-        w = verdicts(_swapped(runs, *pair))[i]
-        assert w.claim == v.claim
+        w = next(x for x in verdicts(_swapped(runs, *pair)) if x.claim == v.claim)
         assert w.verdict == "refuted", f"{v.claim}: {v.verdict} both ways round ({v.pattern})"
-        back = verdicts(_swapped(_swapped(runs, *pair), *pair))[i]
+        back = next(x for x in verdicts(_swapped(_swapped(runs, *pair), *pair)) if x.claim == v.claim)
         assert back.verdict == v.verdict
         checked += 1
     assert checked >= 10
