@@ -23,7 +23,7 @@ from benchmarks.workloads import ALL_WORKLOADS, Trajectory
 
 DEFAULT_STACK = STACKS["smollm2"]
 
-DEFAULT_OUT = Path("benchmarks/results/patterns")
+DEFAULT_OUT = Path("out/patterns")
 
 
 def render_all(
@@ -160,7 +160,8 @@ def add_savings(runs: list[dict]) -> None:
     """
 
     def key(r: dict) -> tuple:
-        return r["workload"], r.get("stack"), r.get("replies"), r.get("round", 0)
+        return (r["workload"], r.get("variant"), r.get("stack"), r.get("replies"), r.get("round", 0),
+                r.get("prefix_cache", "radix"), r.get("page_size"))  # fmt: skip
 
     naive = {key(r): r["totals"] for r in runs if r["pattern"] == "naive"}
     derived = {key(r): r["totals"]["prompt_tokens"] for r in runs if r["pattern"] == "append_only"}
@@ -179,7 +180,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--quick", action="store_true", help="a smoke run (a few patterns, one TTFT round)")
     ap.add_argument(
-        "--full", action="store_true", help="add the agent-scale session (token-exact) to the default"
+        "--full",
+        action="store_true",
+        help="add the agent-scale session (65 requests, ~17K static prefix) through the engine, two tokenizers",
+    )
+    ap.add_argument(
+        "--accounting",
+        action="store_true",
+        help="with --full: the agent session through the engine's reuse rule instead of the engine (fast)",
     )
     ap.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="folder for report.md, PNG plots, results.json"
@@ -204,6 +212,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("cached", "replayed"),
         default=None,
         help="token-exact jobs: cached (forced decoding, default) or replayed (the first edition's mode)",
+    )
+    ap.add_argument(
+        "--reply-kv",
+        choices=("extend", "decode"),
+        default="extend",
+        help="cached replies: KV written by one extend step (default; equal counts, tests/test_reply_extend.py) "
+        "or by forced decoding, one engine step per reply token",
     )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved TTFT rounds (default 3, --quick 1)")
     ap.add_argument("--no-ttft", action="store_true", help="token-exact sections only (no timing)")
@@ -241,6 +256,7 @@ def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
     timed = [] if args.no_ttft else timed_jobs(args.quick)
     if args.replies:
         tokens = [j._replace(replies=args.replies) for j in tokens]
+    tokens = [j._replace(reply_kv=getattr(args, "reply_kv", "extend")) for j in tokens]
     if args.patterns:
         wanted = {p.name for p in select(args.patterns)}
         tokens, timed = [j for j in tokens if j.pattern in wanted], [j for j in timed if j.pattern in wanted]

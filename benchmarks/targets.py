@@ -30,10 +30,15 @@ class InProcessTarget:
 
     name = "in-process"
 
-    def __init__(self, engine: Any, max_tokens: int = 4) -> None:
+    def __init__(self, engine: Any, max_tokens: int = 4, reply_kv: str = "decode") -> None:
         from runtime.sampling.params import SamplingParams
 
         self.engine = engine
+        # "decode": a forced reply is generated token by token (one engine step each); "extend": the request
+        # generates only the reply's first token, then prompt + reply is sent again so one extend step writes
+        # the reply's KV to the cache (the same pages as decoding: tests/test_reply_extend.py), for sessions
+        # whose thousands of reply tokens would take hours of decode steps on a CPU
+        self.reply_kv = reply_kv
         self.tokenizer = engine.tokenizer
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.reset_note = ""
@@ -50,16 +55,23 @@ class InProcessTarget:
         if not cache:
             self.engine.reset_prefix_cache()  # cache off: nothing survives from earlier requests
         params = self.params
+        extend = bool(forced) and self.reply_kv == "extend" and len(forced) > 1
         if forced:
             from runtime.sampling.params import SamplingParams
 
-            params = SamplingParams(max_tokens=len(forced), forced_tokens=forced, ignore_eos=True)
+            n = 1 if extend else len(forced)
+            params = SamplingParams(max_tokens=n, forced_tokens=forced[:n], ignore_eos=True)
         out = self.engine.generate([token_ids], params)[0]
+        if extend:  # the reply's KV, written by one extend step; this call's own counts are not the request's
+            from runtime.sampling.params import SamplingParams
+
+            tail = SamplingParams(max_tokens=1, forced_tokens=forced[-1:], ignore_eos=True)
+            self.engine.generate([list(token_ids) + list(forced[:-1])], tail)
         return Measured(
             len(out.prompt_token_ids),
             out.cached_tokens,
             out.prefilled_tokens,
-            list(out.output_token_ids),
+            list(forced) if extend else list(out.output_token_ids),
             out.ttft_s,
             out.prefill_s,
             out.decode_s,

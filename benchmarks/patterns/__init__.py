@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.patterns import dynamic, events, history
+from benchmarks.patterns import compression, dynamic, events, history, layout, sessions, sweep
 from benchmarks.patterns.ideal import ideal_prefill
 from benchmarks.patterns.request import Request, append_only
 from benchmarks.workloads import Trajectory
@@ -24,6 +24,11 @@ class Pattern:
     claim: str
     cache: bool = True
     template: Callable[[str], str] | None = None  # rewrites the stack's template source (qwen3 only)
+    session: Callable[[Trajectory], Trajectory] | None = None  # the agent acts differently (sessions.py)
+
+    def prepare(self, traj: Trajectory) -> Trajectory:
+        """The trajectory this pattern replays: the workload's, or its ``session`` rewrite of it."""
+        return self.session(traj) if self.session is not None else traj
 
     def requests(self, traj: Trajectory) -> list[Request]:
         return [self.build(traj, k) for k in range(len(traj.turns))]
@@ -74,14 +79,70 @@ _ALL = [
     Pattern("date_in_system", events.date_in_system, "date-only line in the system prompt (changes once)"),
     Pattern("date_in_messages", events.date_in_messages, "the date as reminder messages, appended"),
     Pattern(
-        "subagent_own_system", events.subagent_own_system, "sub-agents with their own short system prompt"
+        "subagent_own_system",
+        events.subagent_own_system,
+        "sub-agents with their own short system prompt (same tools)",
     ),
+    Pattern("timestamp_message", layout.timestamp_message, "the time appended as a new message every turn"),
+    Pattern(
+        "timestamp_tool",
+        append_only,
+        "the agent calls get_current_time when it needs the time",
+        session=sessions.with_time_tool,
+    ),
+    Pattern("world_state_diff", layout.world_state_diff, "World State full once, changes as appended diffs"),
+    Pattern(
+        "world_state_rerender", layout.world_state_rerender, "World State full re-rendered every request"
+    ),
+    Pattern(
+        "catalogue_in_prefix", layout.catalogue_in_prefix, "skill catalogue re-rendered when one is added"
+    ),
+    Pattern("catalogue_diff", layout.catalogue_diff, "skill catalogue fixed, an addition told by a message"),
+    Pattern("skill_switch_system", layout.skill_switch_system, "skill A then B in the system prompt"),
+    Pattern("skill_switch_messages", layout.skill_switch_messages, "skill A then B as appended messages"),
+    Pattern("skill_reread", layout.skill_reread, "old history shows the skill file re-read as it is now"),
+    Pattern("tools_deferred", layout.tools_deferred, "unused tools by name; a found schema as a message"),
+    Pattern(
+        "tools_deferred_schema", layout.tools_deferred_schema, "unused tools by name; a found schema in tools"
+    ),
+    Pattern(
+        "explore_inline",
+        append_only,
+        "the sub-agents' searches done in the main thread",
+        session=sessions.inline_exploration,
+    ),
+    Pattern(
+        "session_env_in_system",
+        layout.session_env_in_system,
+        "3 sessions, each with its environment in the system prompt",
+        session=sessions.more_sessions,
+    ),
+    Pattern(
+        "session_env_message",
+        layout.session_env_message,
+        "3 sessions, each with its environment as the first message",
+        session=sessions.more_sessions,
+    ),
+    Pattern("sliding_window_5", history.sliding_window_5, "Experiment 2-3's window: the last 5 messages"),
     Pattern(
         "timestamp_end_tools_first",
         dynamic.timestamp_end,
         "timestamp_end, template with tools before the system text",
         template=events.tools_first,
     ),
+]
+_ALL += [
+    Pattern(f"status_{mode}_{n}", build(n), f"status bar of ~{n} tokens, {mode}d every request")
+    for n in sweep.SIZES
+    for mode, build in (("replace", sweep.replace_builder), ("append", sweep.append_builder))
+]
+_ALL += [
+    Pattern(
+        name,
+        compression.builder(layers),
+        f"compression layer(s) {', '.join(map(str, layers))} of [003]'s five",
+    )
+    for name, layers in compression.LAYER_PATTERNS.items()
 ]
 PATTERNS: dict[str, Pattern] = {p.name: p for p in _ALL}
 

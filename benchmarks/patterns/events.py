@@ -160,12 +160,12 @@ SUBAGENT_SYSTEM = (
 
 
 def subagent_own_system(traj: Trajectory, k: int) -> Request:
-    """Sub-agents (threads > 0) get their own short system prompt and only the search tools."""
+    """Sub-agents (threads > 0) get their own short system prompt and the parent's tools (like with like:
+    only the system prompt differs from the aligned sub-agents)."""
     if traj.turns[k].thread == 0:
         return append_only(traj, k)
-    tools = [t for t in traj.tools if _name(t) in ("grep", "read_file", "find", "glob")]
     msgs = [{"role": "system", "content": SUBAGENT_SYSTEM}, *traj.history(k)]
-    return Request(msgs, tools, dict(BASE_KWARGS))
+    return Request(msgs, traj.tools, dict(BASE_KWARGS))
 
 
 def tools_first(source: str) -> str:

@@ -20,6 +20,13 @@ def sliding_window(traj: Trajectory, k: int) -> Request:
     return Request([system_message(traj), *hist[start:]], traj.tools, dict(BASE_KWARGS))
 
 
+def sliding_window_5(traj: Trajectory, k: int) -> Request:
+    """Experiment 2-3's sliding window: the last 5 messages (tool pairs kept)."""
+    hist = traj.history(k)
+    start = pair_safe_start(hist, max(0, len(hist) - 5))
+    return Request([system_message(traj), *hist[start:]], traj.tools, dict(BASE_KWARGS))
+
+
 def _stub(msg: Message) -> Message:
     first = msg["content"].splitlines()[0][:80] if msg["content"] else ""
     content = f"[{msg.get('name', 'tool')} result moved out of context: {len(msg['content'])} chars; starts: {first}]"

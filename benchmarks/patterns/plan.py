@@ -23,6 +23,12 @@ class Job(NamedTuple):
     stack: str
     pattern: str
     replies: str  # "cached" | "replayed"
+    prefix_cache: str = "radix"  # "off": the cache-off contrast of a verdict pair (same requests)
+    page: int = 0  # page size (0: the run's --page-size); Experiment 2-3 also runs at a provider's 256
+    reply_kv: str = "extend"  # cached replies: one extend step, or forced decoding (targets.InProcessTarget)
+
+
+MAIN_STACK = "qwen3-append"
 
 
 CODING = [
@@ -30,18 +36,36 @@ CODING = [
     "tools_reordered", "tools_dynamic_after", "tools_dynamic_sorted_in", "tools_toggled", "tools_toggle_message",
     "sliding_window", "sliding_window_block", "text_stable", "text_unstable", "status_replace", "status_append",
     "status_in_system", "skill_in_system", "skill_in_messages", "date_in_system", "date_in_messages",
-    "reasoning_stripped",
+    "reasoning_stripped", "timestamp_message", "timestamp_tool", "world_state_diff", "world_state_rerender",
+    "catalogue_in_prefix", "catalogue_diff", "skill_switch_system", "skill_switch_messages", "skill_reread",
+    "tools_deferred", "tools_deferred_schema", "session_env_in_system", "session_env_message",
 ]  # fmt: skip
 RESEARCH = ["append_only", "compress_budget", "compress_unfrozen", "compress_every_turn", "compress_summary",
-            "compact_threshold"]  # fmt: skip
-FANOUT = ["append_only", "subagent_own_system"]
-AGENT = ["append_only", "timestamp_end", "tools_reordered", "sliding_window", "compact_threshold"]
+            "compact_threshold", "compress_l1_budget", "compress_l2_noise", "compress_l3_micro",
+            "compress_l4_archive", "compress_l5_full", "compress_layered"]  # fmt: skip
+FANOUT = ["append_only", "subagent_own_system", "explore_inline"]
+# Experiment 2-3 of [003]: its six modes on a 5-request session, at our page size and at 256-token blocks
+EXP23 = [
+    "append_only",
+    "timestamp_start",
+    "tools_reordered",
+    "user_profile",
+    "sliding_window_5",
+    "text_stable",
+]
+# agent scale: the layouts a reader asks about first, each through the engine under two tokenizers
+AGENT = ["append_only", "timestamp_start", "timestamp_end", "timestamp_message", "tools_reordered", "user_profile",
+         "sliding_window", "status_replace", "status_append", "compact_threshold", "compress_layered",
+         "subagent_own_system"]  # fmt: skip
+AGENT_STACKS = ("qwen3-append", "llama3.1")
 TIMED = ["append_only", "naive", "timestamp_start", "timestamp_end", "tools_reordered", "sliding_window",
          "status_append"]  # fmt: skip
 
 
 def _applies(stack: str, workload: str, pattern: str) -> bool:
-    if stack == "llama3.1" and (workload == "fanout" or pattern == "timestamp_end_tools_first"):
+    if stack == "llama3.1" and (
+        workload == "fanout" or pattern in ("timestamp_end_tools_first", "timestamp_tool")
+    ):
         return False  # Llama 3.1 takes one tool call per message; it has no system-then-tools block
     return True
 
@@ -54,15 +78,40 @@ def token_jobs(full: bool, quick: bool, stacks: tuple[str, ...] = REAL_STACKS) -
                 for p in ("append_only", "timestamp_start", "tools_reordered", "sliding_window", "status_replace",
                           "status_append")]  # fmt: skip
     groups = [("coding", CODING), ("research", RESEARCH), ("fanout", FANOUT)]
-    if full:
-        groups.append(("agent", AGENT))
     jobs = [
         Job(w, "default", s, p, "cached") for w, ps in groups for s in stacks for p in ps if _applies(s, w, p)
     ]
-    if "qwen3-append" in stacks:
-        jobs += [Job("coding", "default", "qwen3-append", p, "replayed") for p in ("append_only", "status_replace",
-                                                                                  "status_append")]  # fmt: skip
+    if full:
+        jobs += [Job("agent", "default", s, p, "cached") for s in stacks if s in AGENT_STACKS
+                 for p in AGENT]  # fmt: skip
+    if MAIN_STACK in stacks:
+        jobs += [Job("coding", "default", MAIN_STACK, p, "replayed") for p in ("append_only", "status_replace",
+                                                                              "status_append", "text_stable")]  # fmt: skip
+        sweep = sweep_jobs(full)
+        jobs += sweep + contrast_jobs(jobs + sweep) + exp23_jobs()
     return jobs
+
+
+def contrast_jobs(jobs: list[Job]) -> list[Job]:
+    """The cache-off contrast: every main-stack job with cached replies again on an engine whose prefix
+    cache is off (naive already is cache-off)."""
+    return [j._replace(prefix_cache="off") for j in jobs
+            if j.stack == MAIN_STACK and j.replies == "cached" and j.pattern != "naive" and j.workload != "agent"]  # fmt: skip
+
+
+def exp23_jobs() -> list[Job]:
+    return [
+        Job("coding", "quick", MAIN_STACK, p, "cached", "radix", page) for page in (0, 256) for p in EXP23
+    ]
+
+
+def sweep_jobs(full: bool) -> list[Job]:
+    """The status-bar sweep: replace vs append at four status sizes, over sessions of 10, 12 (and 65)."""
+    from benchmarks.patterns.sweep import SIZES
+
+    workloads = ["coding", "research"] + (["agent"] if full else [])
+    return [Job(w, "default", MAIN_STACK, f"status_{mode}_{n}", "cached") for w in workloads for n in SIZES
+            for mode in ("replace", "append")]  # fmt: skip
 
 
 def timed_jobs(quick: bool) -> list[Job]:

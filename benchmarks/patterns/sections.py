@@ -13,66 +13,84 @@ from benchmarks.patterns.stacks import STACKS
 from benchmarks.targets import AccountingTarget, InProcessTarget, ServerTarget
 from benchmarks.workloads import load
 
-# Workloads whose token-exact jobs use the engine's reuse rule (AccountingTarget) instead of the engine:
-# the agent session's 65 requests force ~6K reply tokens and prefill ~2M tokens per full-recompute pattern.
-ACCOUNTED = {"agent"}
 
-
-def engine_for(family: str | None, args: argparse.Namespace) -> Any:
+def engine_for(
+    family: str | None, args: argparse.Namespace, prefix_cache: str = "radix", page: int = 0
+) -> Any:
     """The in-process engine of a stack: the tiny real-vocabulary model, or ``--model`` (embedded)."""
     from runtime.engine.engine import Engine
 
+    page = page or args.page_size
     if family is None:
         tiers = {k: getattr(args, k, None) for k in ("kv_cache_memory", "kv_host_memory", "kv_store")}
         return Engine(
-            args.model, page_size=args.page_size, snapshot_every=getattr(args, "snapshot_every", 0),
-            **{k: v for k, v in tiers.items() if v is not None},
+            args.model, page_size=page, snapshot_every=getattr(args, "snapshot_every", 0),
+            prefix_cache=prefix_cache, **{k: v for k, v in tiers.items() if v is not None},
         )  # fmt: skip
     from benchmarks.real_vocab import tiny_model_dir
 
-    # one long chunk: a 1-layer model's step cost is mostly per-step overhead
+    # one long chunk: a 1-layer model's step cost is mostly per-step overhead; 64 bytes of KV a token, so
+    # 256 MiB holds 4M tokens (the agent session computes ~0.3M distinct ones)
     return Engine(
-        model_dir=str(tiny_model_dir(family)), dtype="float32", page_size=args.page_size, chunk_size=8192
-    )
+        model_dir=str(tiny_model_dir(family)), dtype="float32", page_size=page, chunk_size=8192,
+        prefix_cache=prefix_cache, kv_cache_memory="256M",
+    )  # fmt: skip
 
 
 def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict]:
-    """The token-exact jobs, grouped by tokenizer family so each tiny model loads once."""
+    """The token-exact jobs, grouped by engine (tokenizer family, prefix cache, page size) so each tiny
+    model loads once per setting; ``log`` gets one line per job (progress in a non-TTY log)."""
     from benchmarks.pattern_runner import run_pattern
 
     runs: list[dict] = []
-    by_family: dict[str | None, list[Job]] = {}
+    groups: dict[tuple, list[Job]] = {}
     for j in jobs:
-        by_family.setdefault(STACKS[j.stack].family, []).append(j)
+        groups.setdefault((STACKS[j.stack].family, j.prefix_cache, j.page), []).append(j)
     pieces: dict[Any, Any] = {}
-    for family, fjobs in by_family.items():
+    done, total = 0, len(jobs)
+    for (family, prefix_cache, page), gjobs in groups.items():
         engine = None
-        for j in fjobs:
+        for j in gjobs:
             t0 = time.perf_counter()
-            traj, stack = load(j.workload, j.variant), STACKS[j.stack]
-            if j.workload in ACCOUNTED:  # too long to replay through a model on a CPU: the engine's rule
+            traj, stack = PATTERNS[j.pattern].prepare(load(j.workload, j.variant)), STACKS[j.stack]
+            page_size = j.page or args.page_size
+            if j.workload in accounted(args):  # the engine's rule, for a quick look at agent scale
                 from benchmarks.real_vocab import load_tokenizer
 
                 tokenizer = load_tokenizer(family)
-                target: Any = AccountingTarget(tokenizer, args.page_size)
+                target: Any = AccountingTarget(tokenizer, page_size)
             else:
-                engine = engine or engine_for(family, args)
-                tokenizer, target = engine.tokenizer, InProcessTarget(engine, max_tokens=2)
+                engine = engine or engine_for(family, args, prefix_cache, page)
+                tokenizer, target = (
+                    engine.tokenizer,
+                    InProcessTarget(engine, max_tokens=2, reply_kv=j.reply_kv),
+                )
             pre = None
-            if isinstance(target, AccountingTarget):  # no segments needed: memoised piece tokenisation
+            if isinstance(target, AccountingTarget) or j.workload == "agent":  # memoised piece tokenisation:
+                # 65 prompts of up to ~50K tokens; segments (which message a divergence falls in) are skipped
                 from benchmarks.pattern_runner import render_all
                 from benchmarks.patterns.stacks import PieceTokenizer
 
                 fast = pieces.setdefault(family, PieceTokenizer(tokenizer))
                 pre = render_all(tokenizer, PATTERNS[j.pattern], traj, stack, j.replies, fast)
             runs.append(run_pattern(target, tokenizer, PATTERNS[j.pattern], traj, lambda row: None,
-                                    args.page_size, pre, stack, j.replies))  # fmt: skip
-            runs[-1]["target"] = target.name
+                                    page_size, pre, stack, j.replies))  # fmt: skip
+            runs[-1].update(
+                target=target.name, prefix_cache=prefix_cache, page_size=page_size, reply_kv=j.reply_kv
+            )
             t = runs[-1]["totals"]
-            log(f"{j.workload}:{j.stack}:{j.pattern}:{j.replies} prefilled {t['prefilled_tokens']:,} of "
-                f"{t['prompt_tokens']:,} ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
+            done += 1
+            log(f"[{done}/{total}] {j.workload}:{j.variant}:{j.stack}:{j.pattern}:{j.replies}"
+                f"{'' if prefix_cache == 'radix' else ' cache off'}{f' page {page}' if page else ''} prefilled "
+                f"{t['prefilled_tokens']:,} of {t['prompt_tokens']:,} ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
         del engine
     return runs
+
+
+def accounted(args: argparse.Namespace) -> set[str]:
+    """Workloads run through the engine's reuse rule (AccountingTarget) instead of the engine:
+    none, unless ``--accounting`` asks for the agent session that way (seconds instead of minutes)."""
+    return {"agent"} if getattr(args, "accounting", False) else set()
 
 
 def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list[dict], list[dict], dict]:
@@ -94,15 +112,15 @@ def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list
         target, tokenizer = InProcessTarget(engine, max_tokens=args.max_tokens), engine.tokenizer
         meta = {"target": "in-process", "model": engine.model_name, "dtype": str(engine.dtype),
                 "device": str(engine.device)}  # fmt: skip
-    prepared = {j: render_all(tokenizer, PATTERNS[j.pattern], load(j.workload, j.variant), STACKS[j.stack],
-                              j.replies) for j in jobs}  # fmt: skip
+    prepared = {j: render_all(tokenizer, PATTERNS[j.pattern], PATTERNS[j.pattern].prepare(load(j.workload, j.variant)),
+                              STACKS[j.stack], j.replies) for j in jobs}  # fmt: skip
     if engine is not None:  # warm-up: the first forward pays for allocation and kernel selection
         engine.generate([list(range(100, 400))], engine_params(1))
     rounds = []
     for r in range(rounds_n):
         runs = []
         for j in rotated(jobs, r):
-            traj = load(j.workload, j.variant)
+            traj = PATTERNS[j.pattern].prepare(load(j.workload, j.variant))
             runs.append(run_pattern(target, tokenizer, PATTERNS[j.pattern], traj, lambda row: None,
                                     args.page_size, prepared[j], STACKS[j.stack], j.replies))  # fmt: skip
             log(f"round {r} {j.pattern}: TTFT {sum(x['ttft_s'] for x in runs[-1]['requests']):.1f}s")
