@@ -233,8 +233,8 @@ def _label(c: dict) -> str:
 def write_report(results: dict, out: Path) -> Path:
     """Write report.md (verdicts first, then costs, tables, checks, TTFT, explanations), the PNG plots and
     report.html (the same, one self-contained page)."""
+    from benchmarks.patterns.claims import verdicts
     from benchmarks.patterns.verdicts import table as verdict_table
-    from benchmarks.patterns.verdicts import verdicts
     from benchmarks.report_html import write_html
     from benchmarks.report_plots import all_plots
     from benchmarks.report_sections import agent_scale, claim_counts, exp23, sweep

@@ -79,8 +79,9 @@ def test_import_contracts_hold():
     assert "0 broken" in r.stdout
 
 
-def test_no_import_cycles_in_runtime():
-    assert import_cycles("runtime") == []
+@pytest.mark.parametrize("package", ["runtime", "benchmarks"])
+def test_no_import_cycles(package: str):
+    assert import_cycles(package) == []
 
 
 @pytest.fixture()

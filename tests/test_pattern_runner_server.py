@@ -22,7 +22,7 @@ def four_turns():
 
 
 def measure(target, tokenizer, traj):
-    from benchmarks.pattern_runner import run_pattern
+    from benchmarks.patterns.run import run_pattern
 
     # an OpenAI API cannot force a reply, so both sides replay the replies (the first edition's mode)
     return {
@@ -38,7 +38,7 @@ def counts(run):
 
 @pytest.mark.slow
 def test_server_target_accounts_like_the_in_process_engine(tmp_path):
-    from benchmarks.targets import InProcessTarget, ServerTarget
+    from benchmarks.patterns.targets import InProcessTarget, ServerTarget
     from runtime.engine.engine import Engine
     from runtime.server.launcher import ServerProcess
 

@@ -230,8 +230,9 @@ class FakeEngine:
 
 
 def run_all(engine, names, traj, replies="cached"):
-    from benchmarks.pattern_runner import add_savings, run_pattern
-    from benchmarks.targets import InProcessTarget
+    from benchmarks.pattern_runner import add_savings
+    from benchmarks.patterns.run import run_pattern
+    from benchmarks.patterns.targets import InProcessTarget
 
     target = InProcessTarget(engine, max_tokens=2)
     runs = [

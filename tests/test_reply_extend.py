@@ -11,11 +11,11 @@ import argparse
 
 import pytest
 
-from benchmarks.pattern_runner import run_pattern
 from benchmarks.patterns import PATTERNS
+from benchmarks.patterns.run import run_pattern
 from benchmarks.patterns.sections import engine_for
 from benchmarks.patterns.stacks import STACKS
-from benchmarks.targets import InProcessTarget
+from benchmarks.patterns.targets import InProcessTarget
 from benchmarks.workloads import load
 
 FIELDS = (

@@ -12,7 +12,16 @@ from __future__ import annotations
 from benchmarks.patterns.claims_compression import COMPRESSION_CLAIMS
 from benchmarks.patterns.claims_extra import EXTRA_CLAIMS
 from benchmarks.patterns.claims_measured import MEASURED_CLAIMS
-from benchmarks.patterns.verdicts import Contrast, Invalidates, NotMeasurable, Reaches, Same, sub_prefilled
+from benchmarks.patterns.verdicts import (
+    Contrast,
+    Invalidates,
+    NotMeasurable,
+    Reaches,
+    Runs,
+    Same,
+    Verdict,
+    sub_prefilled,
+)
 
 S003_KV = "003 §KV Cache 友好的上下文设计"
 S003_EXP = "003 §实验 2-3 常见的错误上下文管理模式"
@@ -133,3 +142,9 @@ NOT_MEASURABLE = [
 ]  # fmt: skip
 
 CLAIMS = [*CACHE_CLAIMS, *EXTRA_CLAIMS, *MEASURED_CLAIMS, *COMPRESSION_CLAIMS, *NOT_MEASURABLE]
+
+
+def verdicts(runs: list[dict]) -> list[Verdict]:
+    """Every claim's verdict on these runs (claims whose runs are missing are left out)."""
+    R = Runs(runs)
+    return [v for check in CLAIMS if (v := check(R)) is not None]

@@ -10,7 +10,7 @@ from typing import Any
 from benchmarks.patterns import PATTERNS
 from benchmarks.patterns.plan import Job
 from benchmarks.patterns.stacks import STACKS
-from benchmarks.targets import AccountingTarget, InProcessTarget, ServerTarget
+from benchmarks.patterns.targets import AccountingTarget, InProcessTarget, ServerTarget
 from benchmarks.workloads import load
 
 
@@ -40,7 +40,7 @@ def engine_for(
 def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict]:
     """The token-exact jobs, grouped by engine (tokenizer family, prefix cache, page size) so each tiny
     model loads once per setting; ``log`` gets one line per job (progress in a non-TTY log)."""
-    from benchmarks.pattern_runner import run_pattern
+    from benchmarks.patterns.run import run_pattern
 
     runs: list[dict] = []
     groups: dict[tuple, list[Job]] = {}
@@ -68,7 +68,7 @@ def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict
             pre = None
             if isinstance(target, AccountingTarget) or j.workload == "agent":  # memoised piece tokenisation:
                 # 65 prompts of up to ~50K tokens; segments (which message a divergence falls in) are skipped
-                from benchmarks.pattern_runner import render_all
+                from benchmarks.patterns.run import render_all
                 from benchmarks.patterns.stacks import PieceTokenizer
 
                 fast = pieces.setdefault(family, PieceTokenizer(tokenizer))
@@ -97,7 +97,7 @@ def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list
     """Interleaved rounds of the timed jobs, then the TTFT-vs-context curve (in-process only)."""
     import transformers
 
-    from benchmarks.pattern_runner import render_all, run_pattern
+    from benchmarks.patterns.run import render_all, run_pattern
     from benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
     from runtime.loading.model_source import resolve_model
 

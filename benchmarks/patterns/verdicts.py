@@ -328,13 +328,6 @@ class NotMeasurable:
         return Verdict(self.claim, self.source, "-", "-", "not measurable here", "-", self.why, False)
 
 
-def verdicts(runs: list[dict]) -> list[Verdict]:
-    from benchmarks.patterns.claims import CLAIMS
-
-    R = Runs(runs)
-    return [v for check in CLAIMS if (v := check(R)) is not None]
-
-
 def table(vs: list[Verdict]) -> list[str]:
     lines = [
         "| # | claim | seed, section | runs | number | verdict | rule | why |",
@@ -343,11 +336,3 @@ def table(vs: list[Verdict]) -> list[str]:
     lines += [f"| {i} | {v.claim} | {v.source} | `{v.pattern}` | {v.number} | **{v.verdict}** | {v.rule} | {v.why} |"
               for i, v in enumerate(vs, 1)]  # fmt: skip
     return lines
-
-
-def missing_claims(runs: list[dict]) -> list[str]:
-    """Claims whose runs are not in this report (e.g. a --quick run)."""
-    from benchmarks.patterns.claims import CLAIMS
-
-    R = Runs(runs)
-    return [c.claim for c in CLAIMS if c(R) is None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-from benchmarks.patterns import Request
+from benchmarks.patterns.request import Request
 
 TEMPLATE = "qwen3"  # ChatML with tools and thinking; SmolLM2 shares its special tokens
 
