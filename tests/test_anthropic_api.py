@@ -106,9 +106,10 @@ def test_three_turn_tool_use_loop(client):
     shape = '<tool_call>\n{"name": "tool_3", "arguments": {"city": "Paris"}}\n</tool_call>'
     msgs: list[dict] = [{"role": "user", "content": f"Call tool_3 for Paris. The call looks like {shape}"}]
     tools = TOOLS[:4]
-    for turn in range(2):
+    for turn in range(2):  # one call a turn: a forced choice with parallel calls allowed may make several
         kw = dict(model=MODEL, max_tokens=40, messages=msgs, tools=tools,
-                  tool_choice={"type": "tool", "name": "tool_3"}, extra_body=GREEDY)  # fmt: skip
+                  tool_choice={"type": "tool", "name": "tool_3", "disable_parallel_tool_use": True},
+                  extra_body=GREEDY)  # fmt: skip
         full = client.messages.create(**kw)
         streamed, _ = _streamed(client, **kw)
         assert full.stop_reason == "tool_use" == streamed.stop_reason, full
