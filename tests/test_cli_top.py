@@ -22,6 +22,7 @@ def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("top")
     model = make_tiny_model(d / "m", vocab=49152)
     args = ["--model", str(model), "--dtype", "float32", "--kv-cache-memory", "4M", "--api-key", "k1"]
+    args += ["--operator-key", "op"]  # /metrics is the operator's with keys on: top runs with that key
     proc = ServerProcess(args, d / "server.log").start()
     yield proc
     proc.stop()
@@ -34,7 +35,7 @@ def _top(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_top_once_shows_the_servers_figures(server):
-    headers = {"Authorization": "Bearer k1"}
+    headers = {"Authorization": "Bearer op"}  # the operator's own session, so its top lists the pin
     for _ in range(2):  # the second hits the first's prefix
         body = {
             "model": "m",
@@ -48,7 +49,7 @@ def test_top_once_shows_the_servers_figures(server):
     metrics = httpx.get(f"{server.url}/metrics", headers=headers, timeout=60).text
     value = {x.split()[0]: float(x.split()[1]) for x in metrics.splitlines() if x and not x.startswith("#")}
     prompt, pages = value["kvreuse_prompt_tokens_total"], int(value["kvreuse_kv_pages_total"])
-    out = _top("--url", server.url, "--api-key", "k1")
+    out = _top("--url", server.url, "--api-key", "op")
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "requests" in text and " 2 " in text.split("requests")[1].splitlines()[0]
@@ -61,6 +62,7 @@ def test_top_failures_are_one_line(server):
     for args, needle in (
         (("--url", server.url), "needs an API key"),
         (("--url", server.url, "--api-key", "wrong"), "needs an API key"),
+        (("--url", server.url, "--api-key", "k1"), "needs the server's operator key"),
         (("--url", f"http://127.0.0.1:{free_port()}"), "cannot reach"),
         (("--url", server.url, "--interval", "0"), "--interval must be > 0"),
     ):

@@ -31,6 +31,8 @@ def fetch(client: httpx.Client, url: str) -> Sample:
     for r in (metrics, cache):
         if r.status_code == 401:
             raise TopError(f"{url} needs an API key (--api-key or KVREUSE_API_KEY)")
+        if r.status_code == 403:  # with keys on, /metrics shows every tenant: the operator's alone
+            raise TopError(f"{r.request.url} needs the server's operator key (--operator-key) as --api-key")
         if r.status_code != 200:
             raise TopError(f"{r.request.url} answered HTTP {r.status_code}")
     if "kvreuse_kv_pages_total" not in metrics.text:
