@@ -131,7 +131,7 @@ def replay(
             assert batch is not None, "a trace request does not fit the pool"
             tokens = [output[len(c.req.tokens) - c.req.num_prompt] for c in batch.chunks if c.sample]
             for s in sched.commit(batch, SampleResult(tokens, [None] * len(tokens))):
-                if (reason := s.req.stop_reason(s.token)) is not None:  # as the engine ends a request
+                if (reason := s.req.stop_reason(s.tokens[-1])) is not None:  # as the engine ends a request
                     sched.finish(s.req, reason)
             if check:
                 cache.check_integrity()

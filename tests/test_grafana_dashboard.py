@@ -20,7 +20,7 @@ def _exported() -> dict[str, set[str]]:
     stats = EngineStats(*([1] * 14))
     metrics = ServerMetrics(lambda: stats)
     pages = dict.fromkeys(("total", "free", "tree", "pinned", "evictable", "in_use", "evicted_total"), 1)
-    snap = CacheSnapshot(pages, 16, "reuse", [(("t", "s"), 16, 1.0)], {"ttl": 1})
+    snap = CacheSnapshot(pages, 16, "reuse", [(("t", "s"), 16, 1.0)], {"ttl": 1}, {"t": {"ttl": 1}})
     metrics.registry.register(CacheCollector(lambda: snap))
     metrics.observe_request(10, 5, 3, 0.1, 0.2)
     metrics.cache_miss.labels("append_only").inc()
