@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.linear import Linear
+from runtime.models.linear import Linear, onednn_packs
 from runtime.models.moe import Experts, SparseMoE
 from runtime.models.moe_config import MoEConfig
 
@@ -114,8 +114,11 @@ def test_torch_without_grouped_mm_takes_the_per_expert_loop(monkeypatch):
 def _packed(ours: SparseMoE) -> SparseMoE:
     """Router repacked for oneDNN and experts re-laid out, as ``CausalLM.prepare`` does on CPU."""
     for m in ours.modules():
-        if isinstance(m, (Linear, Experts)):
+        if isinstance(m, Experts):
             assert m.pack_for_cpu()
+        elif isinstance(m, Linear):  # packed wherever oneDNN can (bf16 needs a CPU with AVX512-BF16)
+            can = onednn_packs(m.weight)
+            assert m.pack_for_cpu() == can
     return ours
 
 
