@@ -2,7 +2,7 @@
 pins and large bodies while another sends plain requests.
 
 Run from the repository root: ``python -m benchmarks.fairness [--quick] [--out PATH]`` (through
-``/work/shared/tools/heavy`` on a shared machine).
+``../shared/tools/heavy`` on a shared machine).
 
 The victim (tenant A) sends plain one-token chats one after another, first alone (``baseline``),
 then while the attacker (tenant B) runs, on threads of its own: new ``response_format`` schemas of
