@@ -17,6 +17,18 @@ def tree_pages(tree: RadixCache) -> dict[tuple[int, ...], int]:
     return out
 
 
+def node_ends(tree: RadixCache) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """Every page-aligned prefix stored in the tree -> the tokens up to the end of the node holding it."""
+    out: dict[tuple[int, ...], tuple[int, ...]] = {}
+    stack = [(tree.root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        for i in range(len(node.pages)):
+            out[prefix + node.key[: (i + 1) * tree.page_size]] = prefix + node.key
+        stack.extend((child, prefix + node.key) for child in node.children.values())
+    return out
+
+
 def tree_states(tree: RadixCache) -> dict[tuple[int, ...], object]:
     """Every prefix whose node holds an extra state -> that state."""
     out: dict[tuple[int, ...], object] = {}

@@ -18,7 +18,7 @@ from runtime.cache.eviction import POLICIES
 from runtime.cache.node_states import NodeStates
 from runtime.cache.page_allocator import PageAllocator
 from runtime.cache.radix_cache import MatchResult, RadixCache, TreeNode
-from tests.radix_checks import check_structure, path_tokens, tree_pages, tree_states
+from tests.radix_checks import check_structure, node_ends, path_tokens, tree_pages, tree_states
 
 NUM_PAGES = 24
 tokens_st = st.lists(st.integers(0, 2), max_size=9)  # tiny vocab so prefixes collide often
@@ -105,6 +105,8 @@ class Harness:
 
     def evict(self, n: int) -> None:
         before, evictable, locked = tree_pages(self.tree), self.tree.evictable_pages, self.locked_prefixes()
+        ends = node_ends(self.tree)
+        leaves = {path_tokens(leaf) for leaf in self.tree._evictable}
         freed = self.tree.evict(n)
         after = tree_pages(self.tree)
         assert after.items() <= before.items()
@@ -115,10 +117,18 @@ class Harness:
             assert freed == min(n, evictable)
         assert all(self.tree.allocator.is_free(before[p]) for p in removed)
         if self.tree.policy.name == "lru":
-            # nothing evicted was used more recently than a leaf that could have gone instead
-            left = [self.stamps[path_tokens(leaf)] for leaf in self.tree._evictable]
-            if removed and left:
-                assert max(self.stamps[p] for p in removed) <= min(left)
+            # nothing evicted was used more recently than a leaf that could have gone instead, within
+            # each class: with states, leaves no match can end at (no state at their node's end) go first
+            held = set(self.states) if self.max_states else set()
+            left = [path_tokens(leaf) for leaf in self.tree._evictable]
+            gone_cls = {p: ends[p] in held for p in removed}
+            for cls in (False, True):
+                gone = [self.stamps[p] for p in removed if gone_cls[p] == cls]
+                kept = [self.stamps[p] for p in left if (p in held) == cls]
+                if gone and kept:
+                    assert max(gone) <= min(kept)
+            if any(gone_cls.values()):  # a leaf with a state went: no leaf without one was passed over
+                assert all(p in held for p in left if p in leaves)
         self.model = after
         for p in [p for p in self.states if p not in after]:  # a state goes with its node
             del self.states[p]

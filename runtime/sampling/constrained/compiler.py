@@ -81,6 +81,11 @@ class GrammarCompiler:
                 )
             return self._tokenizer
 
+    def in_flight(self) -> int:
+        """Compiles still running, abandoned ones included (they finish in the background)."""
+        with self._lock:
+            return sum(self._running.values())
+
     def compiled(self, grammar: Grammar, tenant: Hashable = None) -> Any:
         """The compiled matcher for ``grammar`` in ``tenant``'s cache (raises GrammarError)."""
         key = (tenant, grammar)

@@ -6,7 +6,6 @@ Every id is looked up in the caller's tenant only: another tenant's id is a 404,
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +57,7 @@ def install_responses_routes(app: FastAPI, state: ServerState, openapi_body: dic
             limit = state.engine.max_model_len
             return len(build_prompt(chat, prev, state.tokenizer, state.template, limit, auto).token_ids)
 
-        n = await asyncio.get_running_loop().run_in_executor(state.prep, count)
+        n = await state.prep.run(tenant, count)
         return {"object": "response.input_tokens", "input_tokens": n}
 
     @app.get("/v1/responses/{response_id}")
