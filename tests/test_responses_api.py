@@ -14,7 +14,6 @@ import asyncio
 import json
 import threading
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -230,96 +229,6 @@ def test_chat_completions_refuses_images_and_stream_options_without_stream(serve
     }
     r = httpx.post(url, json=body)
     assert r.status_code == 400 and "stream_options is only allowed when stream is true" in r.text
-
-
-# -- parallel-call controls -------------------------------------------------------------------------
-def _shot_call(i: int, city: str) -> dict:
-    return {
-        "id": f"c{i}",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
-    }
-
-
-# two earlier turns in which the assistant called the tool once per city: the model then makes two
-# calls for two cities under tool_choice auto, unless the grammar allows only one
-SHOTS = [
-    {"role": "system", "content": "You only answer with tool calls, one per city."},
-    {"role": "user", "content": "Weather in Lima and Cairo?"},
-    {"role": "assistant", "content": None, "tool_calls": [_shot_call(1, "Lima"), _shot_call(2, "Cairo")]},
-    {"role": "tool", "tool_call_id": "c1", "content": "12C"},
-    {"role": "tool", "tool_call_id": "c2", "content": "30C"},
-    {"role": "assistant", "content": "Lima 12C, Cairo 30C."},
-    {"role": "user", "content": "Weather in Berlin and Madrid?"},
-    {"role": "assistant", "content": None, "tool_calls": [_shot_call(3, "Berlin"), _shot_call(4, "Madrid")]},
-    {"role": "tool", "tool_call_id": "c3", "content": "8C"},
-    {"role": "tool", "tool_call_id": "c4", "content": "20C"},
-    {"role": "assistant", "content": "Berlin 8C, Madrid 20C."},
-    {"role": "user", "content": "Weather in Paris and Rome?"},
-]
-CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city.",
-                                                "parameters": WEATHER}}]  # fmt: skip
-
-
-@pytest.mark.parametrize("choice", ["auto", "required"])
-def test_chat_parallel_tool_calls_false_gives_one_call(client, choice):
-    kwargs = dict(
-        model=MODEL, messages=SHOTS, tools=CHAT_TOOLS, tool_choice=choice, max_tokens=80, temperature=0
-    )
-    allowed = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
-    single = client.chat.completions.create(**kwargs, parallel_tool_calls=False).choices[0].message.tool_calls
-    assert len(allowed) == 2 and len(single) == 1, (allowed, single)  # parallel allowed: a forced choice too
-    assert single[0].function.arguments == allowed[0].function.arguments
-
-
-def _items(messages: list[dict]) -> list[dict]:
-    """SHOTS as Responses input items."""
-    out: list[dict] = []
-    for m in messages:
-        if m["role"] == "tool":
-            out.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
-        elif m.get("tool_calls"):
-            out += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
-                     "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]  # fmt: skip
-        else:
-            out.append({"role": m["role"], "content": m["content"]})
-    return out
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
-def test_responses_parallel_tool_calls_false_gives_one_call(client, stream):
-    kwargs = dict(
-        model=MODEL, input=_items(SHOTS), tools=TOOLS, max_output_tokens=80, temperature=0, store=False
-    )
-    assert len(_calls(_create(client, stream, **kwargs))) == 2
-    assert len(_calls(_create(client, stream, **kwargs, parallel_tool_calls=False))) == 1
-
-
-def test_anthropic_disable_parallel_tool_use_gives_one_call(server):
-    c = anthropic.Anthropic(base_url=server.base_url.removesuffix("/v1"), api_key="none", max_retries=0)
-    system, msgs = SHOTS[0]["content"], []
-    for m in SHOTS[1:]:
-        if m["role"] == "tool":
-            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
-            if msgs[-1]["role"] == "user":
-                msgs[-1]["content"].append(block)
-            else:
-                msgs.append({"role": "user", "content": [block]})
-        elif m.get("tool_calls"):
-            msgs.append({"role": "assistant", "content": [
-                {"type": "tool_use", "id": t["id"], "name": "get_weather", "input": json.loads(t["function"]["arguments"])}
-                for t in m["tool_calls"]]})  # fmt: skip
-        else:
-            msgs.append({"role": m["role"], "content": [{"type": "text", "text": m["content"]}]})
-    tools = [{"name": "get_weather", "description": "Current weather for a city.", "input_schema": WEATHER}]
-    kwargs = dict(
-        model=MODEL, system=system, messages=msgs, tools=tools, max_tokens=80, extra_body={"temperature": 0}
-    )
-    for choice in ("auto", "any"):
-        allowed = c.messages.create(**kwargs, tool_choice={"type": choice})
-        single = c.messages.create(**kwargs, tool_choice={"type": choice, "disable_parallel_tool_use": True})
-        count = [sum(b.type == "tool_use" for b in r.content) for r in (allowed, single)]
-        assert count == [2, 1], (choice, allowed.content, single.content)
 
 
 # -- the OpenAI Agents SDK's default provider (the Responses API) ----------------------------------------
