@@ -137,4 +137,3 @@ class ResponsesRun(chat_run.ChatRun):
     def cancel(self) -> None:
         for r in self.requests:
             self.state.engine.abort(r.request_id)
-
