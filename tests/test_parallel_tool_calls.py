@@ -9,52 +9,13 @@ from __future__ import annotations
 import json
 
 import anthropic
-import openai
 import pytest
 
-from runtime.server.launcher import ServerProcess
+from tests.test_responses_api import MODEL, TOOLS, WEATHER, _calls, _create
+from tests.test_responses_api import client as client  # the same server setup, its own instance
+from tests.test_responses_api import server as server
 
 pytestmark = pytest.mark.timeout(600)
-
-MODEL = "smol"
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string"}},
-    "required": ["city"],
-}
-TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather for a city.",
-          "parameters": WEATHER}]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    args = ["--kv-cache-memory", "256M", "--served-model-name", MODEL, "--max-running", "8",
-            "--page-size", "16", "--shutdown-timeout", "5"]  # fmt: skip
-    proc = ServerProcess(args, log).start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
-
-
-def _create(client, stream: bool, **kwargs):
-    """A response, streamed or not (streamed: the final response the client accumulated)."""
-    if not stream:
-        return client.responses.create(**kwargs)
-    final = None
-    for event in client.responses.create(stream=True, **kwargs):
-        if event.type in ("response.completed", "response.incomplete"):
-            final = event.response
-    assert final is not None
-    return final
-
-
-def _calls(resp) -> list[tuple[str, str]]:
-    return [(o.name, o.arguments) for o in resp.output if o.type == "function_call"]
 
 
 # -- parallel-call controls -------------------------------------------------------------------------

@@ -70,14 +70,16 @@ def _outputs(k: int, resp) -> list[dict]:
 
 
 def _create(client, stream: bool, **kwargs):
-    """A response, streamed or not; streamed: also checks the event order the client accumulated."""
+    """A response, streamed or not; streamed: through ``responses.stream``, whose accumulator refuses
+    inconsistent events (two items with one id, say), and the event order is checked."""
     if not stream:
         return client.responses.create(**kwargs)
     kinds, final = [], None
-    for event in client.responses.create(stream=True, **kwargs):
-        kinds.append(event.type)
-        if event.type in ("response.completed", "response.incomplete"):
-            final = event.response
+    with client.responses.stream(**kwargs) as events:  # the client's own accumulator checks the ids
+        for event in events:
+            kinds.append(event.type)
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
     assert kinds[:2] == ["response.created", "response.in_progress"] and final is not None, kinds
     assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") >= 1
     return final
