@@ -77,7 +77,9 @@ def test_responses_parallel_tool_calls_false_gives_one_call(client, stream):
     kwargs = dict(
         model=MODEL, input=_input_items(SHOTS), tools=TOOLS, max_output_tokens=80, temperature=0, store=False
     )
-    assert len(_calls(_create(client, stream, **kwargs))) == 2
+    allowed = _create(client, stream, **kwargs)
+    assert len(_calls(allowed)) == 2
+    assert len({o.id for o in allowed.output}) == len(allowed.output), allowed.output  # streamed: once one id
     assert len(_calls(_create(client, stream, **kwargs, parallel_tool_calls=False))) == 1
 
 
