@@ -234,15 +234,25 @@ def test_chat_completions_refuses_images_and_stream_options_without_stream(serve
 
 
 # -- the OpenAI Agents SDK's default provider (the Responses API) ----------------------------------------
-def test_agents_sdk_default_provider_runs_a_tool_loop(server):
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_agents_sdk_default_provider_runs_a_tool_loop(server, stream):
     agents = pytest.importorskip("agents")
     calls: list[str] = []
+    tag = " (streamed)" if stream else ""  # the streamed loop's own prompts: none of its pages cached before
 
     @agents.function_tool
     def get_weather(city: str) -> str:
         """Current weather for a city."""
         calls.append(city)
         return json.dumps({"city": city, "temp_c": 11})
+
+    async def run(agent, text: str, previous: str | None):
+        if not stream:
+            return await agents.Runner.run(agent, text, previous_response_id=previous, max_turns=4)
+        result = agents.Runner.run_streamed(agent, text, previous_response_id=previous, max_turns=4)
+        async for _ in result.stream_events():
+            pass
+        return result
 
     async def main():
         agents.set_tracing_disabled(True)
@@ -251,10 +261,8 @@ def test_agents_sdk_default_provider_runs_a_tool_loop(server):
         settings = agents.ModelSettings(tool_choice="required", max_tokens=150, temperature=0)
         agent = agents.Agent(name="travel", instructions="You check the weather.", model=MODEL,
                              tools=[get_weather], model_settings=settings)  # fmt: skip
-        first = await agents.Runner.run(agent, "Weather in Paris?", max_turns=4)
-        second = await agents.Runner.run(
-            agent, "And Rome?", previous_response_id=first.last_response_id, max_turns=4
-        )
+        first = await run(agent, "Weather in Paris?" + tag, None)
+        second = await run(agent, "And Rome?" + tag, first.last_response_id)
         return first, second
 
     first, second = asyncio.run(main())
@@ -262,3 +270,6 @@ def test_agents_sdk_default_provider_runs_a_tool_loop(server):
     last = first.raw_responses[-1].usage
     cached = second.raw_responses[0].usage.input_tokens_details.cached_tokens
     assert cached == whole_pages(last.total_tokens - 1)
+    print(
+        f"\nAgents SDK stream={stream}: first run's last total {last.total_tokens}, next turn cached {cached}"
+    )
