@@ -70,8 +70,8 @@ def _outputs(k: int, resp) -> list[dict]:
 
 
 def _create(client, stream: bool, **kwargs):
-    """A response, streamed or not; streamed: through ``responses.stream``, whose accumulator refuses
-    inconsistent events (two items with one id, say), and the event order is checked."""
+    """A response, streamed or not; streamed: through the client's ``responses.stream`` helper (its
+    accumulator reads every event), and the event order is checked."""
     if not stream:
         return client.responses.create(**kwargs)
     kinds, final = [], None
