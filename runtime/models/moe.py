@@ -124,7 +124,9 @@ class Experts(nn.Module):
             # torch's grouped GEMM: on CPU one loop in C++ over the active experts, no per-expert dispatch
             offs = torch.cumsum(expert_counts(g.expert, self.num_experts), 0).to(torch.int32)
             gu = self._bias(F.grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs), g.expert, 0)
-            ys = self._bias(F.grouped_mm(self.glu(gu), self.down_proj.transpose(1, 2), offs=offs), g.expert, 1)
+            ys = self._bias(
+                F.grouped_mm(self.glu(gu), self.down_proj.transpose(1, 2), offs=offs), g.expert, 1
+            )
         else:
             ids, counts = torch.unique_consecutive(g.expert, return_counts=True)
             ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist(), g.expert)
@@ -139,14 +141,18 @@ class Experts(nn.Module):
         b = (self.gate_up_proj_bias, self.down_proj_bias)[which]
         return y if b is None else y + b.index_select(0, expert)
 
-    def _swiglu_rows(self, groups: list[torch.Tensor], experts: list[int], expert: torch.Tensor) -> torch.Tensor:
+    def _swiglu_rows(
+        self, groups: list[torch.Tensor], experts: list[int], expert: torch.Tensor
+    ) -> torch.Tensor:
         """Each group of rows through its expert's SwiGLU, results stacked in group order.
 
         One matmul per active expert and projection; the activation runs once over all rows.
         """
         gu = torch.cat([F.linear(xg, self.gate_up_proj[e]) for xg, e in zip(groups, experts)])
         hs = self.glu(self._bias(gu, expert, 0)).split([xg.shape[0] for xg in groups])
-        return self._bias(torch.cat([F.linear(hg, self.down_proj[e]) for hg, e in zip(hs, experts)]), expert, 1)
+        return self._bias(
+            torch.cat([F.linear(hg, self.down_proj[e]) for hg, e in zip(hs, experts)]), expert, 1
+        )
 
 
 class SparseMoE(nn.Module):
