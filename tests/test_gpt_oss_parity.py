@@ -143,3 +143,28 @@ def test_multi_turn_session_cached_equals_uncached(models, shape):
         cached += a.cached_tokens
         prev = list(a.tokens)
     assert cached > 0
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_yarn_tables_match_transformers_on_the_real_config(truncate):
+    """gpt-oss-20b's own rope: YaRN factor 32 over 4,096 positions, theta 150,000, head_dim 64."""
+    from transformers import GptOssConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from runtime.models.layers import rope_attention_factor, rope_inv_freq
+
+    hf = GptOssConfig()
+    hf.rope_parameters = dict(hf.rope_parameters, rope_theta=150000.0, truncate=truncate)
+    inv, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    scaling = dict(hf.rope_parameters)
+    assert torch.allclose(rope_inv_freq(64, 150000.0, scaling), inv, rtol=1e-6, atol=0)
+    assert rope_attention_factor(scaling) == pytest.approx(factor, rel=1e-12)
+
+
+def test_mxfp4_checkpoint_refused_in_one_line():
+    from transformers import GptOssConfig
+
+    c = dict(GptOssConfig().to_dict(), quantization_config={"quant_method": "mxfp4"})
+    with pytest.raises(ValueError, match="mxfp4.*dequantized") as e:
+        ModelConfig.from_dict(c)
+    assert "\n" not in str(e.value)
