@@ -11,6 +11,7 @@ What it changes against the Llama decoder (``decoder.py``), each as transformers
   ``(clamp(up, +-limit) + 1) * g * sigmoid(alpha * g)``, ``g = clamp(gate, max=limit)``.
 
 Decode is eager or ``--compile-decode``: the fused CPU decode kernels are Llama's layer (no sinks).
+An MXFP4 checkpoint's experts stay MXFP4 (``mxfp4.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from runtime.models.decoder import CausalLM, DecoderLayer, PagedAttention, StepC
 from runtime.models.layers import RMSNorm
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts, SparseMoE, route
+from runtime.models.mxfp4 import Mxfp4Experts
 
 
 class ClampedSwiGLU(NamedTuple):
@@ -87,7 +89,8 @@ class GptOssMoE(SparseMoE):
         self.shared_expert = self.shared_expert_gate = None
         self.router = Linear(cfg.hidden_size, moe.num_experts, bias=True)
         glu = ClampedSwiGLU(g.swiglu_alpha, g.swiglu_limit)
-        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.expert_intermediate_size, glu, bias=True)
+        kind = Mxfp4Experts if g.mxfp4 else Experts
+        self.experts = kind(moe.num_experts, cfg.hidden_size, moe.expert_intermediate_size, glu, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         top_w, top_i = route(self.router.run(x), self.top_k, True)
@@ -123,7 +126,12 @@ class GptOssCausalLM(CausalLM):
 def gpt_oss_weight(name: str, w: torch.Tensor) -> tuple[str, torch.Tensor]:
     """A checkpoint tensor in our layout: transformers keeps the experts ``[E, in, out]`` with gate and
     up interleaved in the last axis (``gate_up[..., ::2]``, ``[..., 1::2]``); ours are ``[E, out, in]``,
-    gate rows then up rows."""
+    gate rows then up rows.  MXFP4 blocks are ``[E, out, in/32, 16]`` with the same interleaved rows."""
+    if name.endswith(("mlp.experts.gate_up_proj_blocks", "mlp.experts.gate_up_proj_scales")):
+        w = w.flatten(2)  # blocks [E, 2I, H/32, 16] -> [E, 2I, H/2]; rows interleave gate and up
+        return name, torch.cat((w[:, 0::2], w[:, 1::2]), dim=1)
+    if name.endswith("mlp.experts.down_proj_blocks"):
+        return name, w.flatten(2)
     if name.endswith("mlp.experts.gate_up_proj"):
         w = w.transpose(1, 2)
         return name, torch.cat((w[:, 0::2], w[:, 1::2]), dim=1)

@@ -14,19 +14,20 @@ class GptOssConfig(NamedTuple):
 
     swiglu_alpha: float
     swiglu_limit: float
+    mxfp4: bool = False  # the checkpoint's experts are MXFP4 blocks + scales, kept so (``mxfp4.py``)
 
 
 def gpt_oss_fields(c: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields of a gpt-oss config."""
-    if c.get("quantization_config"):
-        method = c["quantization_config"].get("quant_method", "?")
+    method = (c.get("quantization_config") or {}).get("quant_method")
+    if method not in (None, "mxfp4"):
         raise ValueError(
-            f"gpt-oss checkpoint quantized with {method!r}: kvreuse loads the bf16/fp32 (dequantized) "
-            "weights only; save the model dequantized (transformers: Mxfp4Config(dequantize=True))"
+            f"gpt-oss checkpoint quantized with {method!r}: kvreuse loads MXFP4 or unquantized experts"
         )
     return {
         "gpt_oss": GptOssConfig(
             swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
             swiglu_limit=float(c.get("swiglu_limit", 7.0)),
+            mxfp4=method == "mxfp4",
         )
     }

@@ -148,11 +148,14 @@ class Experts(nn.Module):
 
         One matmul per active expert and projection; the activation runs once over all rows.
         """
-        gu = torch.cat([F.linear(xg, self.gate_up_proj[e]) for xg, e in zip(groups, experts)])
+        mats = [self.expert(e, xg.dtype) for xg, e in zip(groups, experts)]
+        gu = torch.cat([F.linear(xg, w[0]) for xg, w in zip(groups, mats)])
         hs = self.glu(self._bias(gu, expert, 0)).split([xg.shape[0] for xg in groups])
-        return self._bias(
-            torch.cat([F.linear(hg, self.down_proj[e]) for hg, e in zip(hs, experts)]), expert, 1
-        )
+        return self._bias(torch.cat([F.linear(hg, w[1]) for hg, w in zip(hs, mats)]), expert, 1)
+
+    def expert(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``e``'s ``gate_up [2I, H]`` and ``down [H, I]`` (a quantized subclass decodes them)."""
+        return self.gate_up_proj[e], self.down_proj[e]
 
 
 class SparseMoE(nn.Module):

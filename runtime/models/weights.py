@@ -63,8 +63,6 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
         _load_expert(params, e, w, name, seen)
         return
     if cfg.gpt_oss is not None:
-        if name.endswith(("_blocks", "_scales")):
-            raise WeightsError(f"{name}: MXFP4 expert weights are not loaded (save the model dequantized)")
         name, w = gpt_oss_weight(name, w)
     if cfg.gemma is not None:  # the multimodal checkpoint nests the text model; its vision tower is not ours
         if _VISION.match(name):
