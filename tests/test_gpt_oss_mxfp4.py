@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from runtime.models.mxfp4 import FP4_VALUES, Mxfp4Experts, byte_table, dequantize
+from runtime.models.mxfp4 import Mxfp4Experts, byte_table, dequantize, quantize
 from runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids, tiny_engine
 from tests.helpers import TOKENIZER_FILES, load_hf, make_tiny_model
@@ -31,16 +31,6 @@ SHAPE = dict(
 )  # fmt: skip
 
 
-def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [E, out, in]`` -> blocks ``[E, out, in/32, 16]`` and scales ``[E, out, in/32]`` (nearest value)."""
-    e, out, n = w.shape
-    wb = w.float().view(e, out, n // 32, 32)
-    exp = torch.ceil(torch.log2(wb.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)
-    q = wb / torch.exp2(exp).unsqueeze(-1)
-    idx = (q.unsqueeze(-1) - torch.tensor(FP4_VALUES)).abs().argmin(-1).to(torch.uint8)
-    return idx[..., 0::2] | (idx[..., 1::2] << 4), (exp + 127).to(torch.uint8)
-
-
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("mxfp4")
@@ -49,7 +39,7 @@ def dirs(tmp_path_factory):
     quant, deq = {}, {}
     for name, t in tensors.items():
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            blocks, scales = quantize_mxfp4(t.transpose(1, 2))  # HF keeps [E, in, out]; MXFP4 rows are out
+            blocks, scales = quantize(t.transpose(1, 2))  # HF keeps [E, in, out]; MXFP4 rows are out
             quant[name + "_blocks"], quant[name + "_scales"] = blocks, scales
             deq[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
         else:
@@ -67,6 +57,14 @@ def dirs(tmp_path_factory):
                 shutil.copy(dense / f, d / f)
         out[kind] = d
     return out
+
+
+def test_quantize_round_trips_to_the_nearest_value():
+    w = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(3))
+    blocks, scales = quantize(w)
+    back = dequantize(blocks.flatten(2), scales, byte_table(), torch.float32)
+    step = torch.exp2(scales.float() - 127).repeat_interleave(32, -1)  # one e2m1 unit of each block
+    assert ((back - w).abs() <= step).all()  # nearest: within half the widest gap (2 units, 4 -> 6)
 
 
 def test_dequantize_matches_transformers():
@@ -112,3 +110,21 @@ def test_expert_bytes_and_greedy_against_the_dequantized_model(dirs):
     assert [o.output_token_ids for o in q.generate(prompts, params)] == [
         o.output_token_ids for o in d.generate(prompts, params)
     ]
+
+
+def test_c_kernel_matches_the_decoded_matmul():
+    from kernels.mxfp4_cpu import MAX_ROWS, load
+
+    kernel = load()
+    if kernel is None:
+        pytest.skip("no C compiler: the torch decode path runs instead")
+    g = torch.Generator().manual_seed(4)
+    blocks, scales = quantize(torch.randn(96, 160, generator=g))
+    blocks = blocks.flatten(1).contiguous()
+    w = dequantize(blocks, scales, byte_table(), torch.float32)
+    for rows in (1, 3, MAX_ROWS):
+        x = torch.randn(rows, 160, generator=g)
+        ref = x @ w.T
+        assert (kernel(x, blocks, scales) - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        kernel(torch.randn(MAX_ROWS + 1, 160), blocks, scales)

@@ -6,8 +6,10 @@ nibble first (``blocks``).  That is 4.25 bits a weight against 16 in bf16.  ``Mx
 tensors as loaded (rows de-interleaved into our gate | up order, no dense copy) and, for a step, decodes
 only the experts some token picked: one gather from a 256-entry byte -> (lo, hi) table, one multiply by
 the block scales, exact in fp32 and bf16 (every value is a small integer times a power of two), then the
-expert's two matmuls (``Experts._swiglu_rows``).  The values equal transformers' dequantization
-(``integrations/mxfp4.py: convert_moe_packed_tensors``; ``tests/test_gpt_oss_mxfp4.py``).
+expert's two matmuls.  On CPU, when no expert has more than ``mxfp4_cpu.MAX_ROWS`` rows (decode), no
+expert is decoded at all: ``kernels/cpu/mxfp4.c`` multiplies straight from the blocks.  The values
+equal transformers' dequantization (``integrations/mxfp4.py: convert_moe_packed_tensors``;
+``tests/test_gpt_oss_mxfp4.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels import mxfp4_cpu
 from runtime.models.moe import Experts, group_by_expert
 from runtime.models.moe_gather import Glu
 
@@ -39,6 +42,19 @@ def dequantize(
     return w.view(*lead, out, half * 2).to(dtype)
 
 
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [..., out, in]`` -> blocks ``[..., out, in/32, 16]`` and scales ``[..., out, in/32]``, the
+    checkpoint layout: each block's scale is the smallest power of two that brings it within +-6,
+    each weight the nearest e2m1 value (how a test or benchmark makes an MXFP4 checkpoint)."""
+    *lead, out, n = w.shape
+    wb = w.float().reshape(*lead, out, n // BLOCK, BLOCK)
+    exp = torch.ceil(torch.log2(wb.abs().amax(-1).clamp(min=2.0**-126) / 6.0)).clamp(-127, 127)
+    q = (wb / torch.exp2(exp).unsqueeze(-1)).contiguous()
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], device=w.device)
+    idx = (torch.bucketize(q.abs(), mids) + 8 * (q < 0)).to(torch.uint8)
+    return idx[..., 0::2] | (idx[..., 1::2] << 4), (exp + 127).to(torch.uint8)
+
+
 class Mxfp4Experts(Experts):
     """``Experts`` whose matrices stay MXFP4: ``gate_up_proj_blocks [E, 2I, H/2]`` + ``_scales
     [E, 2I, H/32]``, ``down_proj_blocks [E, H, I/2]`` + ``_scales [E, H, I/32]`` (uint8), biases as
@@ -59,6 +75,7 @@ class Mxfp4Experts(Experts):
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if bias else None
         self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if bias else None
         self._table: torch.Tensor | None = None
+        self._kernel = mxfp4_cpu.load()  # None: decode with torch
 
     def pack_for_cpu(self) -> bool:
         """Nothing to re-lay out: the blocks are read as loaded."""
@@ -71,8 +88,17 @@ class Mxfp4Experts(Experts):
         g = group_by_expert(top_i, top_w)
         xs = x.index_select(0, g.token)
         ids, counts = torch.unique_consecutive(g.expert, return_counts=True)
-        ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist(), g.expert)
-        return torch.zeros_like(x).index_add_(0, g.token, ys * g.weight.unsqueeze(1))
+        mm = self._kernel if x.device.type == "cpu" and int(counts.max()) <= mxfp4_cpu.MAX_ROWS else None
+        if mm is None:
+            ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist(), g.expert)
+            return torch.zeros_like(x).index_add_(0, g.token, ys * g.weight.unsqueeze(1))
+        outs = []
+        for xg, e in zip(xs.split(counts.tolist()), ids.tolist()):
+            gu = mm(xg, self.gate_up_proj_blocks[e], self.gate_up_proj_scales[e]).to(x.dtype)
+            h = self.glu(_plus(gu, self.gate_up_proj_bias, e))
+            y = mm(h, self.down_proj_blocks[e], self.down_proj_scales[e]).to(x.dtype)
+            outs.append(_plus(y, self.down_proj_bias, e))
+        return torch.zeros_like(x).index_add_(0, g.token, torch.cat(outs) * g.weight.unsqueeze(1))
 
     def expert(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ``e``'s ``gate_up [2I, H]`` and ``down [H, I]``, decoded."""
@@ -83,3 +109,7 @@ class Mxfp4Experts(Experts):
             dequantize(self.gate_up_proj_blocks[e], self.gate_up_proj_scales[e], t, dtype),
             dequantize(self.down_proj_blocks[e], self.down_proj_scales[e], t, dtype),
         )
+
+
+def _plus(y: torch.Tensor, bias: torch.Tensor | None, e: int) -> torch.Tensor:
+    return y if bias is None else y + bias[e]
