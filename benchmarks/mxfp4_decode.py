@@ -27,8 +27,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import base_parser, bench_main, format_table, interleave, median, model_dir, reps
-from benchmarks.common import synthetic_prompt
+from benchmarks.common import (
+    base_parser,
+    bench_main,
+    format_table,
+    interleave,
+    median,
+    model_dir,
+    reps,
+    synthetic_prompt,
+)
 
 TARGET = 1.5
 VOCAB = 8192

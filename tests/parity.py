@@ -13,6 +13,7 @@ from runtime.request import Request
 from runtime.runner.forward_batch import build_forward_batch
 from runtime.runner.window_pool import WindowPool, ring_batch
 from runtime.sampling.params import SamplingParams
+from tests.engine_drive import random_ids
 
 
 def all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
@@ -67,3 +68,24 @@ def assert_greedy_matches_generate(eng: Engine, hf, prompts: Sequence[list[int]]
             ref = hf.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, pad_token_id=0)
         assert out.output_token_ids == ref[0, len(ids) :].tolist()
     eng.check_integrity()
+
+
+def assert_session_cached_equals_uncached(on: Engine, off: Engine, turns: int, seed: int = 5) -> None:
+    """A multi-turn session (each prompt = the previous prompt + its output + new tokens) gives the same
+    greedy output with the prefix cache (``on``) as without (``off``), and the cache hits."""
+    gen = torch.Generator().manual_seed(seed)
+    prev: list[int] = []
+    cached = 0
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    for turn in range(turns):
+        prompt = prev + random_ids(gen, 3 + 5 * turn)
+        a, b = on.make_request(prompt, params), off.make_request(prompt, params)
+        for eng, req in ((on, a), (off, b)):
+            eng.submit(req)
+            while eng.has_work():
+                eng.step()
+                eng.check_integrity()
+        assert a.output_ids == b.output_ids, f"turn {turn}"
+        cached += a.cached_tokens
+        prev = list(a.tokens)
+    assert cached > 0

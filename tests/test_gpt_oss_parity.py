@@ -18,7 +18,11 @@ from runtime.models.config import ModelConfig
 from runtime.sampling.params import SamplingParams
 from tests.engine_drive import alone, random_ids, tiny_engine
 from tests.helpers import load_hf, make_tiny_model
-from tests.parity import assert_greedy_matches_generate, assert_logits_match
+from tests.parity import (
+    assert_greedy_matches_generate,
+    assert_logits_match,
+    assert_session_cached_equals_uncached,
+)
 
 SHAPES = {
     # 3 query heads per KV head, 5 experts top-2, window 7, YaRN untruncated (gpt-oss's own setting)
@@ -128,22 +132,7 @@ def test_batched_identical_to_alone(models, shape):
 def test_multi_turn_session_cached_equals_uncached(models, shape):
     """Each turn's prompt is the previous prompt + its output + new tokens, far past the window."""
     on, off = _engine(models[shape], chunk_size=32), _engine(models[shape], chunk_size=32, prefix_cache="off")
-    gen = torch.Generator().manual_seed(5)
-    prev: list[int] = []
-    cached = 0
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
-    for turn in range(5):
-        prompt = prev + random_ids(gen, 3 + 5 * turn)
-        a, b = on.make_request(prompt, params), off.make_request(prompt, params)
-        for eng, req in ((on, a), (off, b)):
-            eng.submit(req)
-            while eng.has_work():
-                eng.step()
-                eng.check_integrity()
-        assert a.output_ids == b.output_ids, f"turn {turn}"
-        cached += a.cached_tokens
-        prev = list(a.tokens)
-    assert cached > 0
+    assert_session_cached_equals_uncached(on, off, turns=5)
 
 
 @pytest.mark.parametrize("truncate", [False, True])
