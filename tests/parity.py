@@ -89,3 +89,12 @@ def assert_session_cached_equals_uncached(on: Engine, off: Engine, turns: int, s
         cached += a.cached_tokens
         prev = list(a.tokens)
     assert cached > 0
+
+
+def first_logits(eng: Engine, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """12 greedy tokens of ``prompt`` alone, and the logits of the first (``record_logits`` engines)."""
+    req = eng.make_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+    eng.submit(req)
+    while eng.has_work():
+        eng.step()
+    return req.output_ids, req.logits_trace[0]

@@ -22,6 +22,7 @@ from tests.parity import (
     assert_greedy_matches_generate,
     assert_logits_match,
     assert_session_cached_equals_uncached,
+    first_logits,
 )
 
 SHAPES = {
@@ -90,26 +91,16 @@ def test_greedy_64_matches_generate(models, shape, backend):
     assert_greedy_matches_generate(eng, load_hf(models[shape]), prompts, max_new=64)
 
 
-def _first_logits(eng: Engine, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    req = eng.make_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
-    eng.submit(req)
-    while eng.has_work():
-        eng.step()
-    return req.output_ids, req.logits_trace[0]
-
-
 @pytest.mark.parametrize("shape,chunks", [("odd", (3, 8)), ("mha", (1, 4))])
 def test_chunked_prefill_identical_to_unchunked(models, shape, chunks):
     """Chunks of 1, 3, W - 1, W + 1 (between the two shapes) put chunk boundaries at every offset of
     the window."""
     w = _window(shape)
     prompt = random_ids(torch.Generator().manual_seed(3), 4 * w + 3)
-    ref_ids, ref_logits = _first_logits(
-        _engine(models[shape], record_logits=True, prefix_cache="off"), prompt
-    )
+    ref_ids, ref_logits = first_logits(_engine(models[shape], record_logits=True, prefix_cache="off"), prompt)
     for chunk in chunks:
         eng = _engine(models[shape], chunk_size=chunk, record_logits=True, prefix_cache="off")
-        ids, logits = _first_logits(eng, prompt)
+        ids, logits = first_logits(eng, prompt)
         assert ids == ref_ids, f"chunk_size={chunk}"
         assert (logits - ref_logits).abs().max().item() < 1e-5, f"chunk_size={chunk}"
         eng.check_integrity()
