@@ -24,7 +24,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from chat_templates.segments import find_segments
 
-BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3", "qwen3_5", "gemma3")
+BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3", "qwen3_5", "gemma3", "gpt_oss")
 
 
 class Segment(NamedTuple):

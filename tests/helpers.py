@@ -55,8 +55,10 @@ def make_tiny_model(
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("mlp.gate.weight"):  # MoE router: decisive picks, no near-ties to flip
-                p.mul_(25.0)
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):  # MoE router: decisive picks,
+                p.mul_(25.0)  # no near-ties to flip
+            elif name.endswith("self_attn.sinks"):  # gpt-oss: sinks of O(1), so they take real weight
+                p.mul_(20.0)
     model.save_pretrained(out, safe_serialization=True)
     src = embedded_dir()
     for f in TOKENIZER_FILES:

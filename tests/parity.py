@@ -13,6 +13,7 @@ from runtime.request import Request
 from runtime.runner.forward_batch import build_forward_batch
 from runtime.runner.window_pool import WindowPool, ring_batch
 from runtime.sampling.params import SamplingParams
+from tests.engine_drive import random_ids
 
 
 def all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
@@ -79,3 +80,33 @@ def assert_greedy_matches_generate(eng: Engine, hf, prompts: Sequence[list[int]]
         step = hf_greedy_mismatch(hf, ids, out.output_token_ids)
         assert step is None, f"prompt of {len(ids)}: differs from transformers' greedy at step {step}"
     eng.check_integrity()
+
+
+def assert_session_cached_equals_uncached(on: Engine, off: Engine, turns: int, seed: int = 5) -> None:
+    """A multi-turn session (each prompt = the previous prompt + its output + new tokens) gives the same
+    greedy output with the prefix cache (``on``) as without (``off``), and the cache hits."""
+    gen = torch.Generator().manual_seed(seed)
+    prev: list[int] = []
+    cached = 0
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    for turn in range(turns):
+        prompt = prev + random_ids(gen, 3 + 5 * turn)
+        a, b = on.make_request(prompt, params), off.make_request(prompt, params)
+        for eng, req in ((on, a), (off, b)):
+            eng.submit(req)
+            while eng.has_work():
+                eng.step()
+                eng.check_integrity()
+        assert a.output_ids == b.output_ids, f"turn {turn}"
+        cached += a.cached_tokens
+        prev = list(a.tokens)
+    assert cached > 0
+
+
+def first_logits(eng: Engine, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """12 greedy tokens of ``prompt`` alone, and the logits of the first (``record_logits`` engines)."""
+    req = eng.make_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+    eng.submit(req)
+    while eng.has_work():
+        eng.step()
+    return req.output_ids, req.logits_trace[0]

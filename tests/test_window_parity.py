@@ -15,7 +15,12 @@ from runtime.engine.engine import Engine
 from runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids, tiny_engine
 from tests.helpers import WINDOW_SHAPES, load_hf, make_tiny_windowed, window_of
-from tests.parity import assert_greedy_matches_generate, assert_logits_match
+from tests.parity import (
+    assert_greedy_matches_generate,
+    assert_logits_match,
+    assert_session_cached_equals_uncached,
+    first_logits,
+)
 
 SHAPES = list(WINDOW_SHAPES)
 
@@ -52,25 +57,15 @@ def test_greedy_64_matches_generate(models, shape, backend):
     assert_greedy_matches_generate(eng, load_hf(models[shape]), prompts, max_new=64)
 
 
-def _first_logits(eng: Engine, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    req = eng.make_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
-    eng.submit(req)
-    while eng.has_work():
-        eng.step()
-    return req.output_ids, req.logits_trace[0]
-
-
 @pytest.mark.parametrize("shape", ["gemma3-odd", "mistral"])
 def test_chunked_prefill_identical_to_unchunked(models, shape):
     """Chunks of 1, 3, W - 1, W + 1 put chunk boundaries at every offset of the window."""
     w = window_of(shape)
     prompt = random_ids(torch.Generator().manual_seed(3), 4 * w + 3)
-    ref_ids, ref_logits = _first_logits(
-        _engine(models[shape], record_logits=True, prefix_cache="off"), prompt
-    )
+    ref_ids, ref_logits = first_logits(_engine(models[shape], record_logits=True, prefix_cache="off"), prompt)
     for chunk in (1, 3, w - 1, w + 1):
         eng = _engine(models[shape], chunk_size=chunk, record_logits=True, prefix_cache="off")
-        ids, logits = _first_logits(eng, prompt)
+        ids, logits = first_logits(eng, prompt)
         assert ids == ref_ids, f"chunk_size={chunk}"
         assert (logits - ref_logits).abs().max().item() < 1e-5, f"chunk_size={chunk}"
         eng.check_integrity()
@@ -91,19 +86,4 @@ def test_batched_identical_to_alone(models, shape):
 def test_multi_turn_session_cached_equals_uncached(models, shape):
     """Each turn's prompt is the previous prompt + its output + new tokens, far past the window."""
     on, off = _engine(models[shape], chunk_size=32), _engine(models[shape], chunk_size=32, prefix_cache="off")
-    gen = torch.Generator().manual_seed(5)
-    prev: list[int] = []
-    cached = 0
-    params = SamplingParams(max_tokens=8, ignore_eos=True)
-    for turn in range(6):
-        prompt = prev + random_ids(gen, 3 + 5 * turn)
-        a, b = on.make_request(prompt, params), off.make_request(prompt, params)
-        for eng, req in ((on, a), (off, b)):
-            eng.submit(req)
-            while eng.has_work():
-                eng.step()
-                eng.check_integrity()
-        assert a.output_ids == b.output_ids, f"turn {turn}"
-        cached += a.cached_tokens
-        prev = list(a.tokens)
-    assert cached > 0
+    assert_session_cached_equals_uncached(on, off, turns=6)

@@ -1,5 +1,5 @@
-"""Model code: one decoder implementation for the dense families, one for Gemma 3, one for the hybrids
-(Qwen3.5)."""
+"""Model code: one decoder implementation for the dense families, one for Gemma 3, one for gpt-oss, one
+for the hybrids (Qwen3.5)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from runtime.models.config import SUPPORTED, ModelConfig
 from runtime.models.decoder import CausalLM
 from runtime.models.gemma3 import GemmaCausalLM
+from runtime.models.gpt_oss import GptOssCausalLM
 from runtime.models.layers import RotaryEmbedding
 from runtime.models.qwen3_5 import HybridCausalLM, rotary_dim
 
@@ -41,7 +42,11 @@ def build_model(
 def model_class(cfg: ModelConfig) -> type[CausalLM] | type[HybridCausalLM]:
     if cfg.is_hybrid:
         return HybridCausalLM
+    if cfg.gpt_oss is not None:
+        return GptOssCausalLM
     return GemmaCausalLM if cfg.gemma is not None else CausalLM
 
 
-__all__ = ["SUPPORTED", "ModelConfig", "CausalLM", "GemmaCausalLM", "HybridCausalLM", "build_model"]
+__all__ = [
+    "SUPPORTED", "ModelConfig", "CausalLM", "GemmaCausalLM", "GptOssCausalLM", "HybridCausalLM", "build_model",
+]  # fmt: skip

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from runtime.models.gpt_oss_config import GPT_OSS, GptOssConfig, gpt_oss_fields
 from runtime.models.hybrid_config import HYBRID, LinearAttnConfig, hybrid_fields, text_config
 from runtime.models.moe_config import MoEConfig
 from runtime.models.window_config import GEMMA, WINDOWED, GemmaConfig, gemma_fields, layer_windows
@@ -19,16 +20,18 @@ SUPPORTED = {
     **WINDOWED,
     **GEMMA,
     **HYBRID,
+    **GPT_OSS,
 }
 
 
 class ModelConfig(NamedTuple):
-    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3
-    and the hybrids.
+    """Decoder-only transformer shape; one class covers Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3,
+    gpt-oss and the hybrids.
 
     Hybrids (Qwen3.5, Qwen3-Next) also set ``layer_types`` (which layers are Gated DeltaNet linear
     attention), ``linear_attn`` (their shape) and ``partial_rotary_factor``.  ``windows``: each layer's
     sliding window (None: full attention; empty: no layer has one).  ``gemma``: Gemma 3's switches.
+    ``gpt_oss``: gpt-oss's expert activation (its sinks and biases follow from the family).
     """
 
     model_type: str
@@ -55,6 +58,7 @@ class ModelConfig(NamedTuple):
     partial_rotary_factor: float = 1.0
     windows: tuple[int | None, ...] = ()
     gemma: GemmaConfig | None = None
+    gpt_oss: GptOssConfig | None = None
 
     @classmethod
     def from_dict(cls, c: dict[str, Any]) -> ModelConfig:
@@ -76,6 +80,8 @@ class ModelConfig(NamedTuple):
         if mt in GEMMA:
             extra = gemma_fields(c)
             scaling, theta = extra.pop("rope_scaling"), extra.pop("rope_theta")
+        if mt in GPT_OSS:
+            extra = gpt_oss_fields(c)
         windows = layer_windows(c, mt, c["num_hidden_layers"])
         return cls(
             model_type=mt,

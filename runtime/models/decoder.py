@@ -93,8 +93,18 @@ class PagedAttention(nn.Module):
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = apply_rope(self.q_norm.forward(q.view(-1, self.nh, self.hd)), ctx.cos, ctx.sin)
             k = apply_rope(self.k_norm.forward(k.view(-1, self.nkv, self.hd)), ctx.cos, ctx.sin)
-        o = paged_attention(q, k, v, ctx, kv, self.scale, self.window)
-        return self.o_proj.run(o.reshape(-1, self.q_size))
+        return self.o_proj.run(self.attend(q, k, v, ctx, kv).reshape(-1, self.q_size))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        ctx: StepContext,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Store k/v and attend (``paged_attention``); a family with its own kernel overrides this."""
+        return paged_attention(q, k, v, ctx, kv, self.scale, self.window)
 
 
 def paged_attention(

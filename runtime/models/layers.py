@@ -44,7 +44,7 @@ class OffsetRMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies, with the llama3 and linear scalings that our supported models use."""
+    """Inverse frequencies, with the llama3, linear and YaRN scalings that our supported models use."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if not scaling:
         return inv
@@ -63,7 +63,46 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
-    raise ValueError(f"unsupported rope scaling {kind!r} (supported: default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn_inv_freq(inv, head_dim, theta, scaling)
+    raise ValueError(f"unsupported rope scaling {kind!r} (supported: default, linear, llama3, yarn)")
+
+
+def _yarn_inv_freq(inv: torch.Tensor, dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN (gpt-oss): high frequencies kept, low ones interpolated by ``factor``, a linear ramp between
+    the dimensions where ``beta_fast`` and ``beta_slow`` rotations fit the original context
+    (transformers' ``_compute_yarn_parameters``, its ``truncate`` default included)."""
+    factor = float(scaling["factor"])
+    old_ctx = float(scaling["original_max_position_embeddings"])
+
+    def dim_of(rotations: float) -> float:
+        return (dim * math.log(old_ctx / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.get("beta_fast") or 32), dim_of(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # share of the original (extrapolated) frequency
+    return (inv / factor) * (1 - keep) + inv * keep
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """The factor YaRN scales cos and sin by (``0.1 ln(factor) + 1`` unless the config names one); 1 else."""
+    if not scaling or scaling["rope_type"] != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+
+    def mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
+    return mscale(1.0)
 
 
 class RotaryEmbedding(nn.Module):
@@ -74,8 +113,9 @@ class RotaryEmbedding(nn.Module):
         inv = rope_inv_freq(head_dim, theta, scaling)
         t = torch.arange(max_pos, dtype=torch.float32)
         freqs = torch.outer(t, inv)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        scale = rope_attention_factor(scaling)
+        self.register_buffer("cos", freqs.cos() * scale, persistent=False)
+        self.register_buffer("sin", freqs.sin() * scale, persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[T, 1, head_dim/2]`` for a step, looked up once and shared by every layer."""

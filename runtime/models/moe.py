@@ -17,6 +17,7 @@ at most ``GATHER_MAX_TOKENS`` rows (decode of one to a few streams) skips the so
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -26,7 +27,7 @@ from torch import nn
 from runtime.models.layers import GatedMLP
 from runtime.models.linear import Linear
 from runtime.models.moe_config import MoEConfig
-from runtime.models.moe_gather import gathered_swiglu
+from runtime.models.moe_gather import Glu, gathered_swiglu, swiglu
 
 # CPU, at most this many rows: gathered_swiglu (faster for few tokens, figures in moe_gather.py);
 # more rows (8-stream decode, prefill): grouped GEMMs, one matmul per active expert
@@ -83,11 +84,17 @@ class Experts(nn.Module):
     expert a table of contiguous ``[in]`` rows of length ``out`` for ``gathered_swiglu``.
     """
 
-    def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
+    def __init__(
+        self, num_experts: int, hidden: int, inter: int, glu: Glu = swiglu, bias: bool = False
+    ) -> None:
         super().__init__()
         self.num_experts, self.hidden, self.inter = num_experts, hidden, inter
+        self.glu: Callable[[torch.Tensor], torch.Tensor] = glu  # [rows, 2I] gate | up -> [rows, I]
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        # gpt-oss's experts have biases, Qwen's none
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter)) if bias else None
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden)) if bias else None
 
     def pack_for_cpu(self) -> bool:
         """Re-lay both tensors out transposed per expert (same shapes and values, one copy); CPU only."""
@@ -104,10 +111,11 @@ class Experts(nn.Module):
         """``x [T, H]`` -> ``[T, H]``: each token's routing-weighted sum over its ``top_i`` experts."""
         if x.shape[0] <= GATHER_MAX_TOKENS and self.gathers_rows():
             w = (self.gate_up_proj.transpose(1, 2), self.down_proj.transpose(1, 2))
-            return gathered_swiglu(x, top_i, top_w, *w)
+            return gathered_swiglu(x, top_i, top_w, *w, self.glu, self.gate_up_proj_bias, self.down_proj_bias)
         g = group_by_expert(top_i, top_w)
         xs = x.index_select(0, g.token)
-        if x.is_cuda:
+        plain = self.glu is swiglu and self.gate_up_proj_bias is None
+        if x.is_cuda and plain:
             from kernels.triton_moe import grouped_swiglu  # Triton only where it can compile
 
             counts = expert_counts(g.expert, self.num_experts)
@@ -115,27 +123,39 @@ class Experts(nn.Module):
         elif hasattr(F, "grouped_mm"):
             # torch's grouped GEMM: on CPU one loop in C++ over the active experts, no per-expert dispatch
             offs = torch.cumsum(expert_counts(g.expert, self.num_experts), 0).to(torch.int32)
-            gu = F.grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs)
-            h = F.silu(gu[:, : self.inter]) * gu[:, self.inter :]
-            ys = F.grouped_mm(h, self.down_proj.transpose(1, 2), offs=offs)
+            gu = self._bias(F.grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs), g.expert, 0)
+            ys = self._bias(
+                F.grouped_mm(self.glu(gu), self.down_proj.transpose(1, 2), offs=offs), g.expert, 1
+            )
         else:
             ids, counts = torch.unique_consecutive(g.expert, return_counts=True)
-            ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist())
+            ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist(), g.expert)
         return torch.zeros_like(x).index_add_(0, g.token, ys * g.weight.unsqueeze(1))
 
     def gathers_rows(self) -> bool:
         """Whether :func:`gathered_swiglu` can read the experts: on CPU, after :meth:`pack_for_cpu`."""
         return self.gate_up_proj.device.type == "cpu" and self.gate_up_proj.transpose(1, 2).is_contiguous()
 
-    def _swiglu_rows(self, groups: list[torch.Tensor], experts: list[int]) -> torch.Tensor:
+    def _bias(self, y: torch.Tensor, expert: torch.Tensor, which: int) -> torch.Tensor:
+        """Add each grouped row's expert bias of the gate/up (0) or down (1) projection, where there is one."""
+        b = (self.gate_up_proj_bias, self.down_proj_bias)[which]
+        return y if b is None else y + b.index_select(0, expert)
+
+    def _swiglu_rows(
+        self, groups: list[torch.Tensor], experts: list[int], expert: torch.Tensor
+    ) -> torch.Tensor:
         """Each group of rows through its expert's SwiGLU, results stacked in group order.
 
         One matmul per active expert and projection; the activation runs once over all rows.
         """
-        gu = torch.cat([F.linear(xg, self.gate_up_proj[e]) for xg, e in zip(groups, experts)])
-        h = F.silu(gu[:, : self.inter]) * gu[:, self.inter :]
-        hs = h.split([xg.shape[0] for xg in groups])
-        return torch.cat([F.linear(hg, self.down_proj[e]) for hg, e in zip(hs, experts)])
+        mats = [self.expert(e, xg.dtype) for xg, e in zip(groups, experts)]
+        gu = torch.cat([F.linear(xg, w[0]) for xg, w in zip(groups, mats)])
+        hs = self.glu(self._bias(gu, expert, 0)).split([xg.shape[0] for xg in groups])
+        return self._bias(torch.cat([F.linear(hg, w[1]) for hg, w in zip(hs, mats)]), expert, 1)
+
+    def expert(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``e``'s ``gate_up [2I, H]`` and ``down [H, I]`` (a quantized subclass decodes them)."""
+        return self.gate_up_proj[e], self.down_proj[e]
 
 
 class SparseMoE(nn.Module):

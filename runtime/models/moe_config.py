@@ -1,12 +1,13 @@
-"""The mixture-of-experts facts of an HF ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE)."""
+"""The mixture-of-experts facts of an HF ``config.json`` (Qwen3-MoE, Qwen3-Next, Qwen3.5-MoE, gpt-oss)."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-# Qwen3.5-MoE: every layer is sparse and the router always renormalises its top-k weights; its config
-# has no switch for either (transformers ignores decoder_sparse_step / mlp_only_layers / norm_topk_prob)
-_ALL_SPARSE_NORMALISED = ("qwen3_5_moe", "qwen3_5_moe_text")
+# Qwen3.5-MoE and gpt-oss: every layer is sparse and the router always renormalises its top-k weights
+# (gpt-oss: a softmax over the top-k logits); their configs have no switch for either (transformers
+# ignores decoder_sparse_step / mlp_only_layers / norm_topk_prob)
+_ALL_SPARSE_NORMALISED = ("qwen3_5_moe", "qwen3_5_moe_text", "gpt_oss")
 
 
 class MoEConfig(NamedTuple):
@@ -33,7 +34,8 @@ class MoEConfig(NamedTuple):
         return cls(
             num_experts=experts,
             top_k=top_k,
-            expert_intermediate_size=c["moe_intermediate_size"],
+            # gpt-oss has no dense MLP: its intermediate_size is the experts' width
+            expert_intermediate_size=c.get("moe_intermediate_size") or c["intermediate_size"],
             norm_topk_prob=fixed or bool(c.get("norm_topk_prob", False)),
             decoder_sparse_step=1 if fixed else max(int(c.get("decoder_sparse_step") or 1), 1),
             mlp_only_layers=() if fixed else tuple(c.get("mlp_only_layers") or ()),

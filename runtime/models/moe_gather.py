@@ -38,16 +38,35 @@ on tiny, where an expert's rows stay in L2 between its pairs, and no gain on wid
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
+# an expert's activation: ``[rows, 2I]`` (gate | up) -> ``[rows, I]``
+Glu = Callable[[torch.Tensor], torch.Tensor]
+
+
+def swiglu(gu: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` (Qwen's experts)."""
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
 
 def gathered_swiglu(
-    x: torch.Tensor, top_i: torch.Tensor, top_w: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+    x: torch.Tensor,
+    top_i: torch.Tensor,
+    top_w: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    glu: Glu = swiglu,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x [T, H]`` -> ``[T, H]``: each token's ``top_w``-weighted SwiGLU over its ``top_i`` experts.
 
-    ``gate_up [E, H, 2I]`` and ``down [E, I, H]`` contiguous (the ``[in, out]`` layout per expert).
+    ``gate_up [E, H, 2I]`` and ``down [E, I, H]`` contiguous (the ``[in, out]`` layout per expert);
+    ``glu``: the activation; the biases ``[E, 2I]`` / ``[E, H]`` (gpt-oss) are added per pair.
     """
     (t, k), (inter, hidden) = top_i.shape, down.shape[1:]
     rows = top_i.reshape(-1, 1)
@@ -57,11 +76,16 @@ def gathered_swiglu(
         mode="sum",
         per_sample_weights=x.repeat_interleave(k, dim=0),
     )
-    h = F.silu(gu[:, :inter]) * gu[:, inter:] * top_w.reshape(-1, 1)
+    if gate_up_bias is not None:
+        gu = gu + gate_up_bias.index_select(0, top_i.reshape(-1))
+    w = top_w.reshape(-1, 1)
+    h = glu(gu) * w
     y = F.embedding_bag(
         rows * inter + torch.arange(inter, device=x.device),
         down.view(-1, hidden),
         mode="sum",
         per_sample_weights=h,
     )
+    if down_bias is not None:
+        y = y + down_bias.index_select(0, top_i.reshape(-1)) * w
     return y.view(t, k, hidden).sum(1)

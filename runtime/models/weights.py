@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.models.decoder import CausalLM
+from runtime.models.gpt_oss import gpt_oss_weight
 from runtime.models.hybrid_weights import map_hybrid_weight
 
 _FUSED = {
@@ -61,6 +62,8 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
     if e:
         _load_expert(params, e, w, name, seen)
         return
+    if cfg.gpt_oss is not None:
+        name, w = gpt_oss_weight(name, w)
     if cfg.gemma is not None:  # the multimodal checkpoint nests the text model; its vision tower is not ours
         if _VISION.match(name):
             return

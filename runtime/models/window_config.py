@@ -38,6 +38,8 @@ def layer_windows(c: dict[str, Any], model_type: str, num_layers: int) -> tuple[
     if types is None and model_type == "qwen2":
         first = c.get("max_window_layers", num_layers)
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if types is None and model_type == "gpt_oss":  # transformers' default: even layers slide
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(num_layers)]
     if types is None and model_type in GEMMA:
         every = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
         types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(num_layers)]
