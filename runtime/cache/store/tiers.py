@@ -29,19 +29,27 @@ import torch
 
 from runtime.cache.store.disk import DiskStore
 from runtime.cache.store.host import HostStore
+from runtime.cache.store.shared_tier import SharedTier
 
 log = logging.getLogger("kvreuse.store")
 
 
 class TierMatch(NamedTuple):
-    """Leading pages of a key chain found in each lower tier (host ones come first)."""
+    """Leading pages of a key chain found in each lower tier (host ones first, then disk, then shared)."""
 
     host: int
     disk: int
+    shared: int = 0
 
     @property
     def total(self) -> int:
-        return self.host + self.disk
+        return self.host + self.disk + self.shared
+
+    def first(self, n: int) -> TierMatch:
+        """The same match cut to its first ``n`` pages."""
+        host = min(self.host, n)
+        disk = min(self.disk, n - host)
+        return TierMatch(host, disk, min(self.shared, n - host - disk))
 
 
 class TierStats(NamedTuple):
@@ -57,16 +65,26 @@ class TierStats(NamedTuple):
     read_ahead_seconds: float = 0.0  # background disk reads (overlapping other requests' compute)
     write_failures: int = 0  # disk writes that failed (the first one makes the disk tier read-only)
     disk_error: str | None = None  # why the disk tier takes no more writes, or None
+    loaded_shared_pages: int = 0
+    shared_written_pages: int = 0  # pages this replica stored in the shared tier
+    shared_failures: int = 0  # shared-store calls that failed (each turns the tier off for a while)
+    shared_error: str | None = None  # why the shared tier is not used now, or None
 
 
 class LowerTiers:
-    """Host tier (optional) over disk tier (optional); see the module docstring."""
+    """Host tier (optional) over disk tier (optional) over a shared tier (optional); see the module
+    docstring and :mod:`runtime.cache.store.shared_tier`."""
 
     def __init__(
-        self, host: HostStore | None, disk: DiskStore | None, staging_bytes: int = 512 << 20
+        self,
+        host: HostStore | None,
+        disk: DiskStore | None,
+        staging_bytes: int = 512 << 20,
+        shared: SharedTier | None = None,
     ) -> None:
         self.host = host
         self.disk = disk
+        self.shared = shared
         self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
         self._staged: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # read ahead from disk
         self._staged_bytes = 0
@@ -85,8 +103,9 @@ class LowerTiers:
             self._writer.start()
 
     # -- reads -------------------------------------------------------------------------
-    def match(self, keys: Sequence[bytes], durable: bool = False) -> TierMatch:
-        """Leading ``keys`` held below the pool; ``durable``: on disk (or queued for it) only."""
+    def match(self, keys: Sequence[bytes], durable: bool = False, shared: bool = True) -> TierMatch:
+        """Leading ``keys`` held below the pool; ``durable``: on disk (or queued for it) only;
+        ``shared``: the shared tier continues the chain past host and disk."""
         n_host = self.host.match(keys) if self.host is not None and not durable else 0
         rest = keys[n_host:]
         n = 0
@@ -99,15 +118,19 @@ class LowerTiers:
                 n += self.disk.match(rest[n:])
             if n == start:
                 break
-        return TierMatch(n_host, n)
+        n_shared = 0
+        if shared and not durable and self.shared is not None and n_host + n < len(keys):
+            n_shared = self.shared.match(keys[n_host + n :])
+        return TierMatch(n_host, n, n_shared)
 
     def load(self, keys: Sequence[bytes], m: TierMatch) -> torch.Tensor | None:
-        """K/V of ``keys`` (matched as ``m``) stacked ``[n, ...]``; None if a disk group failed its check."""
+        """K/V of ``keys`` (matched as ``m``) stacked ``[n, ...]``; None if a disk group failed its check.
+        Fewer than ``m.total`` rows when the shared tier's part came back short (``SharedTier.load``)."""
         t0 = time.perf_counter()
         parts = []
         if m.host:
             parts.append(self.host.get(keys[: m.host]))
-        disk_keys = list(keys[m.host : m.total])
+        disk_keys = list(keys[m.host : m.host + m.disk])
         i = 0
         while i < len(disk_keys):
             with self._mu:
@@ -138,6 +161,12 @@ class LowerTiers:
                 return None
             parts.append(got)
             i = j
+        if m.shared:  # the shared part may come back short: the caller keeps what did
+            got = self.shared.load(keys[m.host + m.disk : m.total])
+            if got:
+                parts.append(torch.stack(got))
+            elif not parts:
+                return None
         self._counts["host"] += m.host
         self._counts["disk"] += len(disk_keys)
         self._load_s += time.perf_counter() - t0
@@ -147,7 +176,7 @@ class LowerTiers:
         """Start reading the disk-only part of ``keys`` (leading pages below the pool) ahead of use."""
         if self._reader is None:
             return None
-        m = self.match(keys)
+        m = self.match(keys, shared=False)
         with self._mu:
             todo = [k for k in keys[m.host : m.total] if k not in self._pending and k not in self._staged]
         if not todo:
@@ -233,6 +262,8 @@ class LowerTiers:
             self.host.drain()
         if self._writer is not None:
             self._queue.join()
+        if self.shared is not None:
+            self.shared.flush()
 
     def clear(self) -> None:
         """Drop every page of every lower tier (after the queued writes land, so none arrives later)."""
@@ -244,6 +275,8 @@ class LowerTiers:
             self.host.clear()
         if self.disk is not None:
             self.disk.clear()
+        if self.shared is not None:
+            self.shared.clear()
 
     def close(self) -> None:
         if self._reader is not None:
@@ -256,6 +289,21 @@ class LowerTiers:
             self._writer = None
         if self.disk is not None:
             self.disk.close()
+        if self.shared is not None:
+            self.shared.close()
+
+    @property
+    def error(self) -> str | None:
+        """Why a tier runs degraded (the disk tier read-only, the shared store unreachable), or None."""
+        if self.disk_error is not None:
+            return f"disk tier read-only: {self.disk_error}"
+        if self.shared is not None and self.shared.error is not None:
+            return f"shared KV store unreachable: {self.shared.error}"
+        return None
+
+    def share(self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list, kv: torch.Tensor) -> None:
+        """Write pages through to the shared tier (in the background)."""
+        self.shared.write(parent, parent_is_root, keys, tokens, kv)
 
     def check(self) -> None:
         """Every tier's invariants (see ``HostStore.check`` and ``DiskStore.check``)."""
@@ -286,7 +334,17 @@ class LowerTiers:
             read_ahead_seconds=self._read_ahead_s,
             write_failures=self._counts["failed"],
             disk_error=self.disk_error,
+            **self._shared_stats(),
         )
+
+    def _shared_stats(self) -> dict:
+        if self.shared is None:
+            return {}
+        c = self.shared.counts
+        return dict(
+            loaded_shared_pages=c["loaded"], shared_written_pages=c["written"],
+            shared_failures=c["failed"], shared_error=self.shared.error,
+        )  # fmt: skip
 
 
 def _rows(pages: list[torch.Tensor]) -> torch.Tensor:
