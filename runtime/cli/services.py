@@ -111,18 +111,18 @@ def start_valkey(workdir: Path, maxmemory: str = "1gb", port: int | None = None)
     return svc, f"valkey://127.0.0.1:{port}"
 
 
-def start_replica(
-    workdir: Path, index: int, serve_args: list[str], port: int | None = None, timeout_s: float = 300.0
-) -> tuple[Service, str]:
-    """``kvreuse serve`` (this interpreter) with ``serve_args`` on a free port; returns it and its URL."""
+def launch_replica(workdir: Path, index: int, serve_args: list[str], port: int | None = None) -> tuple[Service, str]:
+    """``kvreuse serve`` (this interpreter) with ``serve_args`` on a free port, not awaited (start
+    several, then :func:`wait_replica` each: they load their weights side by side)."""
     port = port or free_port()
     argv = [sys.executable, "-m", "runtime.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
             *serve_args]  # fmt: skip
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    svc = Service(f"replica {index}", argv, workdir / f"replica{index}.log", env)
-    url = f"http://127.0.0.1:{port}"
+    return Service(f"replica {index}", argv, workdir / f"replica{index}.log", env), f"http://127.0.0.1:{port}"
+
+
+def wait_replica(svc: Service, url: str, timeout_s: float = 300.0) -> None:
     svc.wait_ready(lambda: _http_ok(url + "/health"), timeout_s)
-    return svc, url
 
 
 def smg_binary() -> list[str]:

@@ -294,6 +294,13 @@ class Engine:
         """Thread-safe: run ``fn()`` on the engine's thread before the next step (e.g. a cache reset)."""
         self._inbox.put(("call", fn))
 
+    def load(self) -> tuple[int, int, int, int]:
+        """(running, waiting, used pages, total pages), read from any thread without waiting for a
+        step (a router polls it; a figure a step old is good enough, a stalled poll is not)."""
+        waiting = len(self.scheduler.waiting) + self._inbox.qsize()
+        total = self.cache.allocator.num_pages
+        return len(self.scheduler.running), waiting, total - self.cache.allocator.num_free, total
+
     def stats(self) -> EngineStats:
         t = self._totals
         return engine_stats(self.cache, self.scheduler, t["requests"], t["prompt"], t["snapshot_cut"])
