@@ -56,7 +56,9 @@ def sessions(tokenizer, n: int, turns: int, system_tokens: int, turn_tokens: int
         for t in range(turns):
             if t:
                 messages.append({"role": "assistant", "content": _text(rng, tokenizer, turn_tokens // 2)})
-            messages.append({"role": "user", "content": f"Session {s}. " + _text(rng, tokenizer, turn_tokens // 2)})
+            messages.append(
+                {"role": "user", "content": f"Session {s}. " + _text(rng, tokenizer, turn_tokens // 2)}
+            )
             per_turn.append([dict(m) for m in messages])
         out.append(per_turn)
     return out
@@ -109,7 +111,15 @@ def served(urls: list[str]) -> list[int]:
     for u in urls:
         try:
             text = httpx.get(u + "/metrics", timeout=10).text
-            out.append(int(float(next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total")).split()[-1])))
+            out.append(
+                int(
+                    float(
+                        next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total")).split()[
+                            -1
+                        ]
+                    )
+                )
+            )
         except (httpx.HTTPError, StopIteration):
             out.append(-1)
     return out
@@ -133,7 +143,7 @@ def summary(records: list[dict]) -> dict:
 
 
 def routing(cluster, convs, args) -> dict:
-    from runtime.cli.services import start_gateway
+    from runtime.cluster.services import start_gateway
 
     out = {}
     cases = [("single", 1, None), ("cache_aware_2", 2, "cache_aware"), ("round_robin_2", 2, "round_robin"),
@@ -141,7 +151,11 @@ def routing(cluster, convs, args) -> dict:
     for name, n, policy in cases:
         urls = cluster.urls[:n]
         reset(cluster.urls)
-        gw, url = (None, urls[0]) if policy is None else start_gateway(cluster.workdir, urls, policy, extra=args.gateway_args)
+        gw, url = (
+            (None, urls[0])
+            if policy is None
+            else start_gateway(cluster.workdir, urls, policy, extra=args.gateway_args)
+        )
         try:
             before = served(urls)
             recs = [[None] * args.turns for _ in convs]
@@ -159,7 +173,7 @@ def routing(cluster, convs, args) -> dict:
 
 
 def failover(cluster, convs, args) -> dict:
-    from runtime.cli.services import start_gateway
+    from runtime.cluster.services import start_gateway
 
     reset(cluster.urls)
     gw, url = start_gateway(cluster.workdir, cluster.urls, "cache_aware", extra=args.gateway_args)
@@ -173,7 +187,9 @@ def failover(cluster, convs, args) -> dict:
             owner.append(max(range(len(cluster.urls)), key=lambda i: served(cluster.urls)[i] - before[i]))
         victim = max(range(len(cluster.urls)), key=owner.count)
         cluster.kill_replica(victim)
-        progress(f"killed replica {victim}, holding sessions {[s for s in range(len(convs)) if owner[s] == victim]}")
+        progress(
+            f"killed replica {victim}, holding sessions {[s for s in range(len(convs)) if owner[s] == victim]}"
+        )
         run_turns(url, convs, range(4, args.turns), recs)
         moved = [s for s in range(len(convs)) if owner[s] == victim]
         cold = []
@@ -209,7 +225,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--system-tokens", type=int, default=600, help="the shared system prompt")
     p.add_argument("--turn-tokens", type=int, default=120, help="tokens a turn adds (assistant + user)")
     p.add_argument("--store-pages", type=int, default=512, help="pages written and read in the store test")
-    p.add_argument("--cache-threshold", type=float, default=0.5, help="SMG cache_aware: prefix match share to follow")
+    p.add_argument(
+        "--cache-threshold", type=float, default=0.5, help="SMG cache_aware: prefix match share to follow"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.turn_tokens, args.store_pages = 4, 6, 200, 60, 64
@@ -220,7 +238,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     from benchmarks.store_throughput import compare
-    from runtime.cli.cluster import Cluster
+    from runtime.cluster.cluster import Cluster
     from runtime.loading.tokenizer import load_tokenizer
 
     model = model_dir()

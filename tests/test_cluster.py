@@ -12,7 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from runtime.cli.cluster import Cluster
+from runtime.cluster.cluster import Cluster
 from tests.helpers import make_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -24,7 +24,14 @@ def cluster(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("cl") / "m", vocab=49152)
     serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
              "--kv-cache-memory", "8M", "--no-ui"]  # fmt: skip
-    gateway = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--retry-max-retries", "3"]
+    gateway = [
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--retry-max-retries",
+        "3",
+    ]
     with Cluster(2, serve, workdir=tmp_path_factory.mktemp("run"), gateway_args=gateway) as c:
         yield c
 
@@ -53,7 +60,10 @@ def test_replicas_report_their_load_for_the_gateway(cluster):
 
 def test_a_session_survives_its_replica_through_the_gateway(cluster):
     client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
-    system = {"role": "system", "content": "You are a careful coding agent. " + "Follow the repository rules. " * 30}
+    system = {
+        "role": "system",
+        "content": "You are a careful coding agent. " + "Follow the repository rules. " * 30,
+    }
     messages = [system, {"role": "user", "content": "List the files in src/ and explain each one."}]
 
     def turn() -> dict:
@@ -65,7 +75,10 @@ def test_a_session_survives_its_replica_through_the_gateway(cluster):
     before = _served_by(cluster)
     first = turn()
     second = turn()
-    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"] // PS * PS - PS
+    assert (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= first["usage"]["prompt_tokens"] // PS * PS - PS
+    )
     after = _served_by(cluster)
     owner = max(range(2), key=lambda i: after[i] - before[i])
     assert after[owner] - before[owner] == 2  # cache-aware: both turns on one replica

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from runtime.cache.store.shared import SharedStore
-from runtime.cli.services import start_valkey
+from runtime.cluster.services import start_valkey
 from runtime.request import CacheScope
 from tests.engine_drive import greedy, random_ids, run_checked, tiny_engine
 
@@ -102,7 +102,12 @@ def test_a_corrupt_or_foreign_entry_is_refused_and_recomputed(model, off, valkey
     flipped[-5] ^= 0xFF  # a flipped byte in the K/V: the checksum fails
     store.db.set(store.name(keys[3]), bytes(flipped))
     foreign = SharedStore(url, "ab" * 20)  # another model's entry copied under this name
-    store.db.set(store.name(keys[1]), foreign.encode(keys[1], keys[0], False, prompt[4:8], store.decode(keys[1], store.db.get(store.name(keys[1])))))
+    store.db.set(
+        store.name(keys[1]),
+        foreign.encode(
+            keys[1], keys[0], False, prompt[4:8], store.decode(keys[1], store.db.get(store.name(keys[1])))
+        ),
+    )
 
     b = _engine(model, url)
     out = _run(b, prompt)

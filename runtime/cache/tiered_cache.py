@@ -104,7 +104,9 @@ class TieredRadixCache(RadixCache):
             self.unlock(m.handle)
         full = super().match(tokens[:end], scope)
         ps = self.page_size
-        return MatchResult(full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps, shared_len=tm.shared * ps)
+        return MatchResult(
+            full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps, shared_len=tm.shared * ps
+        )
 
     def prefetch(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> Future | None:
         """Start reading the lower-tier part of this prefix from disk in the background (a Future or None)."""

@@ -78,7 +78,9 @@ class EngineConfig:
                 f"(not --prefix-cache {self.prefix_cache})"
             )
         if self.kv_shared_store and not self.kv_shared_store.startswith(("valkey://", "redis://", "unix://")):
-            raise ValueError(f"--kv-shared-store must be a valkey://, redis:// or unix:// URL, got {self.kv_shared_store!r}")
+            raise ValueError(
+                f"--kv-shared-store must be a valkey://, redis:// or unix:// URL, got {self.kv_shared_store!r}"
+            )
         if self.snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
         if self.page_size < 1:

@@ -54,7 +54,12 @@ def _tier_families(s: EngineStats) -> Iterator:
     )  # fmt: skip
     shared = s.shared_loaded_tokens
     pool = s.cached_tokens - s.host_loaded_tokens - s.disk_loaded_tokens - shared
-    for tier, value in (("pool", pool), ("host", s.host_loaded_tokens), ("disk", s.disk_loaded_tokens), ("shared", shared)):
+    for tier, value in (
+        ("pool", pool),
+        ("host", s.host_loaded_tokens),
+        ("disk", s.disk_loaded_tokens),
+        ("shared", shared),
+    ):
         by_tier.add_metric([tier], value)
     yield by_tier
     yield CounterMetricFamily(

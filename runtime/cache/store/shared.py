@@ -41,7 +41,14 @@ class SharedStats(NamedTuple):
 def connect(url: str, timeout_s: float = 2.0):
     """A Valkey client for ``valkey://``, ``redis://`` or ``unix://`` URLs (no retries: a dead store
     must fail fast, the caller degrades to the pool)."""
-    import valkey  # here, so an engine without a shared store never imports the client
+    try:
+        import valkey  # here, so an engine without a shared store never imports the client
+    except ImportError:
+        from runtime.cache.store.disk import StoreError
+
+        raise StoreError(
+            "--kv-shared-store needs the Valkey client: pip install 'kvreuse[cluster]'"
+        ) from None
 
     if url.startswith("redis://"):
         url = "valkey://" + url.removeprefix("redis://")
@@ -92,7 +99,11 @@ class SharedStore:
 
     def decode(self, key: bytes, blob: bytes) -> torch.Tensor | None:
         """One entry's K/V, or None unless it is ours: magic, checksum, fingerprint and key all match."""
-        if len(blob) < 8 + _HEAD.size or blob[:4] != MAGIC or zlib.crc32(blob[8:]) != int.from_bytes(blob[4:8], "little"):
+        if (
+            len(blob) < 8 + _HEAD.size
+            or blob[:4] != MAGIC
+            or zlib.crc32(blob[8:]) != int.from_bytes(blob[4:8], "little")
+        ):
             return None
         fp, k, _parent, _root, n_tok = _HEAD.unpack_from(blob, 8)
         if fp != self.fp or k != key:
@@ -108,7 +119,9 @@ class SharedStore:
             return None
         return torch.frombuffer(bytearray(blob[start:]), dtype=dtype).view(shape)
 
-    def encode(self, key: bytes, parent: bytes, parent_is_root: bool, tokens: Sequence[int], kv: torch.Tensor) -> bytes:
+    def encode(
+        self, key: bytes, parent: bytes, parent_is_root: bool, tokens: Sequence[int], kv: torch.Tensor
+    ) -> bytes:
         """One page's entry (``kv``: its ``[layers, 2, page_size, heads, dim]`` K/V on the host)."""
         kv = kv.detach().to("cpu").contiguous()
         body = b"".join(
@@ -157,7 +170,10 @@ class SharedStore:
         mem = self.db.info("memory")
         pages = sum(1 for _ in self.db.scan_iter(match=self.prefix + b"*", count=1000)) if count_pages else 0
         return SharedStats(
-            pages, int(mem.get("used_memory", 0)), int(mem.get("maxmemory", 0)), str(mem.get("maxmemory_policy", ""))
+            pages,
+            int(mem.get("used_memory", 0)),
+            int(mem.get("maxmemory", 0)),
+            str(mem.get("maxmemory_policy", "")),
         )
 
     def close(self) -> None:

@@ -128,7 +128,9 @@ class SharedTier:
         """Whether a write now would be kept (not while the store is down), so callers skip the copy."""
         return self._up()
 
-    def write(self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list, kv: torch.Tensor) -> None:
+    def write(
+        self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list, kv: torch.Tensor
+    ) -> None:
         """Queue consecutive pages (``kv`` a copy: pool pages are reused) for the writer thread."""
         with self._mu:
             for k, t in zip(keys, kv):

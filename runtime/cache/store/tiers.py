@@ -301,7 +301,9 @@ class LowerTiers:
             return f"shared KV store unreachable: {self.shared.error}"
         return None
 
-    def share(self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list, kv: torch.Tensor) -> None:
+    def share(
+        self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list, kv: torch.Tensor
+    ) -> None:
         """Write pages through to the shared tier (in the background)."""
         self.shared.write(parent, parent_is_root, keys, tokens, kv)
 

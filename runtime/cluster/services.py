@@ -111,7 +111,9 @@ def start_valkey(workdir: Path, maxmemory: str = "1gb", port: int | None = None)
     return svc, f"valkey://127.0.0.1:{port}"
 
 
-def launch_replica(workdir: Path, index: int, serve_args: list[str], port: int | None = None) -> tuple[Service, str]:
+def launch_replica(
+    workdir: Path, index: int, serve_args: list[str], port: int | None = None
+) -> tuple[Service, str]:
     """``kvreuse serve`` (this interpreter) with ``serve_args`` on a free port, not awaited (start
     several, then :func:`wait_replica` each: they load their weights side by side)."""
     port = port or free_port()
@@ -135,7 +137,10 @@ def smg_binary() -> list[str]:
 
 
 def start_gateway(
-    workdir: Path, worker_urls: list[str], policy: str = "cache_aware", port: int | None = None,
+    workdir: Path,
+    worker_urls: list[str],
+    policy: str = "cache_aware",
+    port: int | None = None,
     extra: list[str] | None = None,
 ) -> tuple[Service, str]:
     """SMG in front of ``worker_urls`` with ``policy``; its metrics on a free loopback port too."""
