@@ -10,7 +10,8 @@ reset caches (``/v1/cache/reset`` on each replica, which also empties the shared
 * **routing**: ``--sessions`` concurrent agent sessions of ``--turns`` turns (one system prompt they
   all share, then each its own user/assistant turns, append-only; one token generated: TTFT is what is
   measured), streamed through the gateway: a single replica (no gateway), then 2 and 3 replicas with
-  SMG's ``cache_aware`` and ``round_robin`` policies.  Token hit rate (cached / prompt tokens), split
+  SMG's ``cache_aware`` (its approximate text tree per replica) and ``round_robin`` policies, and at 3
+  replicas ``consistent_hashing`` on a session key (``X-SMG-Routing-Key``: exact session affinity).  Token hit rate (cached / prompt tokens), split
   into the replica's own pool and the shared tier; TTFT median / p90; requests per replica.
 * **failover**: 3 replicas, cache-aware; turns 1-4 of every session (turn 4 sent one session at a
   time, to see which replica holds each), the replica holding the most sessions SIGKILLed, turns 5-8.
@@ -37,6 +38,7 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 
 from benchmarks.common import base_parser, median, model_dir, percentile, progress, write_results
 from benchmarks.ttft_multiturn import _text
@@ -64,14 +66,16 @@ def sessions(tokenizer, n: int, turns: int, system_tokens: int, turn_tokens: int
     return out
 
 
-def stream(url: str, messages: list[dict]) -> dict:
-    """One streamed chat request: TTFT, usage, the kvreuse cache figures; ``error`` if it failed."""
+def stream(url: str, messages: list[dict], session: int | None = None) -> dict:
+    """One streamed chat request: TTFT, usage, the kvreuse cache figures; ``error`` if it failed.
+    ``session``: sent as SMG's ``X-SMG-Routing-Key`` (the consistent-hashing policy's session key)."""
+    headers = {} if session is None else {"X-SMG-Routing-Key": f"session-{session}"}
     body = {"model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     ttft, usage, ext = None, None, {}
     try:
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=600) as r:
             if r.status_code != 200:
                 return {"error": f"HTTP {r.status_code}", "status": r.status_code}
             for line in r.iter_lines():
@@ -91,12 +95,16 @@ def stream(url: str, messages: list[dict]) -> dict:
             "cached": usage["prompt_tokens_details"]["cached_tokens"], "tiers": tiers}  # fmt: skip
 
 
-def run_turns(url: str, convs, turns: range, out: list[list[dict | None]]) -> None:
-    """Every session's ``turns`` through ``url``, sessions concurrently, each session's turns in order."""
+def run_turns(url: str, convs, turns: range, out: list[list[dict | None]], think_s: float = 0.5) -> None:
+    """Every session's ``turns`` through ``url``, sessions concurrently, each session's turns in order
+    after a seeded think time (up to ``think_s``: an agent's tool call; it also keeps the sessions
+    out of lockstep, which would let round-robin send a session to the same replica every time)."""
 
     def one(s: int) -> None:
+        rng = random.Random(s * 1000 + turns.start)
         for t in turns:
-            out[s][t] = stream(url, convs[s][t])
+            time.sleep(rng.uniform(0, think_s))
+            out[s][t] = stream(url, convs[s][t], s)
 
     threads = [threading.Thread(target=one, args=(s,)) for s in range(len(convs))]
     for th in threads:
@@ -130,16 +138,26 @@ def reset(urls: list[str]) -> None:
         httpx.post(u + "/v1/cache/reset", json={}, timeout=120).raise_for_status()
 
 
-def summary(records: list[dict]) -> dict:
+def summary(records: list[dict], system_len: int = 0) -> dict:
+    """Hit rates over ``records``: all cached tokens, those from the replica's own pool (not the shared
+    tier), and ``session_hit_rate``: hits beyond the first ``system_len`` tokens (the system prompt
+    every session shares, page-rounded, which every replica's pool soon holds whatever the routing)
+    over the prompt tokens beyond it: what routing decides."""
     ok = [r for r in records if r and "error" not in r]
     prompt = sum(r["prompt"] for r in ok)
     shared = sum(r["tiers"].get("shared", 0) for r in ok)
     cached = sum(r["cached"] for r in ok)
+    own = sum(max(0, r["cached"] - system_len) for r in ok)
+    own_pool = sum(max(0, r["cached"] - r["tiers"].get("shared", 0) - system_len) for r in ok)
+    own_prompt = sum(max(0, r["prompt"] - system_len) for r in ok)
     ttfts = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     return {"requests": len(records), "errors": len(records) - len(ok), "prompt_tokens": prompt,
             "cached_tokens": cached, "shared_tokens": shared, "hit_rate": round(cached / prompt, 4) if prompt else 0,
             "pool_hit_rate": round((cached - shared) / prompt, 4) if prompt else 0,
-            "ttft_median_s": round(median(ttfts), 4), "ttft_p90_s": round(percentile(ttfts, 90), 4)}  # fmt: skip
+            "session_hit_rate": round(own / own_prompt, 4) if own_prompt else 0,
+            "session_pool_hit_rate": round(own_pool / own_prompt, 4) if own_prompt else 0,
+            "ttft_median_s": round(median(ttfts), 4) if ttfts else None,
+            "ttft_p90_s": round(percentile(ttfts, 90), 4) if ttfts else None}  # fmt: skip
 
 
 def routing(cluster, convs, args) -> dict:
@@ -147,7 +165,8 @@ def routing(cluster, convs, args) -> dict:
 
     out = {}
     cases = [("single", 1, None), ("cache_aware_2", 2, "cache_aware"), ("round_robin_2", 2, "round_robin"),
-             ("cache_aware_3", 3, "cache_aware"), ("round_robin_3", 3, "round_robin")]  # fmt: skip
+             ("cache_aware_3", 3, "cache_aware"), ("session_hash_3", 3, "consistent_hashing"),
+             ("round_robin_3", 3, "round_robin")]  # fmt: skip
     for name, n, policy in cases:
         urls = cluster.urls[:n]
         reset(cluster.urls)
@@ -160,13 +179,13 @@ def routing(cluster, convs, args) -> dict:
             before = served(urls)
             recs = [[None] * args.turns for _ in convs]
             t0 = time.perf_counter()
-            run_turns(url, convs, range(args.turns), recs)
+            run_turns(url, convs, range(args.turns), recs, args.think_s)
             wall = time.perf_counter() - t0
             after = served(urls)
         finally:
             if gw is not None:
                 gw.stop()
-        out[name] = {**summary([r for s in recs for r in s]), "wall_s": round(wall, 1),
+        out[name] = {**summary([r for s in recs for r in s], args.system_len), "wall_s": round(wall, 1),
                      "requests_per_replica": [a - b for a, b in zip(after, before)]}  # fmt: skip
         progress(f"{name}: {out[name]}")
     return out
@@ -179,23 +198,23 @@ def failover(cluster, convs, args) -> dict:
     gw, url = start_gateway(cluster.workdir, cluster.urls, "cache_aware", extra=args.gateway_args)
     recs = [[None] * args.turns for _ in convs]
     try:
-        run_turns(url, convs, range(3), recs)
+        run_turns(url, convs, range(3), recs, args.think_s)
         owner = []
         for s in range(len(convs)):  # turn 4 one session at a time: which replica holds each session
             before = served(cluster.urls)
-            recs[s][3] = stream(url, convs[s][3])
+            recs[s][3] = stream(url, convs[s][3], s)
             owner.append(max(range(len(cluster.urls)), key=lambda i: served(cluster.urls)[i] - before[i]))
         victim = max(range(len(cluster.urls)), key=owner.count)
         cluster.kill_replica(victim)
         progress(
             f"killed replica {victim}, holding sessions {[s for s in range(len(convs)) if owner[s] == victim]}"
         )
-        run_turns(url, convs, range(4, args.turns), recs)
+        run_turns(url, convs, range(4, args.turns), recs, args.think_s)
         moved = [s for s in range(len(convs)) if owner[s] == victim]
         cold = []
-        for s in moved:  # the same prompt, its first character changed: nothing of it is cached anywhere
+        for s in moved:  # the same prompt with its first characters changed: nothing of it is cached anywhere
             msgs = [dict(m) for m in convs[s][4]]
-            msgs[0]["content"] = "#" + msgs[0]["content"][1:]
+            msgs[0]["content"] = f"#{s}#" + msgs[0]["content"][len(f"#{s}#") :]
             cold.append(stream(url, msgs))
     finally:
         gw.stop()
@@ -210,6 +229,7 @@ def failover(cluster, convs, args) -> dict:
             "by_tier": [r["tiers"] for r in ok5], "prompt_tokens": [r["prompt"] for r in ok5],
             "previous_prompt_tokens": prev,
             "shared_share_of_previous_prompt": [round(r["tiers"].get("shared", 0) / p, 4) for r, p in zip(ok5, prev)],
+            "cached_share_of_previous_prompt": [round(r["cached"] / p, 4) for r, p in zip(ok5, prev)],
             "ttft_median_s": round(median([r["ttft_s"] for r in ok5]), 4) if ok5 else None,
             "cold_ttft_median_s": round(median([c["ttft_s"] for c in cold if "error" not in c]), 4) if cold else None,
             "cold_cached_tokens": [c.get("cached") for c in cold],
@@ -228,10 +248,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cache-threshold", type=float, default=0.5, help="SMG cache_aware: prefix match share to follow"
     )
+    p.add_argument(
+        "--balance-abs", type=int, default=2, help="SMG cache_aware: in-flight gap that overrides affinity"
+    )
+    p.add_argument(
+        "--balance-rel", type=float, default=1.5, help="SMG cache_aware: ... with this in-flight ratio"
+    )
+    p.add_argument("--think-s", type=float, default=0.5, help="most seconds a session waits before a turn")
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.turn_tokens, args.store_pages = 4, 6, 200, 60, 64
-    args.gateway_args = ["--cache-threshold", str(args.cache_threshold), "--health-check-interval-secs", "1",
+    args.gateway_args = ["--cache-threshold", str(args.cache_threshold), "--balance-abs-threshold", str(args.balance_abs),
+                         "--balance-rel-threshold", str(args.balance_rel), "--health-check-interval-secs", "1",
                          "--health-failure-threshold", "1"]  # fmt: skip
     return args
 
@@ -244,7 +272,11 @@ def run(args: argparse.Namespace) -> dict:
     model = model_dir()
     threads = args.threads or 1
     os.environ["OMP_NUM_THREADS"] = str(threads)  # each replica process: torch reads it at start
-    convs = sessions(load_tokenizer(model), args.sessions, args.turns, args.system_tokens, args.turn_tokens)
+    torch.set_num_threads(threads)  # this process's store test too
+    tok = load_tokenizer(model)
+    convs = sessions(tok, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
+    system = tok.apply_chat_template(convs[0][0][:1], tokenize=True, return_dict=True)["input_ids"]
+    args.system_len = len(system) // 16 * 16  # the shared system prompt, page-rounded
     work = Path(tempfile.mkdtemp(prefix="kvreuse-replicas-"))
     serve = ["--dtype", "float32", "--served-model-name", MODEL, "--no-ui", "--max-waiting", "256"]
     results: dict = {"dtype": "float32", "threads_per_replica": threads, "replicas": 3,
@@ -258,7 +290,10 @@ def run(args: argparse.Namespace) -> dict:
     f = results["failover"]["moved_turn5"]
     results["goals"] = {
         "cache_aware_over_round_robin_pool_hit_rate_3": round(r["cache_aware_3"]["pool_hit_rate"] / max(r["round_robin_3"]["pool_hit_rate"], 1e-9), 2),
+        "cache_aware_over_round_robin_session_pool_hit_rate_3": round(r["cache_aware_3"]["session_pool_hit_rate"] / max(r["round_robin_3"]["session_pool_hit_rate"], 1e-9), 2),
+        "session_hash_over_round_robin_session_pool_hit_rate_3": round(r["session_hash_3"]["session_pool_hit_rate"] / max(r["round_robin_3"]["session_pool_hit_rate"], 1e-9), 2),
         "moved_session_min_shared_share": min(f["shared_share_of_previous_prompt"], default=None),
+        "moved_session_min_cached_share": min(f["cached_share_of_previous_prompt"], default=None),
         "errors_outside_the_kill": len(results["failover"]["errors"]) + sum(v["errors"] for v in r.values()),
     }  # fmt: skip
     progress(f"goals: {results['goals']}")

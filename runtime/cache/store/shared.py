@@ -6,7 +6,7 @@ is the model's fingerprint, so two models (or two quantizations) never share an 
 
     name  : b"kvr:" + fingerprint[:20] + b":" + page key (16 bytes)
     value : MAGIC | CRC-32 of the rest | fingerprint (20 B) | key | parent | is_root | n tokens |
-            tokens (int64) | dtype | ndim | shape (u32) | K/V bytes
+            tokens (int64) | dtype | ndim | pad | shape (u32) | pad zero bytes | K/V bytes (16-aligned)
 
 The value repeats the fingerprint and the key, so an entry written for another model, or copied
 under another name, is refused like a corrupt one (and deleted): the caller recomputes those tokens.
@@ -18,6 +18,7 @@ the failure handling and the accounting are :class:`runtime.cache.store.shared_t
 from __future__ import annotations
 
 import struct
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -102,38 +103,46 @@ class SharedStore:
         if (
             len(blob) < 8 + _HEAD.size
             or blob[:4] != MAGIC
-            or zlib.crc32(blob[8:]) != int.from_bytes(blob[4:8], "little")
+            or zlib.crc32(memoryview(blob)[8:]) != int.from_bytes(blob[4:8], "little")
         ):
             return None
         fp, k, _parent, _root, n_tok = _HEAD.unpack_from(blob, 8)
         if fp != self.fp or k != key:
             return None
         at = 8 + _HEAD.size + 8 * n_tok
-        if at + 2 > len(blob) or blob[at] >= len(_DTYPES):
+        if at + 3 > len(blob) or blob[at] >= len(_DTYPES):
             return None
-        dtype, ndim = _DTYPES[blob[at]], blob[at + 1]
-        shape = struct.unpack_from(f"<{ndim}I", blob, at + 2)
-        start = at + 2 + 4 * ndim
+        dtype, ndim, pad = _DTYPES[blob[at]], blob[at + 1], blob[at + 2]
+        if at + 3 + 4 * ndim > len(blob):
+            return None
+        shape = struct.unpack_from(f"<{ndim}I", blob, at + 3)
+        start = at + 3 + 4 * ndim + pad
         count = int(torch.Size(shape).numel())
         if len(blob) - start != count * dtype.itemsize:
             return None
-        return torch.frombuffer(bytearray(blob[start:]), dtype=dtype).view(shape)
+        with warnings.catch_warnings():  # a view of the read-only reply: callers stack (copy) it at once
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(blob, dtype=dtype, count=count, offset=start).view(shape)
 
     def encode(
         self, key: bytes, parent: bytes, parent_is_root: bool, tokens: Sequence[int], kv: torch.Tensor
     ) -> bytes:
         """One page's entry (``kv``: its ``[layers, 2, page_size, heads, dim]`` K/V on the host)."""
         kv = kv.detach().to("cpu").contiguous()
-        body = b"".join(
-            (
-                _HEAD.pack(self.fp, key, parent, parent_is_root, len(tokens)),
-                struct.pack(f"<{len(tokens)}q", *tokens),
-                bytes((_DTYPES.index(kv.dtype), kv.dim())),
-                struct.pack(f"<{kv.dim()}I", *kv.shape),
-                kv.view(torch.uint8).numpy().tobytes() if kv.numel() else b"",
-            )
-        )
-        return MAGIC + zlib.crc32(body).to_bytes(4, "little") + body
+        head = 8 + _HEAD.size + 8 * len(tokens) + 3 + 4 * kv.dim()
+        pad = -head % 16  # the K/V starts 16-byte aligned in the entry: a misaligned copy is slow
+        parts = [
+            _HEAD.pack(self.fp, key, parent, parent_is_root, len(tokens)),
+            struct.pack(f"<{len(tokens)}q", *tokens),
+            bytes((_DTYPES.index(kv.dtype), kv.dim(), pad)),
+            struct.pack(f"<{kv.dim()}I", *kv.shape),
+            bytes(pad),
+            memoryview(kv.view(torch.uint8).numpy()) if kv.numel() else b"",
+        ]
+        crc = 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
+        return b"".join([MAGIC, crc.to_bytes(4, "little"), *parts])  # the page's bytes copied once
 
     # -- writes ----------------------------------------------------------------------
     def put(
