@@ -90,3 +90,24 @@ def test_a_session_survives_its_replica_through_the_gateway(cluster):
     assert tiers["shared"] >= 0.9 * second["usage"]["prompt_tokens"], tiers  # read, not recomputed
     assert tiers["pool"] + tiers["host"] + tiers["disk"] + tiers["shared"] == cached
     assert _served_by(cluster)[1 - owner] == after[1 - owner] + 1
+
+
+def test_the_store_going_away_degrades_replicas_never_fails_a_request(cluster):
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
+    cluster.store.kill()
+    messages = [{"role": "user", "content": "Summarise the build log in one line."}]
+    for _ in range(2):  # the first write-through meets the dead store; neither request may fail
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+        assert r.choices[0].finish_reason in ("length", "stop")
+    alive = [u for svc, u in zip(cluster.replicas, cluster.urls) if svc.alive]  # one died in the test above
+    health = [httpx.get(u + "/health", timeout=5) for u in alive]
+    assert all(h.status_code == 200 for h in health)
+    assert all(h.json()["status"] == "degraded" and "shared KV store" in h.json()["kv_store"] for h in health)
+
+
+def test_cluster_command_refuses_bad_arguments_in_one_line(capsys):
+    from runtime.cli.main import main
+
+    assert main(["cluster", "--replicas", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "kvreuse: error: --replicas must be >= 1, got 0"
