@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from runtime.cache.store.shared import SharedStore
+from runtime.cache.store.writer import PageWriter
 
 log = logging.getLogger("kvreuse.store")
 
@@ -47,12 +47,10 @@ class SharedTier:
         self._failures = _store_failures()
         self._known: OrderedDict[bytes, None] = OrderedDict()
         self._known_max = known_keys
-        self._pending: dict[bytes, torch.Tensor] = {}
         self._mu = threading.Lock()
         self.counts = {"loaded": 0, "written": 0, "failed": 0, "refused": 0}
-        self._queue: queue.Queue = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="kvreuse-kv-shared-writer", daemon=True)
-        self._writer.start()
+        self._writer = PageWriter("kvreuse-kv-shared-writer", self._write, self._fail, self._mu)
+        self._pending = self._writer.pending  # the same dict, under the same lock as ``_known``
 
     # -- the fuse ------------------------------------------------------------------------
     def _up(self) -> bool:
@@ -132,32 +130,13 @@ class SharedTier:
         self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list, kv: torch.Tensor
     ) -> None:
         """Queue consecutive pages (``kv`` a copy: pool pages are reused) for the writer thread."""
-        with self._mu:
-            for k, t in zip(keys, kv):
-                self._pending[k] = t
-        self._queue.put((parent, parent_is_root, keys, tokens, kv))
+        self._writer.put(parent, parent_is_root, keys, tokens, kv)
 
-    def _write_loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                self._queue.task_done()
-                return
-            parent, is_root, keys, tokens, kv = job
-            try:
-                if self._up():
-                    self.counts["written"] += self.store.put(parent, is_root, keys, tokens, kv)
-                    self._ok()
-                    self._remember(keys)
-            except self._failures as e:  # the writer survives: flush() must never wait forever
-                self._fail(e)
-            except Exception as e:  # noqa: BLE001 - a bad page must not kill the writer either
-                self._fail(e)
-            finally:
-                with self._mu:
-                    for k in keys:
-                        self._pending.pop(k, None)
-                self._queue.task_done()
+    def _write(self, parent, is_root, keys, tokens, kv) -> None:
+        if self._up():  # while the store is down the pages are dropped, as without a shared tier
+            self.counts["written"] += self.store.put(parent, is_root, keys, tokens, kv)
+            self._ok()
+            self._remember(keys)
 
     def _remember(self, keys: Sequence[bytes]) -> None:
         with self._mu:
@@ -170,7 +149,7 @@ class SharedTier:
     # -- lifecycle -----------------------------------------------------------------------
     def flush(self) -> None:
         """Wait until every queued page is stored (or dropped because the store failed)."""
-        self._queue.join()
+        self._writer.flush()
 
     def clear(self) -> None:
         """Drop this model's pages from the server (every replica's: it is one store)."""
@@ -186,11 +165,7 @@ class SharedTier:
             self._fail(e)
 
     def close(self) -> None:
-        if self._writer is not None:
-            self.flush()
-            self._queue.put(None)
-            self._writer.join()
-            self._writer = None
+        self._writer.close()
         try:
             self.store.close()
         except self._failures:

@@ -17,7 +17,6 @@ never waits for a write that will not come.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +29,7 @@ import torch
 from runtime.cache.store.disk import DiskStore
 from runtime.cache.store.host import HostStore
 from runtime.cache.store.shared_tier import SharedTier
+from runtime.cache.store.writer import PageWriter
 
 log = logging.getLogger("kvreuse.store")
 
@@ -85,22 +85,21 @@ class LowerTiers:
         self.host = host
         self.disk = disk
         self.shared = shared
-        self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
         self._staged: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # read ahead from disk
         self._staged_bytes = 0
         self.staging_bytes = staging_bytes
         self._reader = ThreadPoolExecutor(1, "kvreuse-kv-prefetch") if disk is not None else None
         self._mu = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
         self._counts = {"host": 0, "disk": 0, "written": 0, "failed": 0}
         self.disk_error: str | None = None  # set once by the writer thread; read by anyone
         self._load_s = self._read_ahead_s = 0.0
-        self._writer = None
+        self._writer: PageWriter | None = None
+        self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
         if disk is not None:
             if host is not None:
                 host.on_evict = self._enqueue
-            self._writer = threading.Thread(target=self._write_loop, name="kvreuse-kv-writer", daemon=True)
-            self._writer.start()
+            self._writer = PageWriter("kvreuse-kv-writer", self._write_disk, self._disk_failed, self._mu)
+            self._pending = self._writer.pending  # the same dict, under the same lock as the staged pages
 
     # -- reads -------------------------------------------------------------------------
     def match(self, keys: Sequence[bytes], durable: bool = False, shared: bool = True) -> TierMatch:
@@ -228,40 +227,24 @@ class LowerTiers:
     def _enqueue(self, parent, parent_is_root, keys, tokens, kv) -> None:
         if self.disk_error is not None:  # read-only now: the pages are dropped, as without a store
             return
-        with self._mu:
-            for k, t in zip(keys, kv):
-                self._pending[k] = t
-        self._queue.put((parent, parent_is_root, list(keys), list(tokens), kv))
+        self._writer.put(parent, parent_is_root, keys, tokens, kv)
 
-    def _write_loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                self._queue.task_done()
-                return
-            parent, is_root, keys, tokens, kv = job
-            try:
-                if self.disk_error is None:
-                    self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
-            except Exception as e:  # never let one write kill the writer: flush() would wait forever
-                self._counts["failed"] += 1
-                if self.disk_error is None:
-                    self.disk_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                    log.warning(
-                        "KV store write failed, the disk tier is read-only from now on: %s", self.disk_error
-                    )
-            finally:
-                with self._mu:
-                    for k in keys:
-                        self._pending.pop(k, None)
-                self._queue.task_done()
+    def _write_disk(self, parent, is_root, keys, tokens, kv) -> None:
+        if self.disk_error is None:
+            self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
+
+    def _disk_failed(self, e: Exception) -> None:
+        self._counts["failed"] += 1
+        if self.disk_error is None:
+            self.disk_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            log.warning("KV store write failed, the disk tier is read-only from now on: %s", self.disk_error)
 
     def flush(self, drain_host: bool = False) -> None:
         """Wait until every queued write is on disk (and, with ``drain_host``, the host tier too)."""
         if drain_host and self.host is not None and self.disk is not None:
             self.host.drain()
         if self._writer is not None:
-            self._queue.join()
+            self._writer.flush()
         if self.shared is not None:
             self.shared.flush()
 
@@ -284,9 +267,7 @@ class LowerTiers:
             self._reader = None
         self.flush(drain_host=True)
         if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join()
-            self._writer = None
+            self._writer.close()
         if self.disk is not None:
             self.disk.close()
         if self.shared is not None:
