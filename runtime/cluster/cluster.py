@@ -10,6 +10,7 @@ from pathlib import Path
 from runtime.cluster.services import (
     Service,
     launch_replica,
+    register_worker,
     scratch_dir,
     start_gateway,
     start_valkey,
@@ -81,6 +82,8 @@ class Cluster:
         port = int(self.urls[i].rsplit(":", 1)[1])
         self.replicas[i], _ = launch_replica(self.workdir, i, self._replica_args(), port)
         wait_replica(self.replicas[i], self.urls[i])
+        if self.gateway is not None:
+            register_worker(self.url, self.urls[i])
 
     def stop(self) -> None:
         for svc in [self.gateway, *self.replicas, self.store]:

@@ -160,5 +160,13 @@ def start_gateway(
     return svc, url
 
 
+def register_worker(gateway: str, worker: str) -> None:
+    """Add ``worker`` to the gateway again unless it is listed (SMG drops a worker that failed its
+    health checks; a replica restarted on the same port must be registered anew)."""
+    listed = httpx.get(gateway + "/workers", timeout=10).json().get("workers", [])
+    if not any(w.get("url") == worker for w in listed):
+        httpx.post(gateway + "/workers", json={"url": worker}, timeout=30).raise_for_status()
+
+
 def scratch_dir(prefix: str = "kvreuse-cluster-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))

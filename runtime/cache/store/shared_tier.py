@@ -6,7 +6,7 @@
   a replica may be killed at any moment, and the pages another replica must find are the ones it had
   computed by then.
 * **A store that goes away** (connection refused, timeout, the server killed): the first failure
-  logs one warning and the tier answers "nothing here" (``match`` 0, ``load`` None, writes dropped)
+  logs one warning and the tier answers "nothing here" (``match`` 0, ``load`` no pages, writes dropped)
   for ``retry_s``; then the next call tries the server again, and a success logs that it is back.
   The engine runs on its pool meanwhile; a request never fails for it.
 * ``known``: keys this replica has stored or found stored, remembered (bounded LRU) so the
