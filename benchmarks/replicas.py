@@ -82,7 +82,9 @@ def stream(url: str, messages: list[dict], session: int | None = None) -> dict:
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
-                if ttft is None and chunk.get("choices"):
+                choices = chunk.get("choices") or []
+                # the first token's chunk: the server sends a role-only chunk before any compute
+                if ttft is None and any(c["delta"].get("content") or c.get("finish_reason") for c in choices):
                     ttft = time.perf_counter() - t0
                 usage = chunk.get("usage") or usage
                 ext = chunk.get("kvreuse") or ext
@@ -240,7 +242,8 @@ def failover(cluster, convs, args) -> dict:
     }  # fmt: skip
 
 
-def _uncached(messages: list[dict], s: int) -> list[dict]:
+def _uncached(messages: list[dict], s: int | str) -> list[dict]:
+    """``messages`` with the first characters changed (a tag of its own): no prefix of it is cached."""
     msgs = [dict(m) for m in messages]
     msgs[0]["content"] = f"#{s}#" + msgs[0]["content"][len(f"#{s}#") :]
     return msgs
@@ -255,7 +258,7 @@ def restart_probe(cluster, convs, victim: int, moved: list[int]) -> dict:
     shared, cold = [], []
     for s in moved:
         shared.append(stream(url, convs[s][-1]))
-        cold.append(stream(url, _uncached(convs[s][-1], s)))
+        cold.append(stream(url, _uncached(convs[s][-1], f"probe{s}")))
     ok = [(a, b) for a, b in zip(shared, cold) if "error" not in a and "error" not in b]
     return {"by_tier": [a["tiers"] for a, _ in ok], "prompt_tokens": [a["prompt"] for a, _ in ok],
             "ttft_shared_s": [round(a["ttft_s"], 4) for a, _ in ok], "ttft_cold_s": [round(b["ttft_s"], 4) for _, b in ok],
