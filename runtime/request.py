@@ -71,6 +71,7 @@ class Request:
     cached_tokens: int = -1  # -1 until first admitted
     cached_host_tokens: int = 0  # of cached_tokens: loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens: loaded from the disk tier
+    cached_shared_tokens: int = 0  # of cached_tokens: loaded from the shared tier (other replicas' pages)
     tier_load_s: float = 0.0  # engine-thread time copying those pages into the pool (read-ahead excluded)
     snapshot_cut: int = 0  # hybrids: KV-matched tokens recomputed for want of a state snapshot
     prefilled_tokens: int = 0

@@ -210,7 +210,7 @@ def test_lower_tiers_write_in_background_and_serve_meanwhile(tmp_path):
     disk = DiskStore(tmp_path, FP, 1 << 20)
     tiers = LowerTiers(HostStore(1 << 20), disk)
     m = tiers.match(keys)
-    assert m == (0, 4) and torch.equal(tiers.load(keys, m), kv)
+    assert m == (0, 4, 0) and torch.equal(tiers.load(keys, m), kv)
     assert tiers.stats().loaded_disk_pages == 4
     tiers.close()
 

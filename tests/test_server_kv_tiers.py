@@ -39,7 +39,13 @@ _metric = metric_value
 
 def test_hits_say_which_tier_they_came_from(client):
     first = _chat(client, "alpha")
-    assert first["kvreuse"]["cache"]["cached_by_tier"] == {"pool": 0, "host": 0, "disk": 0, "load_ms": 0.0}
+    assert first["kvreuse"]["cache"]["cached_by_tier"] == {
+        "pool": 0,
+        "host": 0,
+        "disk": 0,
+        "shared": 0,
+        "load_ms": 0.0,
+    }
     _chat(client, "beta")  # evicts alpha's pages from the pool: they go to the disk tier
     again = _chat(client, "alpha")
     cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]

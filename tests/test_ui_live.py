@@ -84,7 +84,7 @@ def test_tiers_and_anthropic_requests(model_dir, tmp_path):
         live = c.get("/ui/api/live").json()
         rec = {r["id"]: r for r in live["requests"]}
         shown = rec[again["id"]]["cached_by_tier"]
-        assert shown == {k: by_tier[k] for k in ("pool", "host", "disk")}
+        assert shown == {k: by_tier[k] for k in ("pool", "host", "disk", "shared")}
         assert rec[msg["id"]]["cache"]["cause"] == "new_conversation"
         u, m = msg["usage"], rec[msg["id"]]
         assert m["cached_tokens"] == u["cache_read_input_tokens"]

@@ -73,7 +73,9 @@ class CacheManager:
             self.pins.touch(req.scope.session)  # the session is back: its TTL starts again
         t0 = time.perf_counter()
         m = self.prefix.match(req.tokens[: len(req.tokens) - 1], req.scope)
-        load_s = time.perf_counter() - t0 if m.host_len or m.disk_len else 0.0  # a tier's pages copied in
+        load_s = (
+            time.perf_counter() - t0 if m.host_len or m.disk_len or m.shared_len else 0.0
+        )  # a tier's pages copied in
         self.prefix.lock(m.handle)
         req.handle, req.pages = m.handle, list(m.pages)
         req.num_tree_pages = len(req.pages)
@@ -82,6 +84,7 @@ class CacheManager:
         if req.cached_tokens < 0:  # a retracted request's own earlier work is not a cache hit
             req.cached_tokens = m.cached_len
             req.cached_host_tokens, req.cached_disk_tokens = m.host_len, m.disk_len
+            req.cached_shared_tokens = m.shared_len
             req.snapshot_cut = m.cut_len
             req.tier_load_s = load_s
 

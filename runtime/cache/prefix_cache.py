@@ -57,6 +57,7 @@ class MatchResult(NamedTuple):
     disk_len: int = 0
     state: object = None
     cut_len: int = 0
+    shared_len: int = 0  # of cached_len: loaded from the shared tier (a store other replicas write too)
 
 
 class InsertResult(NamedTuple):

@@ -18,6 +18,8 @@ and continues the radix tree past its leaves::
   tiers (host memory first when there is a host tier, its overflow to disk; else straight to disk,
   written on a background thread).  With ``write_through`` every insert is also written down at
   once, so a crash loses nothing that was computed.
+* With a shared tier (a Valkey server several replicas use) every insert is written through to it
+  in the background, and a match continues there past host and disk (``MatchResult.shared_len``).
 * ``persist`` writes every page still only in the pool down (shutdown, and periodically), so a
   server started on the same store finds the whole tree again.
 """
@@ -35,7 +37,7 @@ from runtime.cache.page_allocator import PageAllocator
 from runtime.cache.prefix_cache import MatchResult
 from runtime.cache.radix_cache import RadixCache, TreeNode
 from runtime.cache.store.page_keys import page_keys, root_key, scope_namespaces
-from runtime.cache.store.tiers import LowerTiers, TierMatch
+from runtime.cache.store.tiers import LowerTiers
 from runtime.request import PUBLIC, CacheScope
 
 
@@ -87,10 +89,12 @@ class TieredRadixCache(RadixCache):
             n = self._room_for(tm.total)
             if n == 0:
                 return m
-            tm = TierMatch(min(tm.host, n), n - min(tm.host, n))
+            tm = tm.first(n)
             kv = self.tiers.load(keys[first : first + n], tm)
             if kv is None:  # a disk group failed its checksum: those tokens are recomputed
                 return m
+            n = kv.shape[0]  # a shared entry evicted or refused since the match ends the prefix there
+            tm = tm.first(n)
             pages = self.allocator.alloc(n)
             self.io.write_pages(pages, kv)
             end = (first + n) * self.page_size
@@ -100,7 +104,9 @@ class TieredRadixCache(RadixCache):
             self.unlock(m.handle)
         full = super().match(tokens[:end], scope)
         ps = self.page_size
-        return MatchResult(full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps)
+        return MatchResult(
+            full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps, shared_len=tm.shared * ps
+        )
 
     def prefetch(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> Future | None:
         """Start reading the lower-tier part of this prefix from disk in the background (a Future or None)."""
@@ -134,7 +140,26 @@ class TieredRadixCache(RadixCache):
         res = super().insert(token_ids, pages, scope, extra)
         if self.write_through and res.prefix_len < len(token_ids):
             self._write_down(res.handle)
+        if self.tiers.shared is not None and res.prefix_len < len(token_ids):
+            self._share(res.handle)
         return res
+
+    def _share(self, node: TreeNode) -> int:
+        """Write the pages of the path ending at ``node`` that the shared tier lacks through to it
+        (a replica may die any time: what another must find is what it has computed, not what it
+        evicted).  Known-stored pages are skipped without asking the server."""
+        if not self.tiers.shared.accepts():
+            return 0
+        path = self.path_tokens(node)
+        keys = page_keys(path, self.page_size, self.root_key, namespaces=self.path_namespaces(node))
+        first = self.tiers.shared.known(keys)
+        if first >= len(keys):
+            return 0
+        ps = self.page_size
+        toks = [tuple(path[i * ps : (i + 1) * ps]) for i in range(first, len(keys))]
+        kv = self.io.read_pages(self.path_pages(node)[first:])
+        self.tiers.share(keys[first - 1] if first else self.root_key, first == 0, keys[first:], toks, kv)
+        return len(keys) - first
 
     def _before_evict(self, leaf: TreeNode) -> None:
         self._write_down(leaf)
@@ -151,7 +176,7 @@ class TieredRadixCache(RadixCache):
             return 0
         path, path_pages = self.path_tokens(node), self.path_pages(node)
         keys = page_keys(path, self.page_size, self.root_key, namespaces=self.path_namespaces(node))
-        first = self.tiers.match(keys, durable).total
+        first = self.tiers.match(keys, durable, shared=False).total
         if first >= len(keys):
             return 0
         ps = self.page_size

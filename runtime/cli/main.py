@@ -1,4 +1,4 @@
-"""``kvreuse`` command line: generate, chat, serve, bench, template-check, cache, top.
+"""``kvreuse`` command line: generate, chat, serve, cluster, bench, template-check, cache, top.
 
 Every failure a user can cause ends in one line on stderr and exit code 2, never a traceback.
 """
@@ -125,6 +125,7 @@ BUILT_IN = {
     "template-check": "check that a chat template renders history append-only",
     "cache": "the disk KV tier offline: `kvreuse cache save|load|inspect|clear --kv-store DIR`",
     "top": "a live terminal view of a running server: `kvreuse top --url http://127.0.0.1:8000`",
+    "cluster": "N replicas behind the SMG gateway sharing a Valkey KV tier: `kvreuse cluster --replicas 3 -- ARGS`",
 }
 PLUGIN_GROUP = "kvreuse.commands"
 
@@ -150,6 +151,10 @@ def _delegate(command: str, rest: list[str]) -> int | None:
         from runtime.cli.cache import main as cache_main
 
         return cache_main(rest)
+    if command == "cluster":
+        from runtime.cli.cluster import main as cluster_main
+
+        return cluster_main(rest)
     if command == "top":
         from runtime.cli.top import main as top_main
 

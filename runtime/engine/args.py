@@ -129,6 +129,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--kv-write-through", action="store_true", help="write cached pages down at once, not on eviction"
     )
+    t.add_argument(
+        "--kv-shared-store",
+        default=None,
+        metavar="URL",
+        help="shared tier: a Valkey/Redis server (valkey://127.0.0.1:6379) that replicas write their pages "
+        "through to and read each other's from; its budget is the server's maxmemory (default: none)",
+    )
     g.add_argument(
         "--snapshot-memory",
         default=None,
@@ -173,6 +180,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kv_store_size=args.kv_store_size,
         kv_host_memory=args.kv_host_memory,
         kv_write_through=args.kv_write_through,
+        kv_shared_store=args.kv_shared_store,
         snapshot_memory=args.snapshot_memory,
         snapshot_every=args.snapshot_every,
         speculative=args.speculative,

@@ -49,6 +49,8 @@ class EngineConfig:
     kv_host_memory: int | str | None = None  # host-memory tier budget (pinned on GPU); None: no host tier
     kv_write_through: bool = False  # write every cached page down at once, not only when evicted
     kv_store_sync_s: float = 60.0  # how often pool-only pages are written to the disk tier
+    # the shared tier: a Valkey/Redis server (valkey://host:port) every replica writes its pages through to
+    kv_shared_store: str | None = None
 
     # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/cache/hybrid_states.py)
     snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
@@ -58,6 +60,11 @@ class EngineConfig:
     # every layer keeps pool pages for every token
     window_paging: bool = True
 
+    @property
+    def tiered(self) -> bool:
+        """Whether any tier sits below the pool (host memory, disk, a shared store)."""
+        return bool(self.kv_store or self.kv_host_memory or self.kv_shared_store)
+
     def __post_init__(self) -> None:
         from runtime.runner.kv_pool import parse_memory  # here, so the CLI reads these defaults without torch
 
@@ -65,9 +72,14 @@ class EngineConfig:
         self.snapshot_memory = parse_memory(self.snapshot_memory)
         self.kv_store_size = parse_memory(self.kv_store_size)
         self.kv_host_memory = parse_memory(self.kv_host_memory)
-        if (self.kv_store or self.kv_host_memory) and not cache_kind(self.prefix_cache).keeps_prefixes:
+        if self.tiered and not cache_kind(self.prefix_cache).keeps_prefixes:
             raise ValueError(
-                f"--kv-store / --kv-host-memory need a prefix cache (not --prefix-cache {self.prefix_cache})"
+                "--kv-store / --kv-host-memory / --kv-shared-store need a prefix cache "
+                f"(not --prefix-cache {self.prefix_cache})"
+            )
+        if self.kv_shared_store and not self.kv_shared_store.startswith(("valkey://", "redis://", "unix://")):
+            raise ValueError(
+                f"--kv-shared-store must be a valkey://, redis:// or unix:// URL, got {self.kv_shared_store!r}"
             )
         if self.snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
@@ -87,8 +99,10 @@ class EngineConfig:
             raise ValueError(f"pinned_fraction must be in [0, 1], got {self.pinned_fraction}")
         if self.tensor_parallel_size > 1 and self.quantize != "none":
             raise ValueError("--quantize does not work with --tensor-parallel-size > 1 yet")
-        if self.tensor_parallel_size > 1 and (self.kv_store or self.kv_host_memory):
-            raise ValueError("--kv-store / --kv-host-memory do not work with --tensor-parallel-size > 1 yet")
+        if self.tensor_parallel_size > 1 and self.tiered:
+            raise ValueError(
+                "--kv-store / --kv-host-memory / --kv-shared-store do not work with --tensor-parallel-size > 1 yet"
+            )
         if self.speculative not in SPECULATIVE_MODES:
             raise ValueError(
                 f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.speculative!r}"

@@ -91,9 +91,9 @@ class Engine:
                 "--speculative does not work with hybrid models yet: a rejected draft would need the "
                 "linear-attention state rolled back"
             )
-        if (cfg.kv_store or cfg.kv_host_memory) and self.runner.state_pool is not None:
+        if cfg.tiered and self.runner.state_pool is not None:
             raise EngineError(
-                "--kv-store / --kv-host-memory do not keep hybrid or sliding-window models' snapshots yet "
+                "--kv-store / --kv-host-memory / --kv-shared-store do not keep hybrid or sliding-window models' snapshots yet "
                 "(--no-window-paging keeps a window model's KV in pages the tiers can hold)"
             )
         self.runner.choose_decode(self.max_model_len)
@@ -101,6 +101,7 @@ class Engine:
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
             settings={"quantize": cfg.quantize, "tensor_parallel_size": cfg.tensor_parallel_size},
+            shared_url=cfg.kv_shared_store,
         )  # fmt: skip
         states, state_budget = hybrid_states(self.runner, cfg)
         self.cache = CacheManager(
@@ -293,6 +294,13 @@ class Engine:
         """Thread-safe: run ``fn()`` on the engine's thread before the next step (e.g. a cache reset)."""
         self._inbox.put(("call", fn))
 
+    def load(self) -> tuple[int, int, int, int]:
+        """(running, waiting, used pages, total pages), read from any thread without waiting for a
+        step (a router polls it; a figure a step old is good enough, a stalled poll is not)."""
+        waiting = len(self.scheduler.waiting) + self._inbox.qsize()
+        total = self.cache.allocator.num_pages
+        return len(self.scheduler.running), waiting, total - self.cache.allocator.num_free, total
+
     def stats(self) -> EngineStats:
         t = self._totals
         return engine_stats(self.cache, self.scheduler, t["requests"], t["prompt"], t["snapshot_cut"])
@@ -371,10 +379,11 @@ class Engine:
         self.runner.close()
 
     def store_error(self) -> str | None:
-        """Why the disk tier takes no more writes (pool-only from then on), or None; thread-safe, so
-        ``/health`` reads it without waiting for the engine thread."""
+        """Why a lower tier runs degraded (the disk tier read-only, the shared store unreachable: the
+        pool serves alone), or None; thread-safe, so ``/health`` reads it without waiting for the
+        engine thread."""
         tiers = self.cache.tiers
-        return tiers.disk_error if tiers is not None else None
+        return tiers.error if tiers is not None else None
 
     def tier_stats(self):
         """Lower-tier counters (``runtime.cache.store.tiers.TierStats``), or None without tiers."""

@@ -40,6 +40,7 @@ class RequestOutput(NamedTuple):
     error: str | None = None
     cached_host_tokens: int = 0  # of cached_tokens, loaded from the host tier
     cached_disk_tokens: int = 0  # of cached_tokens, loaded from the disk tier
+    cached_shared_tokens: int = 0  # of cached_tokens, loaded from the shared tier
     tier_load_s: float = (
         0.0  # time the engine spent loading them into the pool (background read-ahead excluded)
     )
@@ -90,6 +91,7 @@ def make_output(
         error=error,
         cached_host_tokens=req.cached_host_tokens,
         cached_disk_tokens=req.cached_disk_tokens,
+        cached_shared_tokens=req.cached_shared_tokens,
         tier_load_s=req.tier_load_s,
         snapshot_cut=req.snapshot_cut,
         drafted_tokens=req.drafted_tokens,

@@ -28,6 +28,7 @@ class EngineStats(NamedTuple):
     page_size: int
     host_loaded_tokens: int = 0  # cached tokens loaded back from the host tier
     disk_loaded_tokens: int = 0  # cached tokens loaded back from the disk tier
+    shared_loaded_tokens: int = 0  # cached tokens loaded from the shared tier (pages any replica wrote)
     tier_load_s: float = 0.0  # time spent loading them (the engine thread's part)
     tier_read_ahead_s: float = 0.0  # background disk reads of them, overlapping other requests' compute
     host_tier_pages: int = 0
@@ -35,6 +36,9 @@ class EngineStats(NamedTuple):
     disk_tier_bytes: int = 0
     store_write_failures: int = 0  # disk-tier writes that failed (the first one makes it read-only)
     store_error: str | None = None  # why the disk tier takes no more writes (pool-only), or None
+    shared_written_pages: int = 0  # pages this replica wrote to the shared tier
+    shared_failures: int = 0  # shared-store calls that failed
+    shared_error: str | None = None  # why the shared tier is not used now (store unreachable), or None
     snapshots: int = 0  # hybrids: linear-attention state snapshots held now, their bytes, and
     snapshot_bytes: int = 0  # KV-matched tokens of finished requests recomputed for want of a snapshot
     snapshot_cut_tokens: int = 0
@@ -67,6 +71,8 @@ def _tier_fields(cache: CacheManager) -> dict:
         host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
         tier_load_s=ts.load_seconds, tier_read_ahead_s=ts.read_ahead_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
         disk_tier_bytes=ts.disk_bytes, store_write_failures=ts.write_failures, store_error=ts.disk_error,
+        shared_loaded_tokens=ts.loaded_shared_pages * ps, shared_written_pages=ts.shared_written_pages,
+        shared_failures=ts.shared_failures, shared_error=ts.shared_error,
     )  # fmt: skip
 
 

@@ -76,7 +76,7 @@ def request_record(seq: int, run: FinishedRun, outs: list[RequestOutput], now: f
         "session": run.session,
         "prompt_tokens": prompt,
         "cached_tokens": cached,
-        "cached_by_tier": {k: sum(t[k] for t in tiers) for k in ("pool", "host", "disk")},
+        "cached_by_tier": {k: sum(t[k] for t in tiers) for k in ("pool", "host", "disk", "shared")},
         "prefilled_tokens": prompt - cached,
         "generated_tokens": sum(len(o.output_token_ids) for o in outs),
         "ttft_s": min(ttfts) if ttfts else None,

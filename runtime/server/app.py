@@ -19,6 +19,7 @@ from runtime.server.body import load_json
 from runtime.server.core.generate import generate, parse_body
 from runtime.server.errors import APIError, bad_request, install_error_handlers
 from runtime.server.guard import RequestGuard
+from runtime.server.loads import worker_load
 from runtime.server.openai import chat, completions
 from runtime.server.openai import errors as openai_errors
 from runtime.server.openai import models as openai_models
@@ -110,6 +111,10 @@ def create_app(
     @app.get("/health")
     async def health() -> Response:
         return JSONResponse(*state.health())  # never waits for the engine or the prep pool
+
+    @app.get("/v1/loads")
+    async def loads() -> dict[str, Any]:
+        return worker_load(state.engine)  # never waits for the engine: a router polls it
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

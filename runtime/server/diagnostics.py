@@ -37,10 +37,11 @@ CAUSES = (
 
 
 def cached_by_tier(out: RequestOutput) -> dict[str, Any]:
-    """Where a request's cached tokens came from: the pool, or loaded back from the host / disk tier
-    (``load_ms``: the engine's time copying them in); pool + host + disk == ``cached_tokens``."""
-    host, disk = out.cached_host_tokens, out.cached_disk_tokens
-    return {"pool": out.cached_tokens - host - disk, "host": host, "disk": disk,
+    """Where a request's cached tokens came from: the pool, or loaded back from the host / disk /
+    shared tier (``load_ms``: the engine's time copying them in); pool + host + disk + shared ==
+    ``cached_tokens``."""
+    host, disk, shared = out.cached_host_tokens, out.cached_disk_tokens, out.cached_shared_tokens
+    return {"pool": out.cached_tokens - host - disk - shared, "host": host, "disk": disk, "shared": shared,
             "load_ms": round(out.tier_load_s * 1e3, 3)}  # fmt: skip
 
 

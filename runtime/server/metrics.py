@@ -52,8 +52,14 @@ def _tier_families(s: EngineStats) -> Iterator:
         "kvreuse_cached_tokens_by_tier", "Prompt tokens served from the cache, by the tier they were in",
         labels=["tier"],
     )  # fmt: skip
-    pool = s.cached_tokens - s.host_loaded_tokens - s.disk_loaded_tokens
-    for tier, value in (("pool", pool), ("host", s.host_loaded_tokens), ("disk", s.disk_loaded_tokens)):
+    shared = s.shared_loaded_tokens
+    pool = s.cached_tokens - s.host_loaded_tokens - s.disk_loaded_tokens - shared
+    for tier, value in (
+        ("pool", pool),
+        ("host", s.host_loaded_tokens),
+        ("disk", s.disk_loaded_tokens),
+        ("shared", shared),
+    ):
         by_tier.add_metric([tier], value)
     yield by_tier
     yield CounterMetricFamily(
@@ -77,6 +83,18 @@ def _tier_families(s: EngineStats) -> Iterator:
     yield GaugeMetricFamily(
         "kvreuse_kv_store_degraded", "1 when the disk tier takes no more writes (the server runs pool-only)",
         value=int(s.store_error is not None),
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "kvreuse_kv_shared_written_pages", "KV pages this replica wrote to the shared tier",
+        value=s.shared_written_pages,
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "kvreuse_kv_shared_failures", "Shared-store calls that failed (each turns the tier off for a while)",
+        value=s.shared_failures,
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "kvreuse_kv_shared_degraded", "1 while the shared KV store is unreachable (the replica runs on its pool)",
+        value=int(s.shared_error is not None),
     )  # fmt: skip
 
 

@@ -164,7 +164,7 @@ class ServerState:
         body: dict[str, Any] = {"status": "draining" if self.draining else "ok", "in_flight": self.in_flight}
         store = self.engine.store_error()
         if store is not None:
-            body["kv_store"] = f"read-only, serving from the pool: {store}"
+            body["kv_store"] = f"serving from the pool: {store}"
             body["status"] = "degraded" if not self.draining else body["status"]
         return body, 200
 

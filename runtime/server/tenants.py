@@ -31,7 +31,7 @@ from runtime.server.errors import APIError
 OPEN_PATHS = frozenset({"/health"})
 OPERATOR = "@operator"  # the tenant name of operator keys
 OPERATOR_PATHS = frozenset(
-    {"/metrics", "/debug/kv", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    {"/metrics", "/v1/loads", "/debug/kv", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 )
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from runtime.cache.store.disk import DiskStore
 from runtime.cache.store.fingerprint import fingerprint
 from runtime.cache.store.host import HostStore
+from runtime.cache.store.shared import SharedStore
+from runtime.cache.store.shared_tier import SharedTier
 from runtime.cache.store.tiers import LowerTiers
 
 
@@ -20,16 +22,18 @@ def open_tiers(
     pin: bool,
     memo_dir: Path | None = None,
     settings: dict | None = None,
+    shared_url: str | None = None,
 ) -> LowerTiers | None:
-    """The configured tiers, or None when neither a store nor a host budget is set.  ``settings``:
-    the engine options that change the K/V (they go into the store's fingerprint).
+    """The configured tiers, or None when no store, host budget or shared store is set.  ``settings``:
+    the engine options that change the K/V (they go into the stores' fingerprint).  A shared store
+    that cannot be reached now is not an error: the tier starts degraded and retries.
 
     Raises :class:`runtime.cache.store.disk.StoreError` for a store of another model or in use.
     """
-    if not store_dir and not host_bytes:
+    if not store_dir and not host_bytes and not shared_url:
         return None
-    disk = None
-    if store_dir:
-        disk = DiskStore(store_dir, fingerprint(model_dir, dtype, page_size, memo_dir, settings), store_bytes)
+    fp = fingerprint(model_dir, dtype, page_size, memo_dir, settings)
+    disk = DiskStore(store_dir, fp, store_bytes) if store_dir else None
     host = HostStore(host_bytes, pin=pin) if host_bytes else None
-    return LowerTiers(host, disk)
+    shared = SharedTier(SharedStore(shared_url, fp)) if shared_url else None
+    return LowerTiers(host, disk, shared=shared)

@@ -17,7 +17,6 @@ never waits for a write that will not come.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -29,19 +28,28 @@ import torch
 
 from runtime.cache.store.disk import DiskStore
 from runtime.cache.store.host import HostStore
+from runtime.cache.store.shared_tier import SharedTier
+from runtime.cache.store.writer import PageWriter
 
 log = logging.getLogger("kvreuse.store")
 
 
 class TierMatch(NamedTuple):
-    """Leading pages of a key chain found in each lower tier (host ones come first)."""
+    """Leading pages of a key chain found in each lower tier (host ones first, then disk, then shared)."""
 
     host: int
     disk: int
+    shared: int = 0
 
     @property
     def total(self) -> int:
-        return self.host + self.disk
+        return self.host + self.disk + self.shared
+
+    def first(self, n: int) -> TierMatch:
+        """The same match cut to its first ``n`` pages."""
+        host = min(self.host, n)
+        disk = min(self.disk, n - host)
+        return TierMatch(host, disk, min(self.shared, n - host - disk))
 
 
 class TierStats(NamedTuple):
@@ -57,36 +65,46 @@ class TierStats(NamedTuple):
     read_ahead_seconds: float = 0.0  # background disk reads (overlapping other requests' compute)
     write_failures: int = 0  # disk writes that failed (the first one makes the disk tier read-only)
     disk_error: str | None = None  # why the disk tier takes no more writes, or None
+    loaded_shared_pages: int = 0
+    shared_written_pages: int = 0  # pages this replica stored in the shared tier
+    shared_failures: int = 0  # shared-store calls that failed (each turns the tier off for a while)
+    shared_error: str | None = None  # why the shared tier is not used now, or None
 
 
 class LowerTiers:
-    """Host tier (optional) over disk tier (optional); see the module docstring."""
+    """Host tier (optional) over disk tier (optional) over a shared tier (optional); see the module
+    docstring and :mod:`runtime.cache.store.shared_tier`."""
 
     def __init__(
-        self, host: HostStore | None, disk: DiskStore | None, staging_bytes: int = 512 << 20
+        self,
+        host: HostStore | None,
+        disk: DiskStore | None,
+        staging_bytes: int = 512 << 20,
+        shared: SharedTier | None = None,
     ) -> None:
         self.host = host
         self.disk = disk
-        self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
+        self.shared = shared
         self._staged: OrderedDict[bytes, torch.Tensor] = OrderedDict()  # read ahead from disk
         self._staged_bytes = 0
         self.staging_bytes = staging_bytes
         self._reader = ThreadPoolExecutor(1, "kvreuse-kv-prefetch") if disk is not None else None
         self._mu = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
         self._counts = {"host": 0, "disk": 0, "written": 0, "failed": 0}
         self.disk_error: str | None = None  # set once by the writer thread; read by anyone
         self._load_s = self._read_ahead_s = 0.0
-        self._writer = None
+        self._writer: PageWriter | None = None
+        self._pending: dict[bytes, torch.Tensor] = {}  # queued for disk, not yet indexed there
         if disk is not None:
             if host is not None:
                 host.on_evict = self._enqueue
-            self._writer = threading.Thread(target=self._write_loop, name="kvreuse-kv-writer", daemon=True)
-            self._writer.start()
+            self._writer = PageWriter("kvreuse-kv-writer", self._write_disk, self._disk_failed, self._mu)
+            self._pending = self._writer.pending  # the same dict, under the same lock as the staged pages
 
     # -- reads -------------------------------------------------------------------------
-    def match(self, keys: Sequence[bytes], durable: bool = False) -> TierMatch:
-        """Leading ``keys`` held below the pool; ``durable``: on disk (or queued for it) only."""
+    def match(self, keys: Sequence[bytes], durable: bool = False, shared: bool = True) -> TierMatch:
+        """Leading ``keys`` held below the pool; ``durable``: on disk (or queued for it) only;
+        ``shared``: the shared tier continues the chain past host and disk."""
         n_host = self.host.match(keys) if self.host is not None and not durable else 0
         rest = keys[n_host:]
         n = 0
@@ -99,15 +117,19 @@ class LowerTiers:
                 n += self.disk.match(rest[n:])
             if n == start:
                 break
-        return TierMatch(n_host, n)
+        n_shared = 0
+        if shared and not durable and self.shared is not None and n_host + n < len(keys):
+            n_shared = self.shared.match(keys[n_host + n :])
+        return TierMatch(n_host, n, n_shared)
 
     def load(self, keys: Sequence[bytes], m: TierMatch) -> torch.Tensor | None:
-        """K/V of ``keys`` (matched as ``m``) stacked ``[n, ...]``; None if a disk group failed its check."""
+        """K/V of ``keys`` (matched as ``m``) stacked ``[n, ...]``; None if a disk group failed its check.
+        Fewer than ``m.total`` rows when the shared tier's part came back short (``SharedTier.load``)."""
         t0 = time.perf_counter()
         parts = []
         if m.host:
             parts.append(self.host.get(keys[: m.host]))
-        disk_keys = list(keys[m.host : m.total])
+        disk_keys = list(keys[m.host : m.host + m.disk])
         i = 0
         while i < len(disk_keys):
             with self._mu:
@@ -138,6 +160,12 @@ class LowerTiers:
                 return None
             parts.append(got)
             i = j
+        if m.shared:  # the shared part may come back short: the caller keeps what did
+            got = self.shared.load(keys[m.host + m.disk : m.total])
+            if got:
+                parts.append(torch.stack(got))
+            elif not parts:
+                return None
         self._counts["host"] += m.host
         self._counts["disk"] += len(disk_keys)
         self._load_s += time.perf_counter() - t0
@@ -147,7 +175,7 @@ class LowerTiers:
         """Start reading the disk-only part of ``keys`` (leading pages below the pool) ahead of use."""
         if self._reader is None:
             return None
-        m = self.match(keys)
+        m = self.match(keys, shared=False)
         with self._mu:
             todo = [k for k in keys[m.host : m.total] if k not in self._pending and k not in self._staged]
         if not todo:
@@ -199,40 +227,26 @@ class LowerTiers:
     def _enqueue(self, parent, parent_is_root, keys, tokens, kv) -> None:
         if self.disk_error is not None:  # read-only now: the pages are dropped, as without a store
             return
-        with self._mu:
-            for k, t in zip(keys, kv):
-                self._pending[k] = t
-        self._queue.put((parent, parent_is_root, list(keys), list(tokens), kv))
+        self._writer.put(parent, parent_is_root, keys, tokens, kv)
 
-    def _write_loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                self._queue.task_done()
-                return
-            parent, is_root, keys, tokens, kv = job
-            try:
-                if self.disk_error is None:
-                    self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
-            except Exception as e:  # never let one write kill the writer: flush() would wait forever
-                self._counts["failed"] += 1
-                if self.disk_error is None:
-                    self.disk_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                    log.warning(
-                        "KV store write failed, the disk tier is read-only from now on: %s", self.disk_error
-                    )
-            finally:
-                with self._mu:
-                    for k in keys:
-                        self._pending.pop(k, None)
-                self._queue.task_done()
+    def _write_disk(self, parent, is_root, keys, tokens, kv) -> None:
+        if self.disk_error is None:
+            self._counts["written"] += self.disk.put(parent, is_root, keys, tokens, kv)
+
+    def _disk_failed(self, e: Exception) -> None:
+        self._counts["failed"] += 1
+        if self.disk_error is None:
+            self.disk_error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            log.warning("KV store write failed, the disk tier is read-only from now on: %s", self.disk_error)
 
     def flush(self, drain_host: bool = False) -> None:
         """Wait until every queued write is on disk (and, with ``drain_host``, the host tier too)."""
         if drain_host and self.host is not None and self.disk is not None:
             self.host.drain()
         if self._writer is not None:
-            self._queue.join()
+            self._writer.flush()
+        if self.shared is not None:
+            self.shared.flush()
 
     def clear(self) -> None:
         """Drop every page of every lower tier (after the queued writes land, so none arrives later)."""
@@ -244,6 +258,8 @@ class LowerTiers:
             self.host.clear()
         if self.disk is not None:
             self.disk.clear()
+        if self.shared is not None:
+            self.shared.clear()
 
     def close(self) -> None:
         if self._reader is not None:
@@ -251,11 +267,26 @@ class LowerTiers:
             self._reader = None
         self.flush(drain_host=True)
         if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join()
-            self._writer = None
+            self._writer.close()
         if self.disk is not None:
             self.disk.close()
+        if self.shared is not None:
+            self.shared.close()
+
+    @property
+    def error(self) -> str | None:
+        """Why a tier runs degraded (the disk tier read-only, the shared store unreachable), or None."""
+        if self.disk_error is not None:
+            return f"disk tier read-only: {self.disk_error}"
+        if self.shared is not None and self.shared.error is not None:
+            return f"shared KV store unreachable: {self.shared.error}"
+        return None
+
+    def share(
+        self, parent: bytes, parent_is_root: bool, keys: list[bytes], tokens: list, kv: torch.Tensor
+    ) -> None:
+        """Write pages through to the shared tier (in the background)."""
+        self.shared.write(parent, parent_is_root, keys, tokens, kv)
 
     def check(self) -> None:
         """Every tier's invariants (see ``HostStore.check`` and ``DiskStore.check``)."""
@@ -286,7 +317,17 @@ class LowerTiers:
             read_ahead_seconds=self._read_ahead_s,
             write_failures=self._counts["failed"],
             disk_error=self.disk_error,
+            **self._shared_stats(),
         )
+
+    def _shared_stats(self) -> dict:
+        if self.shared is None:
+            return {}
+        c = self.shared.counts
+        return dict(
+            loaded_shared_pages=c["loaded"], shared_written_pages=c["written"],
+            shared_failures=c["failed"], shared_error=self.shared.error,
+        )  # fmt: skip
 
 
 def _rows(pages: list[torch.Tensor]) -> torch.Tensor:

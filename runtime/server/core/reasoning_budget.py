@@ -82,5 +82,6 @@ async def budgeted_stream(
             output_token_ids=list(last.output_token_ids) + close_ids + list(out.output_token_ids),
             text=last.text + close + out.text, logprobs=[],
             cached_host_tokens=last.cached_host_tokens, cached_disk_tokens=last.cached_disk_tokens,
+            cached_shared_tokens=last.cached_shared_tokens,
             snapshot_cut=last.snapshot_cut,
         )  # fmt: skip

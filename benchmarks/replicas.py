@@ -1,0 +1,350 @@
+"""Replicas behind the SMG gateway sharing a Valkey KV tier: routing, failover, store throughput.
+
+Run from the repository root: ``python -m benchmarks.replicas [--quick] [--out PATH] [--threads N]``
+(``--threads``: torch threads of each replica process, default 1).
+
+One ``kvreuse cluster`` of 3 replicas of the embedded model (fp32, CPU) and a Valkey server; gateways
+(``smg launch``) with different policies in front of the same replicas; every phase starts from
+reset caches (``/v1/cache/reset`` on each replica, which also empties the shared store).
+
+* **routing**: ``--sessions`` concurrent agent sessions of ``--turns`` turns (one system prompt they
+  all share, then each its own user/assistant turns, append-only; one token generated: TTFT is what is
+  measured), streamed through the gateway: a single replica (no gateway), then 2 and 3 replicas with
+  SMG's ``cache_aware`` (its approximate text tree per replica) and ``round_robin`` policies, and at 3
+  replicas ``consistent_hashing`` on a session key (``X-SMG-Routing-Key``: exact session affinity).  Token hit rate (cached / prompt tokens), split
+  into the replica's own pool and the shared tier; TTFT median / p90; requests per replica.
+* **failover**: 3 replicas, cache-aware; turns 1-4 of every session (turn 4 sent one session at a
+  time, to see which replica holds each), the replica holding the most sessions SIGKILLed, turns 5-8.
+  For the moved sessions' turn 5: cached tokens by tier against the previous prompt, TTFT against a
+  cold recompute of the same-length prompt (its first character changed); errors over all turns.
+* **store**: pages/s and GB/s writing and reading the embedded model's pages (16 tokens, fp32) to the
+  Valkey server on loopback, and to the disk tier (``DiskStore``) in the same run.
+
+Goals (issue 36): cache-aware >= 3x round-robin's pool hit rate at 3 replicas; a moved session reads
+>= 90% of its previous prompt from the shared tier; no lost or 5xx request but those in flight on the
+killed replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from benchmarks.common import base_parser, median, model_dir, percentile, progress, write_results
+from benchmarks.ttft_multiturn import _text
+
+MODEL = "smol"
+
+
+def sessions(tokenizer, n: int, turns: int, system_tokens: int, turn_tokens: int) -> list[list[list[dict]]]:
+    """Each session's request messages per turn: one shared system prompt, then the session's own
+    user / assistant turns (scripted, so every policy sees the same prompts)."""
+    system = {"role": "system", "content": _text(random.Random(0), tokenizer, system_tokens)}
+    out = []
+    for s in range(n):
+        rng = random.Random(1000 + s)
+        messages = [system]
+        per_turn = []
+        for t in range(turns):
+            if t:
+                messages.append({"role": "assistant", "content": _text(rng, tokenizer, turn_tokens // 2)})
+            messages.append(
+                {"role": "user", "content": f"Session {s}. " + _text(rng, tokenizer, turn_tokens // 2)}
+            )
+            per_turn.append([dict(m) for m in messages])
+        out.append(per_turn)
+    return out
+
+
+def stream(url: str, messages: list[dict], session: int | None = None) -> dict:
+    """One streamed chat request: TTFT, usage, the kvreuse cache figures; ``error`` if it failed.
+    ``session``: sent as SMG's ``X-SMG-Routing-Key`` (the consistent-hashing policy's session key)."""
+    headers = {} if session is None else {"X-SMG-Routing-Key": f"session-{session}"}
+    body = {"model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.perf_counter()
+    ttft, usage, ext = None, None, {}
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=600) as r:
+            if r.status_code != 200:
+                return {"error": f"HTTP {r.status_code}", "status": r.status_code}
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                choices = chunk.get("choices") or []
+                # the first token's chunk: the server sends a role-only chunk before any compute
+                if ttft is None and any(c["delta"].get("content") or c.get("finish_reason") for c in choices):
+                    ttft = time.perf_counter() - t0
+                usage = chunk.get("usage") or usage
+                ext = chunk.get("kvreuse") or ext
+    except httpx.HTTPError as e:
+        return {"error": type(e).__name__, "status": None}
+    if usage is None:
+        return {"error": "no usage chunk", "status": 200}
+    tiers = (ext.get("cache") or {}).get("cached_by_tier") or {}
+    return {"ttft_s": ttft, "prompt": usage["prompt_tokens"],
+            "cached": usage["prompt_tokens_details"]["cached_tokens"], "tiers": tiers}  # fmt: skip
+
+
+def run_turns(url: str, convs, turns: range, out: list[list[dict | None]], think_s: float = 0.5) -> None:
+    """Every session's ``turns`` through ``url``, sessions concurrently, each session's turns in order
+    after a seeded think time (up to ``think_s``: an agent's tool call; it also keeps the sessions
+    out of lockstep, which would let round-robin send a session to the same replica every time)."""
+
+    def one(s: int) -> None:
+        rng = random.Random(s * 1000 + turns.start)
+        for t in turns:
+            time.sleep(rng.uniform(0, think_s))
+            out[s][t] = stream(url, convs[s][t], s)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in range(len(convs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+def served(urls: list[str]) -> list[int]:
+    """Requests each replica has taken (its /metrics); -1 for one that does not answer."""
+    out = []
+    for u in urls:
+        try:
+            text = httpx.get(u + "/metrics", timeout=10).text
+            out.append(
+                int(
+                    float(
+                        next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total")).split()[
+                            -1
+                        ]
+                    )
+                )
+            )
+        except (httpx.HTTPError, StopIteration):
+            out.append(-1)
+    return out
+
+
+def reset(urls: list[str]) -> None:
+    for u in urls:
+        httpx.post(u + "/v1/cache/reset", json={}, timeout=120).raise_for_status()
+
+
+def summary(records: list[dict], system_len: int = 0) -> dict:
+    """Hit rates over ``records``: all cached tokens, those from the replica's own pool (not the shared
+    tier), and ``session_hit_rate``: hits beyond the first ``system_len`` tokens (the system prompt
+    every session shares, page-rounded, which every replica's pool soon holds whatever the routing)
+    over the prompt tokens beyond it: what routing decides."""
+    ok = [r for r in records if r and "error" not in r]
+    prompt = sum(r["prompt"] for r in ok)
+    shared = sum(r["tiers"].get("shared", 0) for r in ok)
+    cached = sum(r["cached"] for r in ok)
+    own = sum(max(0, r["cached"] - system_len) for r in ok)
+    own_pool = sum(max(0, r["cached"] - r["tiers"].get("shared", 0) - system_len) for r in ok)
+    own_prompt = sum(max(0, r["prompt"] - system_len) for r in ok)
+    ttfts = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    return {"requests": len(records), "errors": len(records) - len(ok), "prompt_tokens": prompt,
+            "cached_tokens": cached, "shared_tokens": shared, "hit_rate": round(cached / prompt, 4) if prompt else 0,
+            "pool_hit_rate": round((cached - shared) / prompt, 4) if prompt else 0,
+            "session_hit_rate": round(own / own_prompt, 4) if own_prompt else 0,
+            "session_pool_hit_rate": round(own_pool / own_prompt, 4) if own_prompt else 0,
+            "ttft_median_s": round(median(ttfts), 4) if ttfts else None,
+            "ttft_p90_s": round(percentile(ttfts, 90), 4) if ttfts else None}  # fmt: skip
+
+
+def routing(cluster, convs, args) -> dict:
+    from runtime.cluster.services import start_gateway
+
+    out = {}
+    cases = [("single", 1, None), ("cache_aware_2", 2, "cache_aware"), ("round_robin_2", 2, "round_robin"),
+             ("cache_aware_3", 3, "cache_aware"), ("session_hash_3", 3, "consistent_hashing"),
+             ("round_robin_3", 3, "round_robin")]  # fmt: skip
+    for name, n, policy in cases:
+        urls = cluster.urls[:n]
+        reset(cluster.urls)
+        gw, url = (
+            (None, urls[0])
+            if policy is None
+            else start_gateway(cluster.workdir, urls, policy, extra=args.gateway_args)
+        )
+        try:
+            before = served(urls)
+            recs = [[None] * args.turns for _ in convs]
+            t0 = time.perf_counter()
+            run_turns(url, convs, range(args.turns), recs, args.think_s)
+            wall = time.perf_counter() - t0
+            after = served(urls)
+        finally:
+            if gw is not None:
+                gw.stop()
+        out[name] = {**summary([r for s in recs for r in s], args.system_len), "wall_s": round(wall, 1),
+                     "requests_per_replica": [a - b for a, b in zip(after, before)]}  # fmt: skip
+        progress(f"{name}: {out[name]}")
+    return out
+
+
+def failover(cluster, convs, args) -> dict:
+    from runtime.cluster.services import start_gateway
+
+    reset(cluster.urls)
+    gw, url = start_gateway(cluster.workdir, cluster.urls, "cache_aware", extra=args.gateway_args)
+    recs = [[None] * args.turns for _ in convs]
+    try:
+        run_turns(url, convs, range(3), recs, args.think_s)
+        owner = []
+        for s in range(len(convs)):  # turn 4 one session at a time: which replica holds each session
+            before = served(cluster.urls)
+            recs[s][3] = stream(url, convs[s][3], s)
+            owner.append(max(range(len(cluster.urls)), key=lambda i: served(cluster.urls)[i] - before[i]))
+        victim = max(range(len(cluster.urls)), key=owner.count)
+        cluster.kill_replica(victim)
+        progress(
+            f"killed replica {victim}, holding sessions {[s for s in range(len(convs)) if owner[s] == victim]}"
+        )
+        run_turns(url, convs, range(4, args.turns), recs, args.think_s)
+        moved = [s for s in range(len(convs)) if owner[s] == victim]
+        cold = []
+        for s in moved:  # the same prompt with its first characters changed: nothing of it is cached anywhere
+            cold.append(stream(url, _uncached(convs[s][4], s)))
+        probes = restart_probe(cluster, convs, victim, moved)
+    finally:
+        gw.stop()
+    turn5 = [recs[s][4] for s in moved]
+    ok5 = [r for r in turn5 if "error" not in r]
+    prev = [recs[s][3]["prompt"] for s, r in zip(moved, turn5) if "error" not in r]
+    return {
+        "victim": victim, "sessions_per_replica": [owner.count(i) for i in range(len(cluster.urls))],
+        "moved_sessions": moved, "all_turns": summary([r for s in recs for r in s]),
+        "errors": [(s, t, r["error"]) for s, row in enumerate(recs) for t, r in enumerate(row) if r and "error" in r],
+        "moved_turn5": {
+            "by_tier": [r["tiers"] for r in ok5], "prompt_tokens": [r["prompt"] for r in ok5],
+            "previous_prompt_tokens": prev,
+            "shared_share_of_previous_prompt": [round(r["tiers"].get("shared", 0) / p, 4) for r, p in zip(ok5, prev)],
+            "cached_share_of_previous_prompt": [round(r["cached"] / p, 4) for r, p in zip(ok5, prev)],
+            # under load: every session's turn 5 arrives at once on the two survivors; the cold figure is
+            # each prompt alone afterwards, so the two are not comparable (see "restarted_replica")
+            "ttft_median_s_under_load": round(median([r["ttft_s"] for r in ok5]), 4) if ok5 else None,
+            "cold_ttft_median_s_alone": round(median([c["ttft_s"] for c in cold if "error" not in c]), 4) if cold else None,
+            "cold_cached_tokens": [c.get("cached") for c in cold],
+        },
+        "moved_turns_6_8": summary([recs[s][t] for s in moved for t in range(5, args.turns)]),
+        "restarted_replica": probes,
+    }  # fmt: skip
+
+
+def _uncached(messages: list[dict], s: int | str) -> list[dict]:
+    """``messages`` with the first characters changed (a tag of its own): no prefix of it is cached."""
+    msgs = [dict(m) for m in messages]
+    msgs[0]["content"] = f"#{s}#" + msgs[0]["content"][len(f"#{s}#") :]
+    return msgs
+
+
+def restart_probe(cluster, convs, victim: int, moved: list[int]) -> dict:
+    """The killed replica restarted (empty pool); each moved session's last prompt sent to it alone,
+    read from the shared tier, then the same prompt made uncached (recomputed), one at a time: the
+    TTFT of a moved session's next turn with and without the shared tier, same replica, no load."""
+    cluster.restart_replica(victim)
+    url = cluster.urls[victim]
+    shared, cold = [], []
+    for s in moved:
+        shared.append(stream(url, convs[s][-1]))
+        cold.append(stream(url, _uncached(convs[s][-1], f"probe{s}")))
+    ok = [(a, b) for a, b in zip(shared, cold) if "error" not in a and "error" not in b]
+    return {"by_tier": [a["tiers"] for a, _ in ok], "prompt_tokens": [a["prompt"] for a, _ in ok],
+            "ttft_shared_s": [round(a["ttft_s"], 4) for a, _ in ok], "ttft_cold_s": [round(b["ttft_s"], 4) for _, b in ok],
+            "ttft_shared_median_s": round(median([a["ttft_s"] for a, _ in ok]), 4) if ok else None,
+            "ttft_cold_median_s": round(median([b["ttft_s"] for _, b in ok]), 4) if ok else None,
+            "cold_over_shared": round(median([b["ttft_s"] for _, b in ok]) / median([a["ttft_s"] for a, _ in ok]), 2) if ok else None}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = base_parser("replicas", __doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--turns", type=int, default=8)
+    p.add_argument("--system-tokens", type=int, default=600, help="the shared system prompt")
+    p.add_argument("--turn-tokens", type=int, default=120, help="tokens a turn adds (assistant + user)")
+    p.add_argument("--store-pages", type=int, default=512, help="pages written and read in the store test")
+    p.add_argument(
+        "--cache-threshold", type=float, default=0.5, help="SMG cache_aware: prefix match share to follow"
+    )
+    p.add_argument(
+        "--balance-abs", type=int, default=2, help="SMG cache_aware: in-flight gap that overrides affinity"
+    )
+    p.add_argument(
+        "--balance-rel", type=float, default=1.5, help="SMG cache_aware: ... with this in-flight ratio"
+    )
+    p.add_argument(
+        "--phases",
+        nargs="+",
+        choices=["routing", "failover", "store"],
+        default=["routing", "failover", "store"],
+    )
+    p.add_argument("--think-s", type=float, default=0.5, help="most seconds a session waits before a turn")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sessions, args.turns, args.system_tokens, args.turn_tokens, args.store_pages = 4, 6, 200, 60, 64
+    args.gateway_args = ["--cache-threshold", str(args.cache_threshold), "--balance-abs-threshold", str(args.balance_abs),
+                         "--balance-rel-threshold", str(args.balance_rel), "--health-check-interval-secs", "1",
+                         "--health-failure-threshold", "1"]  # fmt: skip
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    from benchmarks.store_throughput import compare
+    from runtime.cluster.cluster import Cluster
+    from runtime.loading.tokenizer import load_tokenizer
+
+    model = model_dir()
+    threads = args.threads or 1
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # each replica process: torch reads it at start
+    torch.set_num_threads(threads)  # this process's store test too
+    tok = load_tokenizer(model)
+    convs = sessions(tok, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
+    system = tok.apply_chat_template(convs[0][0][:1], tokenize=True, return_dict=True)["input_ids"]
+    args.system_len = len(system) // 16 * 16  # the shared system prompt, page-rounded
+    work = Path(tempfile.mkdtemp(prefix="kvreuse-replicas-"))
+    serve = ["--dtype", "float32", "--served-model-name", MODEL, "--no-ui", "--max-waiting", "256"]
+    results: dict = {"dtype": "float32", "threads_per_replica": threads, "replicas": 3,
+                     "workload": {k: getattr(args, k) for k in ("sessions", "turns", "system_tokens", "turn_tokens")},
+                     "gateway": "smg launch " + " ".join(args.gateway_args)}  # fmt: skip
+    with Cluster(3, serve, store_memory="4gb", workdir=work, port=None) as cluster:
+        if "routing" in args.phases:
+            results["routing"] = routing(cluster, convs, args)
+        if "failover" in args.phases:
+            results["failover"] = failover(cluster, convs, args)
+        if "store" in args.phases:
+            results["store"] = compare(cluster.store_url, work, model, args.store_pages)
+    if {"routing", "failover"} - set(args.phases):
+        return results
+    r = results["routing"]
+    f = results["failover"]["moved_turn5"]
+    results["goals"] = {
+        "cache_aware_over_round_robin_pool_hit_rate_3": round(r["cache_aware_3"]["pool_hit_rate"] / max(r["round_robin_3"]["pool_hit_rate"], 1e-9), 2),
+        "cache_aware_over_round_robin_session_pool_hit_rate_3": round(r["cache_aware_3"]["session_pool_hit_rate"] / max(r["round_robin_3"]["session_pool_hit_rate"], 1e-9), 2),
+        "session_hash_over_round_robin_session_pool_hit_rate_3": round(r["session_hash_3"]["session_pool_hit_rate"] / max(r["round_robin_3"]["session_pool_hit_rate"], 1e-9), 2),
+        "moved_session_min_shared_share": min(f["shared_share_of_previous_prompt"], default=None),
+        "moved_session_min_cached_share": min(f["cached_share_of_previous_prompt"], default=None),
+        "errors_outside_the_kill": len(results["failover"]["errors"]) + sum(v["errors"] for v in r.values()),
+    }  # fmt: skip
+    progress(f"goals: {results['goals']}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    write_results(args.out, "replicas", args, run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""``kvreuse cluster``: N replicas behind the SMG gateway, sharing one Valkey KV tier, on one host.
+
+::
+
+    kvreuse cluster --replicas 3 --port 8000 -- --model HuggingFaceTB/SmolLM2-135M-Instruct
+        valkey  127.0.0.1:P0   (--store-memory, LRU)         the shared tier every replica writes through to
+        replica 127.0.0.1:P1.. kvreuse serve <args after --> --kv-shared-store valkey://127.0.0.1:P0
+        gateway 127.0.0.1:8000 smg launch --worker-urls ... --policy cache_aware
+
+Clients talk to the gateway (OpenAI API); it routes each request to the replica whose cache most
+likely holds its prefix (SMG's approximate radix tree per worker, balanced by the load each replica
+reports at ``/v1/loads``).  A replica that exits is started again on its port; meanwhile the gateway
+sends its sessions elsewhere and they read their prefixes from the shared tier.  Ctrl-C / SIGTERM
+stops everything.  Across hosts the same parts run one per host: see docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from runtime.cluster.cluster import Cluster
+from runtime.cluster.services import ServiceError
+
+POLICIES = [
+    "cache_aware",
+    "round_robin",
+    "power_of_two",
+    "least_load",
+    "prefix_hash",
+    "consistent_hashing",
+    "random",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvreuse cluster",
+        description="N kvreuse replicas behind the SMG gateway, sharing a Valkey KV tier; arguments after "
+        "'--' go to every replica's `kvreuse serve`.",
+    )
+    p.add_argument("--replicas", type=int, default=2, help="replicas to start (default 2)")
+    p.add_argument("--port", type=int, default=8000, help="the gateway's port on 127.0.0.1 (default 8000)")
+    p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="the gateway's routing policy")
+    p.add_argument(
+        "--shared-store",
+        default="start",
+        help="'start' (default): a Valkey server on a free port; a valkey:// URL: that server; 'none': no shared tier",
+    )
+    p.add_argument(
+        "--store-memory", default="4gb", help="the started Valkey server's maxmemory (LRU beyond it)"
+    )
+    p.add_argument(
+        "--workdir", type=Path, default=None, help="logs of every process (default: a temp directory)"
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    ours, serve_args = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    args = build_parser().parse_args(ours)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster = Cluster(args.replicas, serve_args, args.policy, args.shared_store, args.store_memory,
+                      args.port, args.workdir)  # fmt: skip
+    try:
+        with cluster:
+            print(f"kvreuse cluster: gateway {cluster.url} ({args.policy}) over {cluster.n} replicas: "
+                  f"{' '.join(cluster.urls)}; shared KV store {cluster.store_url or 'none'}; logs in {cluster.workdir}",
+                  flush=True)  # fmt: skip
+            while not stop.wait(1.0):
+                for i, svc in enumerate(cluster.replicas):
+                    if not svc.alive:
+                        print(
+                            f"kvreuse cluster: replica {i} exited ({svc.proc.returncode}); restarting",
+                            flush=True,
+                        )
+                        cluster.restart_replica(i)
+    except (ServiceError, ValueError) as e:
+        print(f"kvreuse cluster: error: {e}", file=sys.stderr)
+        return 2
+    return 0

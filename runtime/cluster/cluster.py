@@ -1,0 +1,91 @@
+"""A cluster on one host as an object: a Valkey server, N replicas, the SMG gateway (``Cluster``).
+
+Used by ``kvreuse cluster`` (``runtime/cli/cluster.py``), the gateway test and the replicas benchmark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.cluster.services import (
+    Service,
+    launch_replica,
+    register_worker,
+    scratch_dir,
+    start_gateway,
+    start_valkey,
+    wait_replica,
+)
+
+
+class Cluster:
+    """The processes of one cluster; ``with Cluster(...) as c`` starts and stops them."""
+
+    def __init__(
+        self,
+        replicas: int,
+        serve_args: list[str],
+        policy: str = "cache_aware",
+        shared_store: str = "start",
+        store_memory: str = "4gb",
+        port: int | None = None,
+        workdir: Path | None = None,
+        gateway_args: list[str] | None = None,
+    ) -> None:
+        if replicas < 1:
+            raise ValueError(f"--replicas must be >= 1, got {replicas}")
+        self.n, self.serve_args, self.policy, self.port = replicas, list(serve_args), policy, port
+        self.shared_store, self.store_memory, self.gateway_args = shared_store, store_memory, gateway_args
+        self.workdir = workdir or scratch_dir()
+        self.store: Service | None = None
+        self.store_url: str | None = None
+        self.replicas: list[Service] = []
+        self.urls: list[str] = []
+        self.gateway: Service | None = None
+        self.url = ""
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.shared_store == "start":
+            self.store, self.store_url = start_valkey(self.workdir, self.store_memory)
+        elif self.shared_store != "none":
+            self.store_url = self.shared_store
+        for i in range(self.n):
+            svc, url = launch_replica(self.workdir, i, self._replica_args())
+            self.replicas.append(svc)
+            self.urls.append(url)
+        for svc, url in zip(self.replicas, self.urls):
+            wait_replica(svc, url)
+        self.gateway, self.url = start_gateway(
+            self.workdir, self.urls, self.policy, self.port, self.gateway_args
+        )
+
+    def _replica_args(self) -> list[str]:
+        return self.serve_args + (["--kv-shared-store", self.store_url] if self.store_url else [])
+
+    def kill_replica(self, i: int) -> None:
+        """SIGKILL replica ``i`` (a crash: nothing flushed, in-flight requests cut)."""
+        self.replicas[i].kill()
+
+    def restart_replica(self, i: int) -> None:
+        """Start replica ``i`` again on its port (the gateway's health checks take it back)."""
+        port = int(self.urls[i].rsplit(":", 1)[1])
+        self.replicas[i], _ = launch_replica(self.workdir, i, self._replica_args(), port)
+        wait_replica(self.replicas[i], self.urls[i])
+        if self.gateway is not None:
+            register_worker(self.url, self.urls[i])
+
+    def stop(self) -> None:
+        for svc in [self.gateway, *self.replicas, self.store]:
+            if svc is not None:
+                svc.stop()

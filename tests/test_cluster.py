@@ -1,0 +1,113 @@
+"""Replicas behind the SMG gateway with a shared Valkey tier: real processes, the ``openai`` client.
+
+``Cluster`` starts a Valkey server, two ``kvreuse serve`` replicas of a tiny model and ``smg launch``
+(cache-aware policy) in front; the test talks only to the gateway.  A session's second turn finds its
+prefix cached; the replica that served it is SIGKILLed; the third turn still succeeds through the
+gateway, on the other replica, and reads the session's previous prompt from the shared tier.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from runtime.cluster.cluster import Cluster
+from tests.helpers import make_tiny_model
+
+pytestmark = pytest.mark.timeout(600)
+PS = 16
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    model = make_tiny_model(tmp_path_factory.mktemp("cl") / "m", vocab=49152)
+    serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
+             "--kv-cache-memory", "8M", "--no-ui"]  # fmt: skip
+    gateway = [
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--retry-max-retries",
+        "3",
+    ]
+    with Cluster(2, serve, workdir=tmp_path_factory.mktemp("run"), gateway_args=gateway) as c:
+        yield c
+
+
+def _served_by(cluster) -> list[int]:
+    """Requests each replica has finished (its own /metrics)."""
+    out = []
+    for url in cluster.urls:
+        try:
+            text = httpx.get(url + "/metrics", timeout=5).text
+        except httpx.HTTPError:
+            out.append(-1)
+            continue
+        line = next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total"))
+        out.append(int(float(line.split()[-1])))
+    return out
+
+
+def test_replicas_report_their_load_for_the_gateway(cluster):
+    for url in cluster.urls:
+        body = httpx.get(url + "/v1/loads", timeout=5).json()
+        (rank,) = body["loads"]
+        assert body["dp_rank_count"] == 1 and rank["num_running_reqs"] == 0 and rank["num_waiting_reqs"] == 0
+        assert rank["max_total_num_tokens"] > 0 and 0 <= rank["token_usage"] <= 1
+
+
+def test_a_session_survives_its_replica_through_the_gateway(cluster):
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
+    system = {
+        "role": "system",
+        "content": "You are a careful coding agent. " + "Follow the repository rules. " * 30,
+    }
+    messages = [system, {"role": "user", "content": "List the files in src/ and explain each one."}]
+
+    def turn() -> dict:
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        messages.append({"role": "user", "content": f"Now look at file number {len(messages)}."})
+        return r.model_dump()
+
+    before = _served_by(cluster)
+    first = turn()
+    second = turn()
+    assert (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= first["usage"]["prompt_tokens"] // PS * PS - PS
+    )
+    after = _served_by(cluster)
+    owner = max(range(2), key=lambda i: after[i] - before[i])
+    assert after[owner] - before[owner] == 2  # cache-aware: both turns on one replica
+
+    cluster.kill_replica(owner)
+    third = turn()  # the gateway routes it to the survivor (or retries there)
+    cached = third["usage"]["prompt_tokens_details"]["cached_tokens"]
+    tiers = third["kvreuse"]["cache"]["cached_by_tier"]
+    assert tiers["shared"] >= 0.9 * second["usage"]["prompt_tokens"], tiers  # read, not recomputed
+    assert tiers["pool"] + tiers["host"] + tiers["disk"] + tiers["shared"] == cached
+    assert _served_by(cluster)[1 - owner] == after[1 - owner] + 1
+
+
+def test_the_store_going_away_degrades_replicas_never_fails_a_request(cluster):
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
+    cluster.store.kill()
+    messages = [{"role": "user", "content": "Summarise the build log in one line."}]
+    for _ in range(2):  # the first write-through meets the dead store; neither request may fail
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+        assert r.choices[0].finish_reason in ("length", "stop")
+    alive = [u for svc, u in zip(cluster.replicas, cluster.urls) if svc.alive]  # one died in the test above
+    health = [httpx.get(u + "/health", timeout=5) for u in alive]
+    assert all(h.status_code == 200 for h in health)
+    assert all(h.json()["status"] == "degraded" and "shared KV store" in h.json()["kv_store"] for h in health)
+
+
+def test_cluster_command_refuses_bad_arguments_in_one_line(capsys):
+    from runtime.cli.main import main
+
+    assert main(["cluster", "--replicas", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "kvreuse: error: --replicas must be >= 1, got 0"
