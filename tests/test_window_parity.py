@@ -1,4 +1,4 @@
-"""Sliding-window models (Gemma 3, Mistral, Ministral) against transformers, fp32.
+"""Sliding-window models (Gemma 3, Gemma 4, Mistral, Ministral) against transformers, fp32.
 
 Logits within 1e-4 at lengths below, at, just past and 3x+ the window; greedy 64 tokens identical to
 ``generate``; chunked prefill == unchunked across the window boundary; batched == alone; a multi-turn
@@ -31,7 +31,11 @@ def _engine(d, **kw) -> Engine:
 
 
 # the C kernels on the Gemma shape, the reference on every shape
-CASES = [(s, "reference") for s in SHAPES] + [("gemma3-odd", "cpu"), ("mistral", "cpu")]
+CASES = [(s, "reference") for s in SHAPES] + [
+    ("gemma3-odd", "cpu"),
+    ("gemma4-odd", "cpu"),
+    ("mistral", "cpu"),
+]
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
@@ -60,10 +64,13 @@ def _first_logits(eng: Engine, prompt: list[int]) -> tuple[list[int], torch.Tens
     return req.output_ids, req.logits_trace[0]
 
 
-@pytest.mark.parametrize("shape", ["gemma3-odd", "mistral"])
+@pytest.mark.parametrize("shape", ["gemma3-odd", "gemma4-odd", "mistral"])
 def test_chunked_prefill_identical_to_unchunked(models, shape):
     """Chunks of 1, 3, W - 1, W + 1 put chunk boundaries at every offset of the window."""
     w = window_of(shape)
+    # fp32 summation order differs between chunkings; Gemma 4's seven layers with per-layer-input
+    # branches and layer scalars up to 1.5 carry it a little further than the other shapes' 1e-5
+    tol = 3e-5 if shape.startswith("gemma4") else 1e-5
     prompt = random_ids(torch.Generator().manual_seed(3), 4 * w + 3)
     ref_ids, ref_logits = _first_logits(
         _engine(models[shape], record_logits=True, prefix_cache="off"), prompt
@@ -72,11 +79,11 @@ def test_chunked_prefill_identical_to_unchunked(models, shape):
         eng = _engine(models[shape], chunk_size=chunk, record_logits=True, prefix_cache="off")
         ids, logits = _first_logits(eng, prompt)
         assert ids == ref_ids, f"chunk_size={chunk}"
-        assert (logits - ref_logits).abs().max().item() < 1e-5, f"chunk_size={chunk}"
+        assert (logits - ref_logits).abs().max().item() < tol, f"chunk_size={chunk}"
         eng.check_integrity()
 
 
-@pytest.mark.parametrize("shape", ["gemma3-odd", "ministral"])
+@pytest.mark.parametrize("shape", ["gemma3-odd", "gemma4-odd", "ministral"])
 def test_batched_identical_to_alone(models, shape):
     gen = torch.Generator().manual_seed(4)
     prompts = [random_ids(gen, n) for n in (3, 40, 97, 9, 25)]

@@ -59,13 +59,13 @@ class WindowPool:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        windows = [w for w in cfg.windows if w is not None]
+        windows = [cfg.windows[i] for i in cfg.cache_layers if cfg.windows[i] is not None]
         self.page_size = page_size
         self.span = max(windows)  # a snapshot keeps the widest window's keys for every window layer
         self.max_chunk = chunk_size
         self.ring_pages = -(-(self.span + chunk_size) // page_size) + 1
         self.num_slots = num_slots
-        shape = (num_slots * self.ring_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (num_slots * self.ring_pages, page_size, *cfg.kv_shape(window=True))
         self.layers = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in windows
