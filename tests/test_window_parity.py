@@ -15,7 +15,7 @@ from runtime.engine.engine import Engine
 from runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids, tiny_engine
 from tests.helpers import WINDOW_SHAPES, load_hf, make_tiny_windowed, window_of
-from tests.parity import assert_greedy_matches_generate, assert_logits_match
+from tests.parity import assert_greedy_matches_generate, assert_logits_match, assert_prompt_logprobs_match
 
 SHAPES = list(WINDOW_SHAPES)
 
@@ -114,3 +114,15 @@ def test_multi_turn_session_cached_equals_uncached(models, shape):
         cached += a.cached_tokens
         prev = list(a.tokens)
     assert cached > 0
+
+
+@pytest.mark.parametrize("shape", ["gemma3-odd", "gemma4-odd", "ministral"])
+def test_echo_prompt_logprobs_match_transformers(models, shape):
+    """Scoring a prompt 3x the window in chunks that cross it, on a borrowed ring slot (the rings'
+    slots are all free again after), equals transformers' log-softmax."""
+    w = window_of(shape)
+    eng = _engine(models[shape], chunk_size=w + 2)
+    ids = random_ids(torch.Generator().manual_seed(6), 3 * w + 5)
+    assert_prompt_logprobs_match(eng, load_hf(models[shape]), ids, chunk_size=w - 1)
+    pool = eng.runner.state_pool
+    assert pool is None or pool.num_free == pool.num_slots

@@ -131,10 +131,13 @@ class ModelRunner:
             pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages, full_layers
         )
         # each attention layer's (k, v): a window layer's ring when the rings hold them, else its pool
-        # pages; a layer that reads another's KV (Gemma 4's shared tail) gets that layer's
-        full, ring = iter(self.pool.layers), iter(self.state_pool.layers if rings else ())
-        own = {i: next(ring) if rings and self.cfg.window(i) is not None else next(full) for i in owners}
-        self.kv_layers = [own[src] for src in self.cfg.kv_source]
+        # pages; a layer that reads another's KV (Gemma 4's shared tail) gets that layer's; a hybrid's
+        # are its full-attention layers' pages, in order
+        self.kv_layers = list(self.pool.layers)
+        if not hybrid:
+            full, ring = iter(self.pool.layers), iter(self.state_pool.layers if rings else ())
+            own = {i: next(ring) if rings and self.cfg.window(i) is not None else next(full) for i in owners}
+            self.kv_layers = [own[src] for src in self.cfg.kv_source]
         self.linear_backend = select_linear_backend(self.device) if hybrid else None
         self.graphs: DecodeGraphRunner | None = None
         self.decode_path = "eager"  # see choose_decode

@@ -103,6 +103,18 @@ class WindowPool:
         k = self.layers[0][0]
         return WindowSnapshot(k.new_empty(len(self.layers), 2, self.span, *k.shape[2:]))
 
+    def snapshot_to_host(self, snap: WindowSnapshot) -> torch.Tensor:
+        """A snapshot's K/V as a host tensor (what the host and disk tiers keep)."""
+        return snap.kv.to("cpu")
+
+    def snapshot_from_host(self, kv: torch.Tensor) -> WindowSnapshot:
+        """A snapshot back from the tiers, on this pool's device and dtype (checked against its shape)."""
+        k = self.layers[0][0]
+        want = (len(self.layers), 2, self.span, *k.shape[2:])
+        if tuple(kv.shape) != want:
+            raise ValueError(f"stored window snapshot has shape {tuple(kv.shape)}, this model's is {want}")
+        return WindowSnapshot(kv.to(k.device, k.dtype))
+
     def copy_to(self, slot: int, snap: WindowSnapshot, end: int) -> None:
         """Fill ``snap`` with the ring's keys before position ``end`` (still in the ring: a step's
         snapshots lie within its chunk, and the ring holds W + chunk positions)."""
