@@ -63,34 +63,35 @@ def test_evicted_window_session_comes_back_with_its_snapshot(model, off, tmp_pat
     eng.close()
 
 
-def test_restart_finds_window_sessions_on_the_store(model, off, tmp_path):
-    gen = torch.Generator().manual_seed(2)
+def _restarted(model, store, gen, between=lambda: None):
+    """A 50-token turn on an engine over ``store``, closed (persisting it); ``between``; then the
+    next turn on a new engine over the same store: (that engine, turn 1, turn 2, turn 2's request)."""
     turn1 = random_ids(gen, 50)
-    eng = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(tmp_path))
+    eng = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(store))
     r1 = _run(eng, turn1)
     eng.close()  # persists pages and window snapshots
-    assert list((tmp_path / "window_states").glob("*.state"))
-    eng2 = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(tmp_path))
+    between()
+    eng2 = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(store))
     turn2 = list(r1.tokens) + random_ids(gen, 9)
-    r2 = _run(eng2, turn2)
+    return eng2, turn1, turn2, _run(eng2, turn2)
+
+
+def test_restart_finds_window_sessions_on_the_store(model, off, tmp_path):
+    eng2, turn1, turn2, r2 = _restarted(model, tmp_path, torch.Generator().manual_seed(2))
+    assert list((tmp_path / "window_states").glob("*.state"))
     assert r2.cached_tokens == r2.cached_disk_tokens == _roomy(model, turn1, turn2) > 0
     assert r2.output_ids == _run(off, turn2).output_ids
     eng2.close()
 
 
 def test_corrupt_snapshot_file_is_recomputed(model, off, tmp_path):
-    gen = torch.Generator().manual_seed(3)
-    turn1 = random_ids(gen, 50)
-    eng = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(tmp_path))
-    r1 = _run(eng, turn1)
-    eng.close()
-    for f in (tmp_path / "window_states").glob("*.state"):
-        raw = bytearray(f.read_bytes())
-        raw[-1] ^= 0xFF
-        f.write_bytes(bytes(raw))
-    eng2 = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(tmp_path))
-    turn2 = list(r1.tokens) + random_ids(gen, 9)
-    r2 = _run(eng2, turn2)
+    def corrupt():
+        for f in (tmp_path / "window_states").glob("*.state"):
+            raw = bytearray(f.read_bytes())
+            raw[-1] ^= 0xFF
+            f.write_bytes(bytes(raw))
+
+    eng2, _, turn2, r2 = _restarted(model, tmp_path, torch.Generator().manual_seed(3), corrupt)
     assert r2.cached_tokens == 0  # no snapshot passed its checksum: nothing to resume from
     assert eng2.cache.prefix.state_tier.corrupt > 0
     assert r2.output_ids == _run(off, turn2).output_ids

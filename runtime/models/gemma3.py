@@ -129,9 +129,15 @@ class GemmaCausalLM(CausalLM):
         """Returns float32 logits ``[len(fb.logits_rows), vocab]`` (``ring``: see ``CausalLM.forward``)."""
         full, local = self.contexts(fb, ring, backend, kv_layers[0][0].shape[1])
         h = self.embed(fb.input_ids)
-        run_layer = GemmaDecoderLayer.forward
+        per_layer = self.per_layer_inputs(fb.input_ids, h)
+        run_layer = self.layer_class.forward
         if fb.is_decode and self.decode_run is not None:
             run_layer = self.decode_run[0]
-        for layer, kv in zip(self.layers, kv_layers):
-            h = run_layer(layer, h, local if layer.local else full, kv)
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_layers)):
+            extra = () if per_layer is None else (per_layer[:, i],)
+            h = run_layer(layer, h, local if layer.local else full, kv, *extra)
         return self.head(h[fb.logits_rows])
+
+    def per_layer_inputs(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """``[T, layers, dim]``: a per-layer input for each token (Gemma 4's PLE); None for Gemma 3."""
+        return None

@@ -20,8 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import AttentionBackend
-from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
 from runtime.models.decoder import StepContext, cached_attention, paged_attention
 from runtime.models.gemma3 import GeGLUMLP, GemmaCausalLM
@@ -135,22 +133,3 @@ class Gemma4CausalLM(GemmaCausalLM):
         proj = self.per_layer_model_projection.run(h) * self.cfg.hidden_size**-0.5
         proj = self.per_layer_projection_norm.forward(proj.view(shape))
         return (proj + own.view(shape)) * 2.0**-0.5
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        fb: ForwardBatch,
-        kv_layers: list[tuple[torch.Tensor, torch.Tensor]],
-        backend: AttentionBackend,
-        ring: ForwardBatch | None = None,
-    ) -> torch.Tensor:
-        """Returns float32 logits ``[len(fb.logits_rows), vocab]`` (``ring``: see ``CausalLM.forward``)."""
-        full, local = self.contexts(fb, ring, backend, kv_layers[0][0].shape[1])
-        h = self.embed(fb.input_ids)
-        ple = self.per_layer_inputs(fb.input_ids, h)
-        run_layer = Gemma4DecoderLayer.forward
-        if fb.is_decode and self.decode_run is not None:
-            run_layer = self.decode_run[0]
-        for i, (layer, kv) in enumerate(zip(self.layers, kv_layers)):
-            h = run_layer(layer, h, local if layer.local else full, kv, None if ple is None else ple[:, i])
-        return self.head(h[fb.logits_rows])
