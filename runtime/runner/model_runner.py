@@ -120,7 +120,8 @@ class ModelRunner:
         rings = isinstance(self.state_pool, WindowPool)
         if rings and kv_cache_memory is not None and num_pages is None:  # the rings come out of the budget
             kv_cache_memory -= self.state_pool.nbytes
-        if not rings and self.cfg.kv_shape(True) != self.cfg.kv_shape(False):
+        pooled_windows = not rings and any(w is not None for w in self.cfg.windows)
+        if pooled_windows and self.cfg.kv_shape(True) != self.cfg.kv_shape(False):
             raise ValueError(
                 f"{self.cfg.model_type}: its full and sliding layers' KV shapes differ, so its sliding layers"
                 " need window rings (one device, window paging on)"
