@@ -90,6 +90,10 @@ def test_restart_finds_window_sessions_on_the_store(model, off, tmp_path):
     assert r2.cached_tokens == r2.cached_disk_tokens == _roomy(model, turn1, turn2) > 0
     assert r2.output_ids == _run(off, turn2).output_ids
     eng2.close()
+    from runtime.cli.cache import main
+
+    assert main(["clear", "--kv-store", str(tmp_path)]) == 0
+    assert not list((tmp_path / "window_states").glob("*.state"))
 
 
 def test_corrupt_snapshot_file_is_recomputed(model, off, tmp_path):
