@@ -31,7 +31,7 @@ run: model
 	$(PY) -m runtime.cli.main bench patterns --out $(OUT)
 
 test: model browser
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 bench: model
 	$(PY) -m benchmarks.throughput

@@ -58,14 +58,26 @@ def assert_logits_match(
     eng.check_integrity()
 
 
+def hf_greedy_mismatch(hf, prompt: Sequence[int], output: Sequence[int]) -> int | None:
+    """The first step at which ``output`` is not transformers' greedy continuation of ``prompt``, or None.
+
+    Greedy decoding is the argmax of the next-token logits given everything before, so one forward of
+    transformers over prompt + output checks every step of it at once: the same tokens as ``generate``
+    would give, without its step-by-step loop (many times slower for the hybrid models' reference).
+    """
+    ids = list(prompt) + list(output)
+    with torch.no_grad():
+        steps = hf(torch.tensor([ids[:-1]])).logits[0, len(prompt) - 1 :].argmax(-1).tolist()
+    return next((i for i, (a, b) in enumerate(zip(steps, output)) if a != b), None)
+
+
 def assert_greedy_matches_generate(eng: Engine, hf, prompts: Sequence[list[int]], max_new: int = 64) -> None:
-    """Batched greedy decode (over the engine's chunked prefill), token-identical to ``generate``."""
-    hf.generation_config.eos_token_id = None  # run every step without masking EOS (min_new_tokens would)
+    """Batched greedy decode (over the engine's chunked prefill), token-identical to transformers' greedy."""
     outs = eng.generate([list(p) for p in prompts], SamplingParams(max_tokens=max_new, ignore_eos=True))
     for ids, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False, pad_token_id=0)
-        assert out.output_token_ids == ref[0, len(ids) :].tolist()
+        assert len(out.output_token_ids) == max_new
+        step = hf_greedy_mismatch(hf, ids, out.output_token_ids)
+        assert step is None, f"prompt of {len(ids)}: differs from transformers' greedy at step {step}"
     eng.check_integrity()
 
 

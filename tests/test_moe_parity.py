@@ -14,7 +14,6 @@ from runtime.engine.engine import Engine
 from runtime.models.config import ModelConfig
 from runtime.models.moe import SparseMoE
 from runtime.models.weights import WeightsError, load_weights
-from runtime.sampling.params import SamplingParams
 from tests.engine_drive import (
     alone,
     assert_logits_close,
@@ -25,6 +24,7 @@ from tests.engine_drive import (
     tiny_engine,
 )
 from tests.helpers import load_hf, make_tiny_model
+from tests.parity import assert_greedy_matches_generate
 from tests.test_model_parity import LENGTHS, _our_all_logits
 
 CONFIGS = {
@@ -71,16 +71,9 @@ def test_logits_match_transformers(moe_models, name):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_greedy_generation_matches_generate(moe_models, name):
-    hf = load_hf(moe_models[name])
-    hf.generation_config.eos_token_id = None
     eng = tiny_engine(moe_models[name], num_pages=128, page_size=4, chunk_size=64)
     g = torch.Generator().manual_seed(2)
-    prompts = [random_ids(g, n) for n in (5, 77, 150)]
-    outs = eng.generate(prompts, SamplingParams(max_tokens=64, ignore_eos=True))
-    for ids, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False, pad_token_id=0)
-        assert out.output_token_ids == ref[0, len(ids) :].tolist()
+    assert_greedy_matches_generate(eng, load_hf(moe_models[name]), [random_ids(g, n) for n in (5, 77, 150)])
 
 
 def test_batched_chunked_and_cached_runs_equal_alone(moe_models):

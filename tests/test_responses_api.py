@@ -14,7 +14,6 @@ import asyncio
 import json
 import threading
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -71,14 +70,16 @@ def _outputs(k: int, resp) -> list[dict]:
 
 
 def _create(client, stream: bool, **kwargs):
-    """A response, streamed or not; streamed: also checks the event order the client accumulated."""
+    """A response, streamed or not; streamed: through the client's ``responses.stream`` helper (its
+    accumulator reads every event), and the event order is checked."""
     if not stream:
         return client.responses.create(**kwargs)
     kinds, final = [], None
-    for event in client.responses.create(stream=True, **kwargs):
-        kinds.append(event.type)
-        if event.type in ("response.completed", "response.incomplete"):
-            final = event.response
+    with client.responses.stream(**kwargs) as events:  # the client's own accumulator checks the ids
+        for event in events:
+            kinds.append(event.type)
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
     assert kinds[:2] == ["response.created", "response.in_progress"] and final is not None, kinds
     assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") >= 1
     return final
@@ -232,106 +233,26 @@ def test_chat_completions_refuses_images_and_stream_options_without_stream(serve
     assert r.status_code == 400 and "stream_options is only allowed when stream is true" in r.text
 
 
-# -- parallel-call controls -------------------------------------------------------------------------
-def _shot_call(i: int, city: str) -> dict:
-    return {
-        "id": f"c{i}",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
-    }
-
-
-# two earlier turns in which the assistant called the tool once per city: the model then makes two
-# calls for two cities under tool_choice auto, unless the grammar allows only one
-SHOTS = [
-    {"role": "system", "content": "You only answer with tool calls, one per city."},
-    {"role": "user", "content": "Weather in Lima and Cairo?"},
-    {"role": "assistant", "content": None, "tool_calls": [_shot_call(1, "Lima"), _shot_call(2, "Cairo")]},
-    {"role": "tool", "tool_call_id": "c1", "content": "12C"},
-    {"role": "tool", "tool_call_id": "c2", "content": "30C"},
-    {"role": "assistant", "content": "Lima 12C, Cairo 30C."},
-    {"role": "user", "content": "Weather in Berlin and Madrid?"},
-    {"role": "assistant", "content": None, "tool_calls": [_shot_call(3, "Berlin"), _shot_call(4, "Madrid")]},
-    {"role": "tool", "tool_call_id": "c3", "content": "8C"},
-    {"role": "tool", "tool_call_id": "c4", "content": "20C"},
-    {"role": "assistant", "content": "Berlin 8C, Madrid 20C."},
-    {"role": "user", "content": "Weather in Paris and Rome?"},
-]
-CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city.",
-                                                "parameters": WEATHER}}]  # fmt: skip
-
-
-@pytest.mark.parametrize("choice", ["auto", "required"])
-def test_chat_parallel_tool_calls_false_gives_one_call(client, choice):
-    kwargs = dict(
-        model=MODEL, messages=SHOTS, tools=CHAT_TOOLS, tool_choice=choice, max_tokens=80, temperature=0
-    )
-    allowed = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
-    single = client.chat.completions.create(**kwargs, parallel_tool_calls=False).choices[0].message.tool_calls
-    assert len(allowed) == 2 and len(single) == 1, (allowed, single)  # parallel allowed: a forced choice too
-    assert single[0].function.arguments == allowed[0].function.arguments
-
-
-def _items(messages: list[dict]) -> list[dict]:
-    """SHOTS as Responses input items."""
-    out: list[dict] = []
-    for m in messages:
-        if m["role"] == "tool":
-            out.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
-        elif m.get("tool_calls"):
-            out += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
-                     "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]  # fmt: skip
-        else:
-            out.append({"role": m["role"], "content": m["content"]})
-    return out
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
-def test_responses_parallel_tool_calls_false_gives_one_call(client, stream):
-    kwargs = dict(
-        model=MODEL, input=_items(SHOTS), tools=TOOLS, max_output_tokens=80, temperature=0, store=False
-    )
-    assert len(_calls(_create(client, stream, **kwargs))) == 2
-    assert len(_calls(_create(client, stream, **kwargs, parallel_tool_calls=False))) == 1
-
-
-def test_anthropic_disable_parallel_tool_use_gives_one_call(server):
-    c = anthropic.Anthropic(base_url=server.base_url.removesuffix("/v1"), api_key="none", max_retries=0)
-    system, msgs = SHOTS[0]["content"], []
-    for m in SHOTS[1:]:
-        if m["role"] == "tool":
-            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
-            if msgs[-1]["role"] == "user":
-                msgs[-1]["content"].append(block)
-            else:
-                msgs.append({"role": "user", "content": [block]})
-        elif m.get("tool_calls"):
-            msgs.append({"role": "assistant", "content": [
-                {"type": "tool_use", "id": t["id"], "name": "get_weather", "input": json.loads(t["function"]["arguments"])}
-                for t in m["tool_calls"]]})  # fmt: skip
-        else:
-            msgs.append({"role": m["role"], "content": [{"type": "text", "text": m["content"]}]})
-    tools = [{"name": "get_weather", "description": "Current weather for a city.", "input_schema": WEATHER}]
-    kwargs = dict(
-        model=MODEL, system=system, messages=msgs, tools=tools, max_tokens=80, extra_body={"temperature": 0}
-    )
-    for choice in ("auto", "any"):
-        allowed = c.messages.create(**kwargs, tool_choice={"type": choice})
-        single = c.messages.create(**kwargs, tool_choice={"type": choice, "disable_parallel_tool_use": True})
-        count = [sum(b.type == "tool_use" for b in r.content) for r in (allowed, single)]
-        assert count == [2, 1], (choice, allowed.content, single.content)
-
-
 # -- the OpenAI Agents SDK's default provider (the Responses API) ----------------------------------------
-def test_agents_sdk_default_provider_runs_a_tool_loop(server):
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_agents_sdk_default_provider_runs_a_tool_loop(server, stream):
     agents = pytest.importorskip("agents")
     calls: list[str] = []
+    tag = " (streamed)" if stream else ""  # the streamed loop's own prompts: none of its pages cached before
 
     @agents.function_tool
     def get_weather(city: str) -> str:
         """Current weather for a city."""
         calls.append(city)
         return json.dumps({"city": city, "temp_c": 11})
+
+    async def run(agent, text: str, previous: str | None):
+        if not stream:
+            return await agents.Runner.run(agent, text, previous_response_id=previous, max_turns=4)
+        result = agents.Runner.run_streamed(agent, text, previous_response_id=previous, max_turns=4)
+        async for _ in result.stream_events():
+            pass
+        return result
 
     async def main():
         agents.set_tracing_disabled(True)
@@ -340,10 +261,8 @@ def test_agents_sdk_default_provider_runs_a_tool_loop(server):
         settings = agents.ModelSettings(tool_choice="required", max_tokens=150, temperature=0)
         agent = agents.Agent(name="travel", instructions="You check the weather.", model=MODEL,
                              tools=[get_weather], model_settings=settings)  # fmt: skip
-        first = await agents.Runner.run(agent, "Weather in Paris?", max_turns=4)
-        second = await agents.Runner.run(
-            agent, "And Rome?", previous_response_id=first.last_response_id, max_turns=4
-        )
+        first = await run(agent, "Weather in Paris?" + tag, None)
+        second = await run(agent, "And Rome?" + tag, first.last_response_id)
         return first, second
 
     first, second = asyncio.run(main())
@@ -351,3 +270,6 @@ def test_agents_sdk_default_provider_runs_a_tool_loop(server):
     last = first.raw_responses[-1].usage
     cached = second.raw_responses[0].usage.input_tokens_details.cached_tokens
     assert cached == whole_pages(last.total_tokens - 1)
+    print(
+        f"\nAgents SDK stream={stream}: first run's last total {last.total_tokens}, next turn cached {cached}"
+    )

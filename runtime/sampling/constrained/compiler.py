@@ -170,7 +170,8 @@ class GrammarCompiler:
                     _bitmask([i for i, t in enumerate(texts) if i in self.eos_ids or ok(t)], self.vocab_size)
                     for ok in (_ends_string, _closes_container)
                 ]
-            return Matcher(compiled.deep_copy(), self.eos_ids, budget, self._closers)
+            wrap_up = None if grammar.free_text else budget  # no JSON to close in prose
+            return Matcher(compiled.deep_copy(), self.eos_ids, wrap_up, self._closers)
 
 
 def _lowest_priority(native_id: int) -> None:

@@ -21,14 +21,18 @@ CALL_FORMATS = {
 # How a call opens (the forced prefix of "required") and what goes between two calls, for the formats
 # whose parser reads several calls; a format missing here gets one call and no free-text grammar.
 CALL_OPEN = {"hermes": '<tool_call>\n{"name": "'}
+CALL_PREFIX = {"llama3": '{"name": "'}  # how a Llama 3 call opens: it is the whole message, not a tag
 CALL_SEPARATOR = {"hermes": "\n"}
 
 
 class Grammar(NamedTuple):
-    """Lark grammar source; ``label`` says what it was built from (logs, errors)."""
+    """Lark grammar source; ``label`` says what it was built from (logs, errors).  ``free_text``: the
+    grammar admits prose, which the matcher's wrap-up (closing the JSON near ``max_tokens``) would
+    fill with quotes, so it has none."""
 
     source: str
     label: str
+    free_text: bool = False
 
 
 def closed(schema: Any) -> Any:
@@ -109,29 +113,61 @@ def tool_call(
 
 
 def at_most_one_call(tools: list[tuple[str, dict[str, Any] | None]], call_format: str) -> Grammar | None:
-    """Free text, or free text and then exactly one tool call, then the end (``tool_choice`` auto without
-    parallel calls); None for a format with no grammar for its opening markup."""
+    """Free text, or one tool call (after free text where the format has text before a call), then the
+    end: ``tool_choice`` auto without parallel calls.  None for a format this does not know."""
+    any_ = "(?s:.*)"
+    if call_format == "llama3":
+        # a Llama 3 call is the whole message (the parser reads one that starts with "{" as calls,
+        # and calls after <|python_tag|>): text that does neither, or one call
+        rules = [
+            "start: TEXT | OPEN call",
+            f"TEXT: /{any_}/ & ~/\\s*\\{{{any_}/ & ~/{any_}{_regex_lit('<|python_tag|>')}{any_}/",
+            f"OPEN: /\\s*{_regex_lit(CALL_PREFIX['llama3'])}/",
+        ]
+        return _one_call("\n".join(rules + _call_rules(tools, call_format)))
+    if call_format == "qwen_xml":
+        # the parameters are XML the template writes, with no grammar here: the call names a tool and
+        # ends at the first </tool_call>, after which nothing follows
+        close = _regex_lit("</tool_call>")
+        rules = [
+            "start: TEXT | PRE call",
+            *_text_or_pre("<tool_call>", "<tool_call>\n<function="),
+            f"BODY: /{any_}{close}/ & ~/{any_}{close}(?s:.+)/",
+            "call: " + " | ".join(_lit(name + ">") + " BODY" for name, _ in tools),
+        ]
+        return _one_call("\n".join(rules))
     if call_format not in CALL_OPEN:
         return None
-    mid, end = CALL_FORMATS[call_format]
     opening = CALL_OPEN[call_format]
-    marker = opening.split("\n", 1)[0]  # "<tool_call>": free text never contains it
-    any_ = "(?s:.*)"
-    m = _regex_lit(marker)
-    # one lexeme for "text, then the opening": a text lexeme that stopped before the marker cannot
-    # be taken back by the lexer, so the choice between the two is made on the marker itself
-    rules = [
-        "start: TEXT | PRE call",
+    rules = ["start: TEXT | PRE call", *_text_or_pre(opening.split("\n", 1)[0], opening)]
+    return _one_call("\n".join(rules + _call_rules(tools, call_format)))
+
+
+def _one_call(source: str) -> Grammar:
+    return Grammar(source + "\n", "at most one tool call", free_text=True)
+
+
+def _text_or_pre(marker: str, opening: str) -> list[str]:
+    """TEXT: free text without ``marker``; PRE: free text, then ``opening`` (which starts with ``marker``).
+
+    One lexeme for "text, then the opening": a text lexeme that stopped before the marker cannot be
+    taken back by the lexer, so the choice between the two is made on the marker itself."""
+    any_, m = "(?s:.*)", _regex_lit(marker)
+    return [
         f"TEXT: /{any_}/ & ~/{any_}{m}{any_}/",
         f"PRE: /{any_}{_regex_lit(opening)}/ & ~/{any_}{m}{any_}{m}{any_}/",
     ]
-    alts = []
+
+
+def _call_rules(tools: list[tuple[str, dict[str, Any] | None]], call_format: str) -> list[str]:
+    """``call``: one of ``tools`` by name, its arguments valid against its parameters, the closing markup."""
+    mid, end = CALL_FORMATS[call_format]
+    rules, alts = [], []
     for i, (name, schema) in enumerate(tools):
         alts.append(f"call_{i}")
         rules.append(f"call_{i}: {_lit(name + mid)} args_{i} {_lit(end)}")
         rules.append(f"args_{i}: {_json_rule(schema or {'type': 'object'})}")
-    rules.append("call: " + " | ".join(alts))
-    return Grammar("\n".join(rules) + "\n", "at most one tool call")
+    return [*rules, "call: " + " | ".join(alts)]
 
 
 def _regex_lit(s: str) -> str:

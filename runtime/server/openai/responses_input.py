@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat_templates.tool_calls import ParsedOutput
 from runtime.server.errors import bad_request
 from runtime.server.openai.responses_protocol import (
     FunctionCallItem,
@@ -64,18 +63,6 @@ def input_messages(req: ResponsesRequest, open_calls: set[str]) -> list[dict[str
         if m["role"] == "assistant" and m["content"] is None and not m.get("tool_calls"):
             m["content"] = ""
     return out
-
-
-def output_items(parsed: ParsedOutput, base: str, status: str = "completed") -> list[dict[str, Any]]:
-    """The response's ``output``: reasoning, the message, then each function call (ids from ``base``)."""
-    items: list[dict[str, Any]] = []
-    if parsed.reasoning:
-        items.append(reasoning_item(f"rs_{base}", parsed.reasoning))
-    if parsed.content or not parsed.tool_calls:
-        items.append(message_item(f"msg_{base}", parsed.content, status))
-    for k, c in enumerate(parsed.tool_calls):
-        items.append(call_item(f"fc_{base}_{k}", c.id, c.name, c.arguments, status))
-    return items
 
 
 def reasoning_item(item_id: str, text: str) -> dict[str, Any]:

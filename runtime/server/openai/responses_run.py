@@ -16,10 +16,7 @@ from runtime.sampling.params import SamplingParams
 from runtime.server.core import chat_run
 from runtime.server.core.prompting import ChatInput, ChatPrompt
 from runtime.server.core.run import Caller
-from runtime.server.core.streaming import final_outputs
 from runtime.server.errors import bad_request
-from runtime.server.openai.messages import assistant_message
-from runtime.server.openai.responses_input import output_items
 from runtime.server.openai.responses_prompt import build_prompt, chat_input
 from runtime.server.openai.responses_protocol import ResponsesRequest
 from runtime.server.openai.responses_store import ResponseStore, StoredResponse, pin_owner
@@ -140,14 +137,3 @@ class ResponsesRun(chat_run.ChatRun):
     def cancel(self) -> None:
         for r in self.requests:
             self.state.engine.abort(r.request_id)
-
-
-async def complete(run: ResponsesRun) -> dict[str, Any]:
-    run.store.running(run.id, run.tenant, run)
-    try:
-        (out,) = await final_outputs(run.streams())
-    finally:
-        run.store.done(run.id)
-    parsed = run.parse(out)
-    status = run.status(out)[0]
-    return run.finish_response(out, output_items(parsed, run.id, status), assistant_message(parsed))

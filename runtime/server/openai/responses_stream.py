@@ -22,7 +22,6 @@ from runtime.server.core.streaming import join_parsed
 from runtime.server.openai.messages import assistant_message
 from runtime.server.openai.responses_input import call_item, message_item, reasoning_item
 from runtime.server.openai.responses_run import ResponsesRun
-from runtime.server.openai.responses_run import complete as complete  # the whole response (generate)
 
 
 def error_events(e: Exception) -> list[str]:
@@ -40,6 +39,7 @@ class EventWriter:
         self.items: list[dict[str, Any]] = []  # finished items, in output order
         self.open: dict[str, Any] | None = None  # the item being streamed: {"kind", "id", "text"}
         self.content, self.reasoning, self.calls = "", "", []
+        self.response: dict[str, Any] | None = None  # the final response object, once finished
 
     def event(self, kind: str, **fields: Any) -> str:
         obj = {"type": kind, "sequence_number": self.seq, **fields}
@@ -48,6 +48,7 @@ class EventWriter:
 
     def _start(self, kind: str, item: dict[str, Any]) -> list[str]:
         out = self.close()
+        item = {**item, "id": f"{item['id']}_{len(self.items)}"}  # ids by output index, known only now
         self.open = {"kind": kind, "id": item["id"], "text": ""}
         out.append(self.event("response.output_item.added", output_index=len(self.items), item=item))
         if kind == "message":
@@ -58,30 +59,30 @@ class EventWriter:
 
     def feed(self, parsed: ParsedDelta) -> list[str]:
         out: list[str] = []
-        base, idx = self.run.id, len(self.items)
+        base = self.run.id
         if parsed.reasoning:
             if self.open is None or self.open["kind"] != "reasoning":
-                out += self._start("reasoning", {**reasoning_item(f"rs_{base}_{idx}", ""), "content": []})
+                out += self._start("reasoning", {**reasoning_item(f"rs_{base}", ""), "content": []})
             self.open["text"] += parsed.reasoning  # type: ignore[index]
             self.reasoning += parsed.reasoning
             out.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],  # type: ignore[index]
                                   output_index=len(self.items), content_index=0, delta=parsed.reasoning))  # fmt: skip
         if parsed.content:
             if self.open is None or self.open["kind"] != "message":
-                item = {**message_item(f"msg_{base}_{len(self.items)}", "", "in_progress"), "content": []}
+                item = {**message_item(f"msg_{base}", "", "in_progress"), "content": []}
                 out += self._start("message", item)
             self.open["text"] += parsed.content  # type: ignore[index]
             self.content += parsed.content
             out.append(self.event("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items),  # type: ignore[index]
                                   content_index=0, delta=parsed.content, logprobs=[]))  # fmt: skip
         for call in parsed.tool_calls:
-            item = call_item(f"fc_{base}_{len(self.items)}", call.id, call.name, "", "in_progress")
+            item = call_item(f"fc_{base}", call.id, call.name, "", "in_progress")
             out += self._start("function_call", item)
             self.open.update(call_id=call.id, name=call.name)  # type: ignore[union-attr]
             self.calls.append(ToolCall(call.id, call.name, call.arguments_delta))
             if call.arguments_delta:
                 self.open["text"] += call.arguments_delta  # type: ignore[index]
-                out.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                out.append(self.event("response.function_call_arguments.delta", item_id=self.open["id"],  # type: ignore[index]
                                       output_index=len(self.items), delta=call.arguments_delta))  # fmt: skip
         return out
 
@@ -111,8 +112,10 @@ class EventWriter:
         return out
 
 
-async def stream_events(run: ResponsesRun) -> AsyncIterator[str]:
-    w = EventWriter(run)
+async def output_events(run: ResponsesRun, w: EventWriter) -> AsyncIterator[str]:
+    """Every event from ``response.created`` to the final one; the final response object is left in
+    ``w.response``.  The streamed and the whole response both come from here, so their output items
+    (order, ids, statuses) are the same whatever the output, a call cut by ``max_output_tokens`` too."""
     yield w.event("response.created", response=run.body([]))
     yield w.event("response.in_progress", response=run.body([]))
     parser = run.parser(0)
@@ -130,14 +133,28 @@ async def stream_events(run: ResponsesRun) -> AsyncIterator[str]:
         run.store.done(run.id)
     assert final is not None
     status = run.status(final)[0]
-    if not w.items and w.open is None:  # nothing said: an empty message, as the non-streamed output has
-        for e in w._start("message", {**message_item(f"msg_{run.id}_0", "", "in_progress"), "content": []}):
+    if not w.items and w.open is None:  # nothing said: an empty message
+        for e in w._start("message", {**message_item(f"msg_{run.id}", "", "in_progress"), "content": []}):
             yield e
     for e in w.close("incomplete" if status == "incomplete" else "completed"):
         yield e
     message = assistant_message(ParsedOutput(w.content, w.reasoning, w.calls))
-    body = run.finish_response(final, w.items, message)
+    w.response = run.finish_response(final, w.items, message)
     kind = {"incomplete": "response.incomplete", "cancelled": "response.failed"}.get(
         status, "response.completed"
     )
-    yield w.event(kind, response=body)
+    yield w.event(kind, response=w.response)
+
+
+def stream_events(run: ResponsesRun) -> AsyncIterator[str]:
+    return output_events(run, EventWriter(run))
+
+
+async def complete(run: ResponsesRun) -> dict[str, Any]:
+    """The whole response: the streamed events' final response, the events themselves dropped."""
+    w = EventWriter(run)
+    async with aclosing(output_events(run, w)) as events:
+        async for _ in events:
+            pass
+    assert w.response is not None
+    return w.response
