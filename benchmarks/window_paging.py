@@ -5,7 +5,8 @@ Run from the repository root: ``python -m benchmarks.window_paging [--quick] [--
 
 Models: random-weight checkpoints of transformers' own classes (the embedded SmolLM2 tokenizer, window
 512): ``gemma3`` (5 sliding layers per full one, as Gemma 3), its ``twin`` (the same with every layer
-full attention), ``ministral`` (sliding and full alternating) and ``mistral`` (every layer windowed:
+full attention), ``gemma4`` (Gemma 4's 5:1 pattern, its full layers' own head shape, KV-shared last
+layers) and its ``gemma4-twin``, ``ministral`` (sliding and full alternating) and ``mistral`` (every layer windowed:
 its KV stays in pool pages).  Token counts do not depend on the weights' values.
 
 * memory: one 8K-token prompt; the KV bytes it holds: pool pages (``tree_pages`` after it ends) times
@@ -36,9 +37,17 @@ BASE = dict(
     sliding_window=WINDOW,
 )  # fmt: skip
 SLIDE, FULL = "sliding_attention", "full_attention"
+GEMMA4 = dict(
+    num_hidden_layers=12, global_head_dim=128, num_global_key_value_heads=1, attention_k_eq_v=True,
+    hidden_size_per_layer_input=32, vocab_size_per_layer_input=49152, num_kv_shared_layers=4,
+)  # fmt: skip
 MODELS = {
     "gemma3": ("gemma3_text", dict(num_hidden_layers=6, layer_types=[SLIDE] * 5 + [FULL])),
     "twin": ("gemma3_text", dict(num_hidden_layers=6, layer_types=[FULL] * 6)),
+    # Gemma 4's shape: full layers of twice the head size with one KV head used as k and v, per-layer
+    # inputs, the last full and sliding layers reading earlier layers' KV (no KV of their own)
+    "gemma4": ("gemma4_text", dict(GEMMA4, layer_types=([SLIDE] * 5 + [FULL]) * 2)),
+    "gemma4-twin": ("gemma4_text", dict(GEMMA4, layer_types=[FULL] * 12)),
     "ministral": ("ministral", dict(num_hidden_layers=4, layer_types=[SLIDE, FULL] * 2)),
     "mistral": ("mistral", dict(num_hidden_layers=4)),
 }
@@ -144,16 +153,18 @@ def run(args: argparse.Namespace) -> dict:
     context = 2048 if args.quick else 8192
     out: dict = {"dtype": "float32", "threads": torch.get_num_threads(), "window": WINDOW, "page_size": 16}
     progress(f"memory at {context} tokens")
-    mem = [memory_at(n, context) for n in ("gemma3", "twin", "ministral", "mistral")]
+    mem = [memory_at(n, context) for n in ("gemma3", "twin", "gemma4", "gemma4-twin", "ministral", "mistral")]
     out["memory"] = mem
-    twin = next(m for m in mem if m["model"] == "twin")["bytes_per_token"]
-    out["gemma3_vs_twin_bytes"] = next(m for m in mem if m["model"] == "gemma3")["bytes_per_token"] / twin
+    per_token = {m["model"]: m["bytes_per_token"] for m in mem}
+    out["gemma3_vs_twin_bytes"] = per_token["gemma3"] / per_token["twin"]
+    out["gemma4_vs_twin_bytes"] = per_token["gemma4"] / per_token["gemma4-twin"]
     print(format_table(["model", "pool pages", "page B", "ring B", "snapshots B", "B/token"],
                        [[m["model"], m["pool_pages"], m["page_bytes"], m["ring_bytes"], m["snapshot_bytes"],
                          f"{m['bytes_per_token']:.0f}"] for m in mem]))  # fmt: skip
     print(f"gemma3 / full-attention twin, KV bytes per context token: {out['gemma3_vs_twin_bytes']:.3f}")
+    print(f"gemma4 / full-attention twin, KV bytes per context token: {out['gemma4_vs_twin_bytes']:.3f}")
     out["sessions"] = {}
-    for name in ("gemma3", "ministral", "mistral"):
+    for name in ("gemma3", "gemma4", "ministral", "mistral"):
         for label, kw in (("cache", {}),):  # cache off prefills every prompt whole: the prompt column
             progress(f"session {name} {label}")
             rows = session(name, turns, seed=3, **kw)
@@ -162,7 +173,7 @@ def run(args: argparse.Namespace) -> dict:
             print(format_table(["turn", "prompt", "cached", "prefilled", "ideal", "cut"],
                                [[r["turn"], r["prompt"], r["cached"], r["prefilled"], r["ideal"], r["snapshot_cut"]]
                                 for r in rows]))  # fmt: skip
-    out["same_turn"] = [same_turn(n) for n in ("gemma3", "ministral", "mistral")]
+    out["same_turn"] = [same_turn(n) for n in ("gemma3", "gemma4", "ministral", "mistral")]
     print(format_table(["model", "first", "prompt", "cached", "prefilled", "ideal"],
                        [[r["model"], r["first"], r["prompt"], r["cached"], r["prefilled"], r["ideal"]]
                         for r in out["same_turn"]]))  # fmt: skip

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from chat_templates.conversations import Conversation, default_conversations, without_reasoning
 from chat_templates.render import RenderedPrompt, describe, first_divergence, locate_char, render
 
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<turn|>")
 CONTEXT_CHARS = 40
 
 

@@ -59,6 +59,9 @@ def make_tiny_model(
                 p.mul_(25.0)  # no near-ties to flip
             elif name.endswith("self_attn.sinks"):  # gpt-oss: sinks of O(1), so they take real weight
                 p.mul_(20.0)
+        for name, b in model.named_buffers():  # Gemma 4's per-layer output scale (ones at init)
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
     model.save_pretrained(out, safe_serialization=True)
     src = embedded_dir()
     for f in TOKENIZER_FILES:
@@ -138,6 +141,24 @@ WINDOW_SHAPES = {
     "gemma3-pattern": ("gemma3_text", dict(
         num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=40,
         intermediate_size=72, sliding_window=12, query_pre_attn_scalar=8,
+    )),
+    # Gemma 4: full layers of their own head shape, k as v, fewer full KV heads, PLE, a KV-shared tail
+    # (one full and one sliding layer reading earlier layers' KV) with double-wide MLPs, a proportional
+    # rope on half the full head; and a plain one by the default pattern (last layer forced full)
+    "gemma4-odd": ("gemma4_text", dict(
+        tie=True, num_hidden_layers=7, num_attention_heads=3, num_key_value_heads=3, head_dim=16,
+        global_head_dim=24, num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size=48,
+        intermediate_size=80, sliding_window=7, num_kv_shared_layers=2, use_double_wide_mlp=True,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=512, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                            "rope_theta": 5000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
+    )),
+    "gemma4-plain": ("gemma4_text", dict(
+        num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,
+        hidden_size=40, intermediate_size=72, sliding_window=12, hidden_size_per_layer_input=0,
     )),
     "mistral": ("mistral", dict(sliding_window=9, num_attention_heads=6, num_key_value_heads=2, hidden_size=48)),
     "ministral": ("ministral", dict(

@@ -110,3 +110,22 @@ def first_logits(eng: Engine, prompt: list[int]) -> tuple[list[int], torch.Tenso
     while eng.has_work():
         eng.step()
     return req.output_ids, req.logits_trace[0]
+
+
+def assert_prompt_logprobs_match(
+    eng: Engine, hf, ids: list[int], chunk_size: int, atol: float = 1e-4
+) -> None:
+    """Echoed prompt logprobs (``Engine.prompt_logprobs``, chunk by chunk) within ``atol`` of transformers'
+    log-softmax over the whole prompt, each token's and its top-3 alternatives (ids and values)."""
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    entries = eng.prompt_logprobs(ids, top=3, chunk_size=chunk_size)
+    assert [t for t, _ in entries] == ids and entries[0][1] is None
+    for pos, (tid, scored) in enumerate(entries[1:], start=1):
+        assert scored is not None
+        logp, alts = scored
+        assert abs(logp - ref[pos - 1, tid].item()) < atol, f"position {pos}"
+        top = torch.topk(ref[pos - 1], 3)
+        assert [a for a, _ in alts] == top.indices.tolist(), f"position {pos}"
+        assert max(abs(v - r) for (_, v), r in zip(alts, top.values.tolist())) < atol
+    eng.check_integrity()

@@ -2,7 +2,7 @@
 
 Logits within 1e-4 (fp32) at lengths 1-300, greedy generation identical to ``generate``, chunked
 prefill (chunk sizes that split the conv window and the 64-token delta-rule chunks) identical to
-unchunked, and batched identical to alone.
+unchunked, batched identical to alone, and echoed prompt logprobs equal to transformers'.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from runtime.sampling.params import SamplingParams
 from tests.engine_drive import tiny_engine
 from tests.helpers import HYBRID_SHAPES as SHAPES
 from tests.helpers import load_hf, make_tiny_hybrid, make_tiny_model
-from tests.parity import all_logits, assert_greedy_matches_generate, hf_greedy_mismatch
+from tests.parity import (
+    all_logits,
+    assert_greedy_matches_generate,
+    assert_prompt_logprobs_match,
+    hf_greedy_mismatch,
+)
 
 LENGTHS = [1, 2, 3, 7, 64, 65, 129, 300]
 
@@ -135,3 +140,13 @@ def test_qwen3_next_dense_layers_match_transformers(tmp_path):
     ids = torch.randint(3, 512, (40,), generator=g).tolist()
     out = eng.generate([ids], SamplingParams(max_tokens=32, ignore_eos=True))[0]
     assert len(out.output_token_ids) == 32 and hf_greedy_mismatch(hf, ids, out.output_token_ids) is None
+
+
+def test_echo_prompt_logprobs_match_transformers(hybrid_models):
+    """Scored chunk by chunk on a borrowed state slot, from a zero state: transformers' log-softmax."""
+    d = hybrid_models["odd-heads-1to1-tied"]
+    eng = _engine(d)
+    ids = torch.randint(3, 512, (150,), generator=torch.Generator().manual_seed(7)).tolist()
+    assert_prompt_logprobs_match(eng, load_hf(d), ids, chunk_size=37)
+    pool = eng.runner.state_pool
+    assert pool is not None and pool.num_free == pool.num_slots

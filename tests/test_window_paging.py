@@ -37,6 +37,21 @@ def _engine(d, **kw):
     return tiny_engine(d, **{"page_size": 4, "num_pages": 512, "record_logits": True, **kw})
 
 
+def test_gemma4_shapes_and_shared_layers_cost_no_kv(tmp_path):
+    """gemma4-odd: layers 5 (sliding) and 6 (full) read layers 3's and 4's KV; full layers' pages are
+    one 24-wide KV head, sliding layers' rings three 16-wide heads; no window paging is refused."""
+    d = make_tiny_windowed(tmp_path / "g4", "gemma4-odd")
+    eng = _engine(d)
+    r, cfg = eng.runner, eng.runner.cfg
+    assert cfg.cache_layers == (0, 1, 2, 3, 4) and cfg.kv_source[5:] == (3, 4)
+    assert len(r.pool.layers) == 2 and r.pool.layers[0][0].shape[2:] == (1, 24)
+    assert len(r.state_pool.layers) == 3 and r.state_pool.layers[0][0].shape[2:] == (3, 16)
+    assert r.kv_layers[5] is r.kv_layers[3] and r.kv_layers[6] is r.kv_layers[4]
+    assert r.pool.bytes_per_page == 2 * 2 * 24 * 4 * 4  # 2 owning full layers x k, v x 24 x fp32 x 4 tokens
+    with pytest.raises(ValueError, match="KV shapes differ"):
+        _engine(d, window_paging=False)
+
+
 def test_pool_pages_hold_only_full_attention_layers(model_dir):
     eng = _engine(model_dir, chunk_size=16, max_running=2)
     ring = eng.runner.state_pool
@@ -110,12 +125,8 @@ def test_prompt_extended_within_the_turn_hits(model_dir):
 
 
 def test_disk_tier_restart_with_window_paging_off(model_dir, tmp_path):
-    """The tiers keep pages, not window snapshots: with rings they are refused; with
-    ``window_paging=False`` every layer's KV is in pages and a restarted engine resumes from disk."""
-    from runtime.engine.admission import EngineError
-
-    with pytest.raises(EngineError, match="no-window-paging"):
-        _engine(model_dir, kv_store=str(tmp_path / "refused"))
+    """With ``window_paging=False`` every layer's KV is in pages and a restarted engine resumes from
+    disk (with rings, the tiers keep window snapshots beside the pages: tests/test_window_tiers.py)."""
     store = str(tmp_path / "store")
     gen = torch.Generator().manual_seed(9)
     turn1 = random_ids(gen, 50)

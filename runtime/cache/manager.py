@@ -19,6 +19,7 @@ from runtime.cache.page_allocator import OutOfPages, PageAllocator
 from runtime.cache.pins import PinTable
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.registry import DEFAULT_KIND, make_prefix_cache
+from runtime.cache.store.states import StateTier
 from runtime.cache.store.tiers import LowerTiers, TierStats
 from runtime.cache.tiered_cache import PageIO
 from runtime.request import PUBLIC, CacheScope, Request
@@ -53,12 +54,14 @@ class CacheManager:
         write_through: bool = False,
         states: HybridStates | NoStates | None = None,
         state_budget: int | None = None,
+        state_tier: StateTier | None = None,
     ) -> None:
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.prefix: PrefixCache = make_prefix_cache(
-            prefix_cache, page_size, self.allocator, eviction, tiers, io, write_through, state_budget
-        )
+            prefix_cache, page_size, self.allocator, eviction, tiers, io, write_through, state_budget,
+            state_tier,
+        )  # fmt: skip
         self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
         self.tiers = tiers
         self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead

@@ -15,6 +15,7 @@ from runtime.cache.eviction import DEFAULT_POLICY
 if TYPE_CHECKING:
     from runtime.cache.page_allocator import PageAllocator
     from runtime.cache.prefix_cache import PrefixCache
+    from runtime.cache.store.states import StateTier
     from runtime.cache.store.tiers import LowerTiers
     from runtime.cache.tiered_cache import PageIO
 
@@ -53,21 +54,26 @@ def make_prefix_cache(
     io: PageIO | None = None,
     write_through: bool = False,
     state_budget: int | None = None,
+    state_tier: StateTier | None = None,
 ) -> PrefixCache:
     """The cache of kind ``prefix_cache`` over ``allocator``'s pages: for ``radix``, with ``tiers`` below it if given
-    and per-node states in ``state_budget`` bytes if given (a hybrid model's snapshots)."""
+    and per-node states in ``state_budget`` bytes if given (a hybrid model's snapshots), which go below the
+    pool to ``state_tier`` when there are tiers (a window model's snapshots)."""
     if not cache_kind(prefix_cache).keeps_prefixes:
         from runtime.cache.prefix_cache import NoPrefixCache
 
         return NoPrefixCache(page_size)
+    from runtime.cache.node_states import NodeStates, NoNodeStates
+
+    states = NoNodeStates() if state_budget is None else NodeStates(state_budget)
     if tiers is not None:
         from runtime.cache.tiered_cache import TieredRadixCache
 
         assert io is not None, "a tiered cache copies pages through the pool's PageIO"
-        assert state_budget is None, "the lower tiers do not keep node states"
-        return TieredRadixCache(page_size, allocator, io, tiers, write_through, eviction)
-    from runtime.cache.node_states import NodeStates, NoNodeStates
+        assert (state_budget is None) == (state_tier is None), (
+            "node states go below the pool with a state tier"
+        )
+        return TieredRadixCache(page_size, allocator, io, tiers, write_through, eviction, states, state_tier)
     from runtime.cache.radix_cache import RadixCache
 
-    states = NoNodeStates() if state_budget is None else NodeStates(state_budget)
     return RadixCache(page_size, allocator, eviction, states)

@@ -22,6 +22,14 @@ and continues the radix tree past its leaves::
   in the background, and a match continues there past host and disk (``MatchResult.shared_len``).
 * ``persist`` writes every page still only in the pool down (shutdown, and periodically), so a
   server started on the same store finds the whole tree again.
+* A window model's tree keeps states on its nodes (window snapshots, ``runtime/cache/node_states.py``):
+  a node's state goes down to ``state_tier`` (keyed by the page key its prefix ends with) when the node
+  is evicted or persisted, and a match through the tiers stops at the last page a stored state ends,
+  whose state comes back with the pages (without one, those pages could only be recomputed)::
+
+    tree   : [ p0 p1 ]*                    * a state on the node ending there
+    tiers  :          [ p2 p3 p4 ]          pages below, with a state stored at the end of p3
+    result : 4 pages (p2, p3 loaded) and the state after p3 attached to the node inserted for them
 """
 
 from __future__ import annotations
@@ -33,10 +41,12 @@ from typing import Protocol
 import torch
 
 from runtime.cache.eviction import DEFAULT_POLICY
+from runtime.cache.node_states import NodeStates, NoNodeStates
 from runtime.cache.page_allocator import PageAllocator
 from runtime.cache.prefix_cache import MatchResult
 from runtime.cache.radix_cache import RadixCache, TreeNode
 from runtime.cache.store.page_keys import page_keys, root_key, scope_namespaces
+from runtime.cache.store.states import StateTier
 from runtime.cache.store.tiers import LowerTiers
 from runtime.request import PUBLIC, CacheScope
 
@@ -60,12 +70,17 @@ class TieredRadixCache(RadixCache):
         tiers: LowerTiers,
         write_through: bool = False,
         policy: str = DEFAULT_POLICY,
+        states: NodeStates | NoNodeStates | None = None,
+        state_tier: StateTier | None = None,
     ) -> None:
-        super().__init__(page_size, allocator, policy)
+        """``states``/``state_tier``: a window model's node states and where they go below the pool
+        (both or neither)."""
+        super().__init__(page_size, allocator, policy, states)
         self.io = io
         self.tiers = tiers
         self.write_through = write_through
         self.root_key = root_key()
+        self.state_tier = state_tier
 
     # -- reads --------------------------------------------------------------------------
     def _keys(self, tokens: list[int], scope: CacheScope) -> list[bytes]:
@@ -77,16 +92,18 @@ class TieredRadixCache(RadixCache):
         m = super().match(token_ids, scope)
         tokens = list(token_ids)
         n_pages = len(tokens) // self.page_size
-        first = len(m.pages)
+        first = (m.cached_len + m.cut_len) // self.page_size  # the tree's pages, past its last state too
         if first == n_pages:
             return m
         keys = self._keys(tokens, scope)
         tm = self.tiers.match(keys[first:])
         if tm.total == 0:
             return m
-        self.lock(m.handle)  # the matched prefix must survive the evictions that make room below
+        node, _, tree_pages = self._walk(tuple(tokens[: first * self.page_size]), scope, None)
+        self.lock(node)  # the matched prefix must survive the evictions that make room below
         try:
             n = self._room_for(tm.total)
+            extra, n = self._stored_state(keys, first, n)
             if n == 0:
                 return m
             tm = tm.first(n)
@@ -98,15 +115,26 @@ class TieredRadixCache(RadixCache):
             pages = self.allocator.alloc(n)
             self.io.write_pages(pages, kv)
             end = (first + n) * self.page_size
-            res = super().insert(tokens[:end], list(m.pages) + pages, scope)
-            assert res.prefix_len == m.cached_len, "the tree changed between match and load"
+            extra = [
+                (at, st) for at, st in extra if at <= end
+            ]  # a state past a cut-short load is not reached
+            res = super().insert(tokens[:end], tree_pages + pages, scope, extra)
+            assert res.prefix_len == first * self.page_size, "the tree changed between match and load"
         finally:
-            self.unlock(m.handle)
+            self.unlock(node)
         full = super().match(tokens[:end], scope)
         ps = self.page_size
-        return MatchResult(
-            full.handle, full.cached_len, full.pages, tm.host * ps, tm.disk * ps, shared_len=tm.shared * ps
-        )
+        return full._replace(host_len=tm.host * ps, disk_len=tm.disk * ps, shared_len=tm.shared * ps)
+
+    def _stored_state(self, keys: list[bytes], first: int, n: int) -> tuple[list[tuple[int, object]], int]:
+        """Where a tier match of ``n`` pages after ``first`` may end, and the state to attach there:
+        anywhere for a dense model; for a window model at the last page a stored state ends (0: none)."""
+        if self.state_tier is None:
+            return [], n
+        for last in range(first + n, first, -1):
+            if keys[last - 1] in self.state_tier and (st := self.state_tier.get(keys[last - 1])) is not None:
+                return [(last * self.page_size, st)], last - first
+        return [], 0
 
     def prefetch(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> Future | None:
         """Start reading the lower-tier part of this prefix from disk in the background (a Future or None)."""
@@ -122,6 +150,8 @@ class TieredRadixCache(RadixCache):
         baseline of a benchmark resets between requests, so a tier must not answer for the pool)."""
         super().reset()
         self.tiers.clear()
+        if self.state_tier is not None:
+            self.state_tier.clear()
 
     def _room_for(self, n: int) -> int:
         short = n - self.allocator.num_free
@@ -163,6 +193,15 @@ class TieredRadixCache(RadixCache):
 
     def _before_evict(self, leaf: TreeNode) -> None:
         self._write_down(leaf)
+        self._write_state(leaf)
+
+    def _write_state(self, node: TreeNode, durable: bool = False) -> None:
+        """Copy ``node``'s state (a window snapshot) down beside its pages, keyed by its last page's key."""
+        if self.state_tier is None or node.extra is None:
+            return
+        path = self.path_tokens(node)
+        keys = page_keys(path, self.page_size, self.root_key, namespaces=self.path_namespaces(node))
+        self.state_tier.put(keys[-1], node.extra, durable)
 
     def _write_down(self, node: TreeNode, durable: bool = False) -> int:
         """Copy the pages of the path ending at ``node`` that no lower tier has yet down to the tiers.
@@ -196,6 +235,7 @@ class TieredRadixCache(RadixCache):
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
+            self._write_state(node, durable=True)
             if node.children:
                 stack.extend(node.children.values())
             else:

@@ -5,7 +5,7 @@
 * ``load``: open the store with the model, load every stored prefix into the pool as far as it
   fits, verifying each page group's checksum; reports what was loaded and what was dropped.
 * ``inspect``: what the store holds (works while a server has it open).
-* ``clear``: delete every page (refused while a server has the store open).
+* ``clear``: delete every page and window snapshot (refused while a server has the store open).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def main(argv: list[str]) -> int:
         store.clear()
         store.close()
         shutil.rmtree(Path(args.kv_store) / "tmp", ignore_errors=True)
+        shutil.rmtree(Path(args.kv_store) / "window_states", ignore_errors=True)  # window snapshots
         print(f"cleared {info['pages']} pages ({info['bytes']} bytes) from {args.kv_store}")
         return 0
     from runtime.engine.engine import Engine

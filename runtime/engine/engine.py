@@ -21,6 +21,7 @@ from runtime.cache.manager import CacheManager, CacheStats
 from runtime.cache.pins import PinInfo
 from runtime.cache.registry import cache_kind
 from runtime.cache.store.open import open_tiers
+from runtime.cache.store.states import StateTier
 from runtime.engine.admission import Admission, EngineError
 from runtime.engine.config import EngineConfig
 from runtime.engine.detokenizer import IncrementalDetokenizer
@@ -32,6 +33,7 @@ from runtime.loading.tokenizer import eos_token_ids, load_tokenizer
 from runtime.request import PUBLIC, CacheScope, Request
 from runtime.runner.distributed.launch import TPError
 from runtime.runner.model_runner import ModelRunner, default_dtype
+from runtime.runner.window_pool import WindowPool
 from runtime.sampling.constrained import GrammarCompiler
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import SampleResult
@@ -49,6 +51,15 @@ def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates 
     budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
     keep = cache_kind(cfg.prefix_cache).keeps_prefixes
     return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
+
+
+def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier:
+    """Where a window model's snapshots go below the pool: beside its pages in host memory (the host
+    tier's budget again) and in the store's folder."""
+    pool = runner.state_pool
+    assert isinstance(pool, WindowPool)
+    folder = Path(cfg.kv_store) / "window_states" if cfg.kv_store else None
+    return StateTier(cfg.kv_host_memory or 0, folder, pool.snapshot_to_host, pool.snapshot_from_host)
 
 
 class Engine:
@@ -91,10 +102,12 @@ class Engine:
                 "--speculative does not work with hybrid models yet: a rejected draft would need the "
                 "linear-attention state rolled back"
             )
-        if cfg.tiered and self.runner.state_pool is not None:
+        windowed = isinstance(self.runner.state_pool, WindowPool)
+        if cfg.tiered and self.runner.state_pool is not None and (cfg.kv_shared_store or not windowed):
             raise EngineError(
-                "--kv-store / --kv-host-memory / --kv-shared-store do not keep hybrid or sliding-window models' snapshots yet "
-                "(--no-window-paging keeps a window model's KV in pages the tiers can hold)"
+                "--kv-shared-store does not keep hybrid or sliding-window models' snapshots yet, nor "
+                "--kv-store / --kv-host-memory a hybrid's (--no-window-paging keeps a window model's KV in "
+                "pages every tier can hold)"
             )
         self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
@@ -104,6 +117,7 @@ class Engine:
             shared_url=cfg.kv_shared_store,
         )  # fmt: skip
         states, state_budget = hybrid_states(self.runner, cfg)
+        state_tier = window_state_tier(self.runner, cfg) if tiers is not None and windowed else None
         self.cache = CacheManager(
             self.runner.pool.num_pages,
             cfg.page_size,
@@ -116,6 +130,7 @@ class Engine:
             write_through=cfg.kv_write_through,
             states=states,
             state_budget=state_budget,
+            state_tier=state_tier,
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(

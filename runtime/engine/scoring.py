@@ -2,7 +2,9 @@
 
 Runs on the engine thread between steps (``Engine.prompt_logprobs``, called through ``AsyncEngine.run_idle``),
 on pages reserved for the call and freed after it, so the prefix cache and running requests are untouched.  The first token has no
-logprob (nothing precedes it): its entry is None.
+logprob (nothing precedes it): its entry is None.  A window model's window layers (or a hybrid's linear
+layers) run on a ring (state) slot borrowed for the call the same way: chunk after chunk from position 0,
+no snapshot taken.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from runtime.engine.admission import EngineError
 from runtime.request import Request
 from runtime.runner.forward_batch import build_forward_batch
 from runtime.runner.model_runner import ModelRunner
+from runtime.runner.state_pool import StateInput
 from runtime.sampling.params import SamplingParams
 
 Entry = tuple[int, tuple[float, list[tuple[int, float]]] | None]
@@ -24,19 +27,22 @@ def prompt_logprobs(
     runner: ModelRunner, cache: CacheManager, chunk_size: int, ids: list[int], top: int
 ) -> list[Entry]:
     """``[(token, (logprob, top alternatives) | None)]`` for every prompt token, in order."""
-    if runner.state_pool is not None:  # a hybrid's states / a window model's rings need a slot
-        raise EngineError("prompt logprobs (echo) are not supported for hybrid or sliding-window models yet")
+    slots = runner.state_pool
+    if slots is not None and slots.num_free == 0:
+        raise EngineError("no free window/state slot to score the prompt now; retry shortly")
     scratch = Request("score", list(ids), len(ids), SamplingParams(max_tokens=1), frozenset())
     if not cache.reserve(scratch, len(ids)):
         raise EngineError("not enough free KV pages to score the prompt now; retry shortly")
+    slot = slots.alloc() if slots is not None else None
     entries: list[Entry] = [(ids[0], None)]
     try:
-        step = chunk_size
+        step = min(chunk_size, getattr(slots, "max_chunk", chunk_size))  # a window ring's widest chunk
         for start in range(0, len(ids) - 1, step):
             chunk = ids[start : start + step]
             fb = build_forward_batch([(chunk, start, scratch.pages)], [True], runner.page_size, runner.device)
             fb = fb._replace(logits_rows=torch.arange(len(chunk), device=runner.device))
-            logp = torch.log_softmax(runner.forward(fb).float(), dim=-1)
+            st = None if slot is None else StateInput([slot], [start == 0], [[]], [], [None])
+            logp = torch.log_softmax(runner.forward(fb, st).float(), dim=-1)
             nxt = ids[start + 1 : start + len(chunk) + 1]
             rows = logp[: len(nxt)]
             chosen = rows.gather(1, torch.tensor(nxt, device=rows.device).unsqueeze(1)).squeeze(1).tolist()
@@ -48,4 +54,6 @@ def prompt_logprobs(
                 entries.append((tid, (chosen[j], pairs)))
     finally:
         cache.allocator.free(scratch.pages)
+        if slots is not None and slot is not None:
+            slots.free(slot)
     return entries

@@ -1,5 +1,5 @@
-"""Model code: one decoder implementation for the dense families, one for Gemma 3, one for gpt-oss, one
-for the hybrids (Qwen3.5)."""
+"""Model code: one decoder implementation for the dense families, one for Gemma 3 (and Gemma 4 on top of
+it), one for gpt-oss, one for the hybrids (Qwen3.5)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from runtime.models.config import SUPPORTED, ModelConfig
 from runtime.models.decoder import CausalLM
 from runtime.models.gemma3 import GemmaCausalLM
+from runtime.models.gemma4 import Gemma4CausalLM
 from runtime.models.gpt_oss import GptOssCausalLM
 from runtime.models.layers import RotaryEmbedding
 from runtime.models.qwen3_5 import HybridCausalLM, rotary_dim
@@ -28,9 +29,9 @@ def build_model(
     if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor
         model.lm_head.weight = model.embed_tokens.weight
     with torch.device(device):
-        model.rope = RotaryEmbedding(
-            rotary_dim(cfg), cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-        )
+        # the full layers' table: Gemma 4's full layers have their own head size
+        dim = cfg.kv_shape(window=False)[1] if cfg.gemma4 is not None else rotary_dim(cfg)
+        model.rope = RotaryEmbedding(dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         if cfg.gemma is not None:  # the sliding layers' own rope base
             g = cfg.gemma
             model.local_rope = RotaryEmbedding(
@@ -44,9 +45,12 @@ def model_class(cfg: ModelConfig) -> type[CausalLM] | type[HybridCausalLM]:
         return HybridCausalLM
     if cfg.gpt_oss is not None:
         return GptOssCausalLM
+    if cfg.gemma4 is not None:
+        return Gemma4CausalLM
     return GemmaCausalLM if cfg.gemma is not None else CausalLM
 
 
 __all__ = [
-    "SUPPORTED", "ModelConfig", "CausalLM", "GemmaCausalLM", "GptOssCausalLM", "HybridCausalLM", "build_model",
+    "SUPPORTED", "ModelConfig", "CausalLM", "GemmaCausalLM", "Gemma4CausalLM", "GptOssCausalLM", "HybridCausalLM",
+    "build_model",
 ]  # fmt: skip

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from runtime.models.gemma4_config import GEMMA4, Gemma4Config, gemma4_fields
 from runtime.models.gpt_oss_config import GPT_OSS, GptOssConfig, gpt_oss_fields
 from runtime.models.hybrid_config import HYBRID, LinearAttnConfig, hybrid_fields, text_config
 from runtime.models.moe_config import MoEConfig
@@ -19,6 +20,7 @@ SUPPORTED = {
     "qwen3_moe": "Qwen3-MoE (30B-A3B, Coder-30B-A3B)",
     **WINDOWED,
     **GEMMA,
+    **GEMMA4,
     **HYBRID,
     **GPT_OSS,
 }
@@ -30,7 +32,8 @@ class ModelConfig(NamedTuple):
 
     Hybrids (Qwen3.5, Qwen3-Next) also set ``layer_types`` (which layers are Gated DeltaNet linear
     attention), ``linear_attn`` (their shape) and ``partial_rotary_factor``.  ``windows``: each layer's
-    sliding window (None: full attention; empty: no layer has one).  ``gemma``: Gemma 3's switches.
+    sliding window (None: full attention; empty: no layer has one).  ``gemma``: Gemma 3's switches (Gemma 4
+    shares them); ``gemma4``: what Gemma 4 adds (its full layers' KV shape, KV shared across layers).
     ``gpt_oss``: gpt-oss's expert activation (its sinks and biases follow from the family).
     """
 
@@ -59,6 +62,7 @@ class ModelConfig(NamedTuple):
     windows: tuple[int | None, ...] = ()
     gemma: GemmaConfig | None = None
     gpt_oss: GptOssConfig | None = None
+    gemma4: Gemma4Config | None = None
 
     @classmethod
     def from_dict(cls, c: dict[str, Any]) -> ModelConfig:
@@ -83,6 +87,10 @@ class ModelConfig(NamedTuple):
         if mt in GPT_OSS:
             extra = gpt_oss_fields(c)
         windows = layer_windows(c, mt, c["num_hidden_layers"])
+        if mt in GEMMA4:
+            extra = gemma4_fields(c)
+            scaling, theta = extra.pop("rope_scaling"), extra.pop("rope_theta")
+            windows = extra.pop("windows")
         return cls(
             model_type=mt,
             vocab_size=c["vocab_size"],
@@ -98,7 +106,7 @@ class ModelConfig(NamedTuple):
             max_position_embeddings=c.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             qkv_bias=mt == "qwen2" or bool(c.get("attention_bias", False)),
-            qk_norm=mt in ("qwen3", "qwen3_moe") or mt in HYBRID or mt in GEMMA,
+            qk_norm=mt in ("qwen3", "qwen3_moe") or mt in HYBRID or mt in GEMMA or mt in GEMMA4,
             sliding_window=max((w for w in windows if w is not None), default=None),
             eos_token_ids=eos_ids,
             bos_token_id=c.get("bos_token_id"),
@@ -121,13 +129,35 @@ class ModelConfig(NamedTuple):
 
     @property
     def num_attention_layers(self) -> int:
-        """Layers with a KV cache: all of them, or a hybrid's full-attention ones."""
+        """Layers with a KV cache: all of them, or a hybrid's full-attention ones, or those Gemma 4
+        layers that do not read another layer's KV."""
         if not self.layer_types:
-            return self.num_layers
+            return len(self.cache_layers)
         return sum(t != "linear_attention" for t in self.layer_types)
 
+    @property
+    def kv_source(self) -> tuple[int, ...]:
+        """Each layer's KV owner: itself, or (Gemma 4's KV-shared tail) an earlier layer's cache it reads."""
+        if self.gemma4 is not None:
+            return self.gemma4.kv_source
+        return tuple(range(self.num_layers))
+
+    @property
+    def cache_layers(self) -> tuple[int, ...]:
+        """The layers that own a KV cache (every layer but Gemma 4's KV-shared tail)."""
+        return tuple(i for i, src in enumerate(self.kv_source) if src == i)
+
+    def kv_shape(self, window: bool) -> tuple[int, int]:
+        """(kv_heads, head_dim) of a window layer's KV or a full layer's (Gemma 4's full layers differ)."""
+        if self.gemma4 is not None and not window:
+            return self.gemma4.full_kv_heads, self.gemma4.full_head_dim
+        return self.num_kv_heads, self.head_dim
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        if not self.windows:
+            return 2 * self.num_attention_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        shapes = [self.kv_shape(self.windows[i] is not None) for i in self.cache_layers]
+        return 2 * sum(h * d for h, d in shapes) * dtype_bytes
 
 
 def _dense_width(c: dict[str, Any]) -> int:

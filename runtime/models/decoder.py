@@ -118,9 +118,21 @@ def paged_attention(
 ) -> torch.Tensor:
     """Store this step's k/v in the layer's pages, then attend: q [T, Hq, D] -> [T, Hq, D]; ``window``:
     only each query's last ``window`` keys (a sliding-window layer)."""
+    ctx.backend.store_kv(kv[0], kv[1], ctx.fb.slot_mapping, k, v)
+    return cached_attention(q, ctx, kv, scale, window)
+
+
+def cached_attention(
+    q: torch.Tensor,
+    ctx: StepContext,
+    kv: tuple[torch.Tensor, torch.Tensor],
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Attend over the keys and values already in the layer's pages, this step's included (a layer that
+    reads an earlier layer's KV, Gemma 4's KV-shared tail, stores none of its own)."""
     k_cache, v_cache = kv
     fb, backend = ctx.fb, ctx.backend
-    backend.store_kv(k_cache, v_cache, fb.slot_mapping, k, v)
     if fb.is_decode:
         plan = None if ctx.plan is None else ctx.plan[window]
         return backend.decode_attention(

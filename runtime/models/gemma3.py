@@ -70,13 +70,17 @@ class GemmaDecoderLayer(nn.Module):
 class GemmaCausalLM(CausalLM):
     """Gemma 3's embeddings (scaled), decoder layers, final norm, LM head and logit softcap.
 
-    ``local_rope`` (the sliding layers' table) is built beside ``rope`` by ``build_model``.
+    ``local_rope`` (the sliding layers' table) is built beside ``rope`` by ``build_model``.  Gemma 4
+    (``gemma4.py``) keeps the embedding, contexts and head, with its own layers and norms.
     """
+
+    layer_class: type[nn.Module] = GemmaDecoderLayer
+    norm_class: type[nn.Module] = OffsetRMSNorm
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
-        self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(self.layer_class(cfg, i) for i in range(cfg.num_layers))
+        self.norm = self.norm_class(cfg.hidden_size, cfg.rms_norm_eps)
         self.local_rope: nn.Module | None = None
 
     def choose_decode(self, backend: AttentionBackend, k_cache: torch.Tensor | None, compile: bool) -> str:
@@ -88,7 +92,31 @@ class GemmaCausalLM(CausalLM):
 
     def compile_decode(self) -> None:
         """``torch.compile`` the decode step's layer (see ``CausalLM.compile_decode``)."""
-        self.decode_run = (torch.compile(GemmaDecoderLayer.forward, dynamic=True), list(self.layers))
+        self.decode_run = (torch.compile(self.layer_class.forward, dynamic=True), list(self.layers))
+
+    def contexts(
+        self, fb: ForwardBatch, ring: ForwardBatch | None, backend: AttentionBackend, page_size: int
+    ) -> tuple[StepContext, StepContext]:
+        """The full layers' step context (global rope) and the sliding layers' (local rope, their rings)."""
+        assert self.local_rope is not None
+        full, local = step_contexts(fb, ring, *self.rope.lookup(fb.positions), backend, page_size,
+                                    self.cfg.windows)  # fmt: skip
+        return full, local._replace(**dict(zip(("cos", "sin"), self.local_rope.lookup(fb.positions))))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings scaled by ``sqrt(hidden)``, the scale rounded to the weights' dtype."""
+        w = self.embed_tokens.weight
+        return self.embed_tokens(ids) * torch.tensor(self.cfg.hidden_size**0.5, dtype=w.dtype)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head and the config's tanh softcap, in float32."""
+        g = self.cfg.gemma
+        assert g is not None
+        logits = self.lm_head.run(self.norm.forward(h)).float()
+        if g.final_logit_softcapping is not None:
+            cap = g.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     @torch.inference_mode()
     def forward(
@@ -99,21 +127,17 @@ class GemmaCausalLM(CausalLM):
         ring: ForwardBatch | None = None,
     ) -> torch.Tensor:
         """Returns float32 logits ``[len(fb.logits_rows), vocab]`` (``ring``: see ``CausalLM.forward``)."""
-        cfg = self.cfg
-        g = cfg.gemma
-        assert g is not None and self.local_rope is not None
-        ps = kv_layers[0][0].shape[1]
-        full, local = step_contexts(fb, ring, *self.rope.lookup(fb.positions), backend, ps, cfg.windows)
-        local = local._replace(**dict(zip(("cos", "sin"), self.local_rope.lookup(fb.positions))))
-        w = self.embed_tokens.weight
-        h = self.embed_tokens(fb.input_ids) * torch.tensor(cfg.hidden_size**0.5, dtype=w.dtype)
-        run_layer = GemmaDecoderLayer.forward
+        full, local = self.contexts(fb, ring, backend, kv_layers[0][0].shape[1])
+        h = self.embed(fb.input_ids)
+        per_layer = self.per_layer_inputs(fb.input_ids, h)
+        run_layer = self.layer_class.forward
         if fb.is_decode and self.decode_run is not None:
             run_layer = self.decode_run[0]
-        for layer, kv in zip(self.layers, kv_layers):
-            h = run_layer(layer, h, local if layer.local else full, kv)
-        logits = self.lm_head.run(self.norm.forward(h[fb.logits_rows])).float()
-        if g.final_logit_softcapping is not None:
-            cap = g.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        for i, (layer, kv) in enumerate(zip(self.layers, kv_layers)):
+            extra = () if per_layer is None else (per_layer[:, i],)
+            h = run_layer(layer, h, local if layer.local else full, kv, *extra)
+        return self.head(h[fb.logits_rows])
+
+    def per_layer_inputs(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor | None:
+        """``[T, layers, dim]``: a per-layer input for each token (Gemma 4's PLE); None for Gemma 3."""
+        return None

@@ -12,7 +12,7 @@ HYBRID = {
     "qwen3_5_moe": "Qwen3.5-MoE (text model of the multimodal checkpoint)",
 }
 # multimodal checkpoints whose text model is nested under ``text_config`` (Gemma 3's too)
-_NESTED = ("qwen3_5", "qwen3_5_moe", "gemma3")
+_NESTED = ("qwen3_5", "qwen3_5_moe", "gemma3", "gemma4")
 
 
 class LinearAttnConfig(NamedTuple):

@@ -29,18 +29,27 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-class OffsetRMSNorm(nn.Module):
-    """RMSNorm scaled by ``1 + weight`` (weights stored zero-centred: Gemma, Qwen3.5), in fp32, cast to
-    the input's dtype after the scale."""
+class Fp32RMSNorm(nn.Module):
+    """RMSNorm scaled by ``offset + weight`` in fp32, cast to the input's dtype after the scale (Gemma 4's
+    norms: offset 0)."""
+
+    offset = 0.0
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - self.offset))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight.float() + 1.0
+        w = self.weight.float() + self.offset
         return F.rms_norm(x.float(), w.shape, w, self.eps).to(x.dtype)
+
+
+class OffsetRMSNorm(Fp32RMSNorm):
+    """RMSNorm scaled by ``1 + weight`` (weights stored zero-centred: Gemma 3, Qwen3.5), in fp32, cast to
+    the input's dtype after the scale."""
+
+    offset = 1.0
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -49,6 +58,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     if not scaling:
         return inv
     kind = scaling["rope_type"]
+    if kind == "proportional":  # Gemma 4: the first fraction of the frequencies rotate, the rest stay put
+        rotated = int(float(scaling.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+        inv[rotated:] = 0.0
+        return inv / float(scaling.get("factor", 1.0))
     if kind == "linear":
         return inv / float(scaling["factor"])
     if kind == "llama3":
@@ -65,7 +78,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         return torch.where(medium, smoothed, scaled)
     if kind == "yarn":
         return _yarn_inv_freq(inv, head_dim, theta, scaling)
-    raise ValueError(f"unsupported rope scaling {kind!r} (supported: default, linear, llama3, yarn)")
+    raise ValueError(
+        f"unsupported rope scaling {kind!r} (supported: default, linear, llama3, yarn, proportional)"
+    )
 
 
 def _yarn_inv_freq(inv: torch.Tensor, dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:

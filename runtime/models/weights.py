@@ -27,7 +27,9 @@ _EXPERT = re.compile(
 )
 
 
-_VISION = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
+_VISION = re.compile(
+    r"^(model\.)?(vision_tower|multi_modal_projector|audio_tower|embed_vision|embed_audio)\."
+)
 
 
 class WeightsError(Exception):
@@ -82,7 +84,7 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
     else:
         short = name
     m = _LAYER.match(name)
-    if m and m.group(3) in _FUSED:
+    if m and m.group(3) in _FUSED and not (cfg.gemma4 is not None and m.group(2) == "self_attn"):
         target, idx = _FUSED[m.group(3)]
         key = f"layers.{m.group(1)}.{m.group(2)}.{target}.{m.group(4)}"
         p = params[key]

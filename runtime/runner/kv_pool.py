@@ -28,7 +28,8 @@ class KVPool:
         self.page_size = page_size
         elem = torch.tensor([], dtype=dtype).element_size()
         layers = cfg.num_attention_layers if num_layers is None else num_layers
-        self.bytes_per_page = 2 * layers * cfg.num_kv_heads * cfg.head_dim * elem * page_size
+        heads, head_dim = cfg.kv_shape(window=False)  # Gemma 4's full layers have their own head shape
+        self.bytes_per_page = 2 * layers * heads * head_dim * elem * page_size
         if num_pages is None:
             budget = memory_bytes if memory_bytes is not None else default_kv_budget(device)
             num_pages = budget // self.bytes_per_page
@@ -37,7 +38,7 @@ class KVPool:
                 f"KV budget too small: one page of {page_size} tokens needs {self.bytes_per_page} bytes"
             )
         self.num_pages = int(num_pages)
-        shape = (self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (self.num_pages, page_size, heads, head_dim)
         self.layers = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(layers)

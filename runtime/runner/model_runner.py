@@ -120,15 +120,25 @@ class ModelRunner:
         rings = isinstance(self.state_pool, WindowPool)
         if rings and kv_cache_memory is not None and num_pages is None:  # the rings come out of the budget
             kv_cache_memory -= self.state_pool.nbytes
-        full_layers = sum(w is None for w in self.cfg.windows) if rings else None
+        pooled_windows = not rings and any(w is not None for w in self.cfg.windows)
+        if pooled_windows and self.cfg.kv_shape(True) != self.cfg.kv_shape(False):
+            raise ValueError(
+                f"{self.cfg.model_type}: its full and sliding layers' KV shapes differ, so its sliding layers"
+                " need window rings (one device, window paging on)"
+            )
+        owners = self.cfg.cache_layers
+        full_layers = sum(self.cfg.window(i) is None for i in owners) if rings else None
         self.pool = KVPool(
             pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages, full_layers
         )
-        # each attention layer's (k, v): a window layer's ring when the rings hold them, else its pool pages
+        # each attention layer's (k, v): a window layer's ring when the rings hold them, else its pool
+        # pages; a layer that reads another's KV (Gemma 4's shared tail) gets that layer's; a hybrid's
+        # are its full-attention layers' pages, in order
         self.kv_layers = list(self.pool.layers)
-        if rings:
-            full, ring = iter(self.pool.layers), iter(self.state_pool.layers)
-            self.kv_layers = [next(full) if w is None else next(ring) for w in self.cfg.windows]
+        if not hybrid:
+            full, ring = iter(self.pool.layers), iter(self.state_pool.layers if rings else ())
+            own = {i: next(ring) if rings and self.cfg.window(i) is not None else next(full) for i in owners}
+            self.kv_layers = [own[src] for src in self.cfg.kv_source]
         self.linear_backend = select_linear_backend(self.device) if hybrid else None
         self.graphs: DecodeGraphRunner | None = None
         self.decode_path = "eager"  # see choose_decode

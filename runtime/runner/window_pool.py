@@ -59,13 +59,13 @@ class WindowPool:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        windows = [w for w in cfg.windows if w is not None]
+        windows = [cfg.windows[i] for i in cfg.cache_layers if cfg.windows[i] is not None]
         self.page_size = page_size
         self.span = max(windows)  # a snapshot keeps the widest window's keys for every window layer
         self.max_chunk = chunk_size
         self.ring_pages = -(-(self.span + chunk_size) // page_size) + 1
         self.num_slots = num_slots
-        shape = (num_slots * self.ring_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (num_slots * self.ring_pages, page_size, *cfg.kv_shape(window=True))
         self.layers = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in windows
@@ -102,6 +102,18 @@ class WindowPool:
     def empty_snapshot(self) -> WindowSnapshot:
         k = self.layers[0][0]
         return WindowSnapshot(k.new_empty(len(self.layers), 2, self.span, *k.shape[2:]))
+
+    def snapshot_to_host(self, snap: WindowSnapshot) -> torch.Tensor:
+        """A snapshot's K/V as a host tensor (what the host and disk tiers keep)."""
+        return snap.kv.to("cpu")
+
+    def snapshot_from_host(self, kv: torch.Tensor) -> WindowSnapshot:
+        """A snapshot back from the tiers, on this pool's device and dtype (checked against its shape)."""
+        k = self.layers[0][0]
+        want = (len(self.layers), 2, self.span, *k.shape[2:])
+        if tuple(kv.shape) != want:
+            raise ValueError(f"stored window snapshot has shape {tuple(kv.shape)}, this model's is {want}")
+        return WindowSnapshot(kv.to(k.device, k.dtype))
 
     def copy_to(self, slot: int, snap: WindowSnapshot, end: int) -> None:
         """Fill ``snap`` with the ring's keys before position ``end`` (still in the ring: a step's
