@@ -16,50 +16,27 @@ from pathlib import Path
 
 import torch
 
-from runtime.cache.hybrid_states import HybridStates
 from runtime.cache.manager import CacheManager, CacheStats
 from runtime.cache.pins import PinInfo
 from runtime.cache.registry import cache_kind
 from runtime.cache.store.open import open_tiers
-from runtime.cache.store.states import StateTier
 from runtime.engine.admission import Admission, EngineError
 from runtime.engine.config import EngineConfig
 from runtime.engine.detokenizer import IncrementalDetokenizer
 from runtime.engine.outputs import RequestOutput, make_output
 from runtime.engine.scoring import Entry, prompt_logprobs
+from runtime.engine.states import check_state_support, hybrid_states, window_state_tier
 from runtime.engine.stats import EngineStats, engine_stats
 from runtime.loading.model_source import cache_dir, resolve_model
 from runtime.loading.tokenizer import eos_token_ids, load_tokenizer
 from runtime.request import PUBLIC, CacheScope, Request
 from runtime.runner.distributed.launch import TPError
 from runtime.runner.model_runner import ModelRunner, default_dtype
-from runtime.runner.window_pool import WindowPool
 from runtime.sampling.constrained import GrammarCompiler
 from runtime.sampling.params import SamplingParams
 from runtime.sampling.sampler import SampleResult
 from runtime.scheduler import Batch, Scheduler
 from runtime.speculative.drafter import make_drafter
-
-DEFAULT_SNAPSHOT_BYTES = 1 << 30
-
-
-def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
-    """A hybrid model's state slots, and the byte budget of the snapshots on the prefix cache's nodes
-    (None for dense models; snapshots are taken only when a prefix cache keeps them)."""
-    if runner.state_pool is None:
-        return None, None
-    budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
-    keep = cache_kind(cfg.prefix_cache).keeps_prefixes
-    return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
-
-
-def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier:
-    """Where a window model's snapshots go below the pool: beside its pages in host memory (the host
-    tier's budget again) and in the store's folder."""
-    pool = runner.state_pool
-    assert isinstance(pool, WindowPool)
-    folder = Path(cfg.kv_store) / "window_states" if cfg.kv_store else None
-    return StateTier(cfg.kv_host_memory or 0, folder, pool.snapshot_to_host, pool.snapshot_from_host)
 
 
 class Engine:
@@ -97,18 +74,7 @@ class Engine:
                 f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
             )
         self.max_model_len = cfg.max_model_len or model_len
-        if cfg.speculative != "off" and self.runner.state_pool is not None:
-            raise EngineError(
-                "--speculative does not work with hybrid models yet: a rejected draft would need the "
-                "linear-attention state rolled back"
-            )
-        windowed = isinstance(self.runner.state_pool, WindowPool)
-        if cfg.tiered and self.runner.state_pool is not None and (cfg.kv_shared_store or not windowed):
-            raise EngineError(
-                "--kv-shared-store does not keep hybrid or sliding-window models' snapshots yet, nor "
-                "--kv-store / --kv-host-memory a hybrid's (--no-window-paging keeps a window model's KV in "
-                "pages every tier can hold)"
-            )
+        check_state_support(self.runner, cfg)
         self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
             cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
@@ -117,7 +83,7 @@ class Engine:
             shared_url=cfg.kv_shared_store,
         )  # fmt: skip
         states, state_budget = hybrid_states(self.runner, cfg)
-        state_tier = window_state_tier(self.runner, cfg) if tiers is not None and windowed else None
+        state_tier = window_state_tier(self.runner, cfg) if tiers is not None else None
         self.cache = CacheManager(
             self.runner.pool.num_pages,
             cfg.page_size,

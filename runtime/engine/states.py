@@ -1,0 +1,53 @@
+"""A model's state slots as the engine sets them up: a hybrid's linear-attention states or a window
+model's rings, the byte budget of their snapshots on the prefix cache's nodes, and where a window
+model's snapshots go below the pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.cache.hybrid_states import HybridStates
+from runtime.cache.registry import cache_kind
+from runtime.cache.store.states import StateTier
+from runtime.engine.admission import EngineError
+from runtime.engine.config import EngineConfig
+from runtime.runner.model_runner import ModelRunner
+from runtime.runner.window_pool import WindowPool
+
+DEFAULT_SNAPSHOT_BYTES = 1 << 30
+
+
+def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
+    """A hybrid model's state slots, and the byte budget of the snapshots on the prefix cache's nodes
+    (None for dense models; snapshots are taken only when a prefix cache keeps them)."""
+    if runner.state_pool is None:
+        return None, None
+    budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
+    keep = cache_kind(cfg.prefix_cache).keeps_prefixes
+    return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
+
+
+def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier | None:
+    """Where a window model's snapshots go below the pool: beside its pages in host memory (the host
+    tier's budget again) and in the store's folder.  None for a model without rings."""
+    pool = runner.state_pool
+    if not isinstance(pool, WindowPool):
+        return None
+    folder = Path(cfg.kv_store) / "window_states" if cfg.kv_store else None
+    return StateTier(cfg.kv_host_memory or 0, folder, pool.snapshot_to_host, pool.snapshot_from_host)
+
+
+def check_state_support(runner: ModelRunner, cfg: EngineConfig) -> None:
+    """Refuse (EngineError) what a model with state slots cannot do yet."""
+    if cfg.speculative != "off" and runner.state_pool is not None:
+        raise EngineError(
+            "--speculative does not work with hybrid models yet: a rejected draft would need the "
+            "linear-attention state rolled back"
+        )
+    windowed = isinstance(runner.state_pool, WindowPool)
+    if cfg.tiered and runner.state_pool is not None and (cfg.kv_shared_store or not windowed):
+        raise EngineError(
+            "--kv-shared-store does not keep hybrid or sliding-window models' snapshots yet, nor "
+            "--kv-store / --kv-host-memory a hybrid's (--no-window-paging keeps a window model's KV in "
+            "pages every tier can hold)"
+        )
