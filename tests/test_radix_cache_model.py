@@ -124,7 +124,7 @@ class Harness:
             gone_cls = {p: ends[p] in held for p in removed}
             for cls in (False, True):
                 gone = [self.stamps[p] for p in removed if gone_cls[p] == cls]
-                kept = [self.stamps[p] for p in left if (p in held) == cls]
+                kept = [self.stamps[p] for p in left if p in leaves and (p in held) == cls]  # leaves before
                 if gone and kept:
                     assert max(gone) <= min(kept)
             if any(gone_cls.values()):  # a leaf with a state went: no leaf without one was passed over
