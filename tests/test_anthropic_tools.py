@@ -1,5 +1,5 @@
 """``tool_choice`` on ``/v1/messages`` is enforced by constrained decoding: with the embedded model,
-20 different prompts over 3 tools give, for ``any``, a ``tool_use`` block naming one of the tools with
+20 different prompts over 3 tools (half each) give, for ``any``, a ``tool_use`` block naming one of the tools with
 an ``input`` that validates (jsonschema) against its ``input_schema``; for ``tool``, the named tool;
 ``stop_reason`` is ``tool_use`` (one call: ``disable_parallel_tool_use``), and the streamed message equals the non-streamed one.  ``none``
 keeps the tools in the prompt (same cached prefix) but no call is parsed: text only."""
@@ -88,12 +88,12 @@ def _only_call(msg) -> anthropic.types.ToolUseBlock:
 
 def test_any_calls_a_real_tool_with_valid_input(client):
     names = [_only_call(_both(client, messages=[{"role": "user", "content": p}],
-                              tool_choice={"type": "any", "disable_parallel_tool_use": True})).name for p in PROMPTS]  # fmt: skip
-    assert len(names) == 20 and set(names) <= set(SCHEMAS)
+                              tool_choice={"type": "any", "disable_parallel_tool_use": True})).name for p in PROMPTS[::2]]  # fmt: skip
+    assert len(names) == 10 and set(names) <= set(SCHEMAS)
 
 
 def test_named_tool_is_the_one_called(client):
-    for i, p in enumerate(PROMPTS):
+    for i, p in enumerate(PROMPTS[1::2]):  # the other 10 prompts (half the suite's time for these two)
         name = TOOLS[i % 3]["name"]
         msg = _both(
             client,

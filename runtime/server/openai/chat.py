@@ -30,9 +30,6 @@ class ChatCompletionRun(OpenAIRun, chat_run.ChatRun):
         self.setup()
 
     def finish_reason(self, out: RequestOutput, n_calls: int) -> str:
-        # an output cut by max_tokens says so even after a complete call: the next one may be cut
-        if out.finish_reason == "length":
-            return "length"
         return "tool_calls" if n_calls else (out.finish_reason or "stop")
 
 
