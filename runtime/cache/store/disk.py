@@ -7,16 +7,14 @@ Layout of a store directory::
     groups/<id>.safetensors   one "kv" tensor [n_pages, layers, 2, page_size, kv_heads, head_dim]
     tmp/                 writes in progress; whatever is left here after a crash is deleted at open
 
-A page is keyed by :mod:`runtime.cache.store.page_keys` (the chain of its prefix) and records its
-parent key and its tokens, so the index is a tree that rebuilds without the pool.  A write is a
-group of consecutive pages: the file is written under ``tmp/``, fsynced, renamed into
-``groups/`` and only then indexed, so a crash leaves either a whole indexed group or an
-unindexed file that the next open removes.  Every group's CRC-32 is checked on load;
-a group that fails it (truncated, flipped byte) is dropped with every page below it, and the
-caller recomputes those tokens.  The byte budget is kept by evicting least recently used
-groups; a page below an evicted one can never match again and is dropped with it.  A page may
-arrive before its parent (a host tier above evicts in its own order); the index accepts it, and
-an open drops whatever parent never came.
+A page is keyed by :mod:`runtime.cache.store.page_keys` (the chain of its prefix) and records its parent
+key and its tokens, so the index is a tree that rebuilds without the pool.  A write is a group of
+consecutive pages: written under ``tmp/``, fsynced, renamed into ``groups/``, only then indexed, so a
+crash leaves a whole indexed group or an unindexed file the next open removes.  Every group's CRC-32
+is checked on load; a group that fails it (truncated, flipped byte) is dropped with every page below
+it, and the caller recomputes those tokens.  The byte budget is kept by evicting least recently used
+groups; a page below an evicted one can never match again and goes with it.  A page may arrive before
+its parent (a host tier above evicts in its own order); an open drops whatever parent never came.
 """
 
 from __future__ import annotations
