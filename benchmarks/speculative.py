@@ -36,7 +36,9 @@ MODES = ("off", "ngram", "suffix")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = base_parser("speculative", __doc__.splitlines()[0])
-    p.add_argument("--dtype", default="bfloat16", help="model dtype (default bfloat16: this CPU's default)")
+    p.add_argument(
+        "--dtype", default=None, help="model dtype (default: this CPU's, bf16 with AVX512-BF16 else fp32)"
+    )
     p.add_argument("--batches", default="1,8", help="batch sizes (default 1,8)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--max-reply", type=int, default=None, help="cap on reply tokens (default 400, quick 120)")
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> dict:
     n = reps(args, 3)
     max_reply = args.max_reply or (120 if args.quick else 400)
     engines = {m: Engine(dtype=args.dtype, speculative=m, kv_cache_memory="1G", max_running=8) for m in MODES}
+    args.dtype = str(engines["off"].dtype).removeprefix("torch.")
     results, rows = [], []
     for wl in args.workloads.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
@@ -125,7 +128,10 @@ def run(args: argparse.Namespace) -> dict:
                 for m, eng in engines.items():
                     runs[m].append(one_round(eng, wl, batch, rnd, max_reply))
                     r = runs[m][-1]
-                    progress(f"{wl} b{batch} {m} round {rnd}: {r['tokens'] / r['seconds']:.1f} tok/s")
+                    progress(
+                        f"{wl} b{batch} {m} round {rnd}: {r['tokens'] / r['seconds']:.1f} tok/s, "
+                        f"{r['accepted']} of {r['drafted']} drafted accepted, {r['tokens']} tokens"
+                    )
             tps = {m: median([r["tokens"] / r["seconds"] for r in rs]) for m, rs in runs.items()}
             entry = dict(workload=wl, batch=batch, decode_tok_s=tps, runs=runs)
             for m in MODES[1:]:

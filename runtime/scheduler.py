@@ -1,8 +1,9 @@
 """Continuous batching with chunked prefill; the scheduler owns every request's life.
 
 ``schedule()`` picks a step: every running request that needs one token (a decode), then a
-prefill budget of ``chunk_size`` tokens with the next chunks of partly prefilled requests and
-newly admitted ones, so a long prompt delays running decodes by at most one chunk.  When pages
+prefill budget of ``chunk_size`` tokens (``tenant_chunk_size`` while more than one tenant has
+work) with the next chunks of partly prefilled requests and newly admitted ones (a tenant with
+nothing running first), so a long prompt delays running decodes by at most one chunk.  When pages
 run out, the newest running request is retracted: its computed pages go to the prefix cache, it
 returns to the front of the queue with its output so far, and is later re-prefilled (mostly from
 the cache).  ``commit()`` applies the step's result: progress, page insertion and sampled
@@ -14,6 +15,7 @@ and releases its pages; whether a token ends a request is ``Request.stop_reason`
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from typing import NamedTuple
@@ -75,11 +77,13 @@ class Scheduler:
         max_running: int,
         policy: str = "fcfs",
         drafter: NoDrafts | PromptLookup | None = None,
+        tenant_chunk_size: int | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"schedule policy must be one of {POLICIES}, got {policy!r}")
         self.cache = cache
         self.chunk_size = chunk_size
+        self.tenant_chunk_size = tenant_chunk_size or chunk_size
         self.max_running = max_running
         self.policy = policy
         self.drafter = drafter if drafter is not None else NoDrafts()
@@ -138,7 +142,14 @@ class Scheduler:
                 chunks[req] = Chunk(req, req.num_computed, 1, True)
             elif len(self.running) > 1:
                 self._retract(req)  # the newest yields its pages (to the cache) so older ones progress
-        budget = self.chunk_size
+        budget = self._budget()
+        for req in self._new_tenants():  # before other tenants' running prefills: see _new_tenants
+            if budget <= 0 or len(self.running) >= self.max_running:
+                break
+            taken = self._admit(req, budget, chunks)
+            if taken is None:
+                break
+            budget -= taken
         for req in list(self.running):
             if budget <= 0:
                 break
@@ -151,26 +162,11 @@ class Scheduler:
                 budget -= n
         if self.policy == "lpm" and 1 < len(self.waiting) <= LPM_MAX_QUEUE:
             self.waiting = deque(sorted(self.waiting, key=lambda r: -self.cache.match_len(r.tokens, r.scope)))
-        now = time.perf_counter()
         while budget > 0 and self.waiting and len(self.running) < self.max_running:
-            req = self.waiting[0]
-            if self.cache.loading(req, wait=not self.running):
-                break  # its pages are still being read: let the running requests step meanwhile
-            self.cache.admit(req)
-            n = min(req.remaining, budget)
-            if not self.cache.reserve(req, n):
-                self.cache.release(req, cache=False)
-                if req.retractions == 0:
-                    req.cached_tokens = -1  # measured again when it is really admitted
+            taken = self._admit(self.waiting[0], budget, chunks)
+            if taken is None:
                 break
-            self.waiting.popleft()
-            req.status = Status.RUNNING
-            self.running.append(req)
-            if req.admitted_time is None:
-                req.admitted_time = now
-                self._cached += req.cached_tokens
-            chunks[req] = Chunk(req, req.num_computed, n, n == req.remaining)
-            budget -= n
+            budget -= taken
         if not chunks:
             return None
         batch = list(chunks.values())
@@ -191,6 +187,53 @@ class Scheduler:
             drafts=[list(c.draft) for c in batch if c.sample] if drafting else None,
         )
         return Batch(batch, step)
+
+    def _budget(self) -> int:
+        """The step's prefill tokens: ``chunk_size``, or ``tenant_chunk_size`` while requests of more
+        than one tenant are running or waiting, so one tenant's long prompt stalls another's request by
+        a short step rather than a long one (prefill throughput per step is only spent on fairness when
+        there is another tenant to be fair to)."""
+        first = None
+        for req in itertools.chain(self.running, self.waiting):
+            if first is None:
+                first = req.scope.namespace
+            elif req.scope.namespace != first:
+                return min(self.chunk_size, self.tenant_chunk_size)
+        return self.chunk_size
+
+    def _new_tenants(self) -> list[Request]:
+        """The first waiting request of each tenant that has nothing running: admitted before the
+        running prefills take the budget, so a tenant's one-line request is not queued behind the rest
+        of another tenant's long prompt.  Without tenants (one namespace) the queue order stands."""
+        running = {r.scope.namespace for r in self.running}
+        if not running:
+            return []
+        first: dict = {}
+        for req in self.waiting:
+            if req.scope.namespace not in running and req.scope.namespace not in first:
+                first[req.scope.namespace] = req
+        return list(first.values())
+
+    def _admit(self, req: Request, budget: int, chunks: dict[Request, Chunk]) -> int | None:
+        """Move waiting ``req`` to running with a first chunk of at most ``budget`` tokens; the tokens it
+        took, or None when it cannot start yet (pages still loading or not reservable)."""
+        if self.cache.loading(req, wait=not self.running):
+            return None  # its pages are still being read: let the running requests step meanwhile
+        self.cache.admit(req)
+        n = min(req.remaining, budget)
+        if not self.cache.reserve(req, n):
+            self.cache.release(req, cache=False)
+            if req.retractions == 0:
+                req.cached_tokens = -1  # measured again when it is really admitted
+            return None
+        self.waiting.remove(req)
+        req.status = Status.RUNNING
+        self.running.append(req)
+        if req.admitted_time is None:
+            req.admitted_time = time.perf_counter()
+            self._cached += req.cached_tokens
+        chunks[req] = Chunk(req, req.num_computed, n, n == req.remaining)
+        return n
 
     def _draft(self, req: Request) -> list[int]:
         """Tokens to verify after ``req``'s last one: never past ``max_tokens``, never under a grammar

@@ -46,6 +46,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help=f"prefill tokens per step (default {D['chunk_size']})",
     )
     g.add_argument(
+        "--tenant-chunk-size",
+        type=int,
+        default=D["tenant_chunk_size"],
+        help="prefill tokens per step while more than one tenant has work: how long one tenant's prompt "
+        f"may stall another's request (default {D['tenant_chunk_size']})",
+    )
+    g.add_argument(
         "--max-running",
         type=int,
         default=D["max_running"],
@@ -164,6 +171,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kv_cache_memory=args.kv_cache_memory,
         page_size=args.page_size,
         chunk_size=args.chunk_size,
+        tenant_chunk_size=args.tenant_chunk_size,
         max_running=args.max_running,
         prefix_cache=args.prefix_cache,
         eviction_policy=args.eviction_policy,

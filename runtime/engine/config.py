@@ -27,6 +27,9 @@ class EngineConfig:
     kv_cache_memory: int | str | None = None  # bytes or "2G"; None: 1 GiB on CPU, 85% of free GPU memory
     num_pages: int | None = None  # exact pool size (tests); overrides kv_cache_memory
     chunk_size: int = 512  # prefill tokens per step: the longest stall a running decode sees
+    # ... while requests of more than one tenant have work: one tenant's long prompt then stalls another's
+    # request by a step of this many tokens (benchmarks/fairness.py)
+    tenant_chunk_size: int = 128
     max_running: int = 64
     schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
     max_model_len: int | None = None
@@ -85,8 +88,8 @@ class EngineConfig:
             raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.chunk_size < 1 or self.tenant_chunk_size < 1:
+            raise ValueError(f"chunk sizes must be >= 1, got {self.chunk_size} and {self.tenant_chunk_size}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.eviction_policy not in POLICIES:

@@ -100,7 +100,12 @@ class Engine:
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
-            self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy, make_drafter(cfg.speculative)
+            self.cache,
+            cfg.chunk_size,
+            cfg.max_running,
+            cfg.schedule_policy,
+            make_drafter(cfg.speculative),
+            cfg.tenant_chunk_size,
         )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}

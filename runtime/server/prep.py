@@ -8,6 +8,11 @@ still find a free thread.  A job waits at most ``wait_s`` for its tenant's share
 its own run time is bounded by its parts (the grammar compile budget).  Without API keys every
 caller is one tenant and may use every thread.
 
+Prep threads run at a lower priority than the engine (``BACKGROUND_NICE``): on a small machine a
+burst of renders and compiles would otherwise preempt the engine's intra-op threads, and every
+parallel region of a forward then waits at its barrier for a thread that is not running, which
+slows decoding for every tenant, not only the one preparing.
+
 A share is held until the job's thread is done, not until its caller stops waiting: a client
 that disconnects mid-render must not free a slot its work still occupies.
 """
@@ -15,10 +20,12 @@ that disconnects mid-render must not free a slot its work still occupies.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from runtime.sampling.constrained.compiler import BACKGROUND_NICE, renice
 from runtime.server.errors import APIError
 
 T = TypeVar("T")
@@ -32,7 +39,11 @@ class PrepPool:
             raise ValueError(f"the prep pool needs >= 1 thread and share, got {threads} and {share}")
         self.threads, self.share, self.wait_s = threads, min(share, threads), wait_s
         self.retry_after_s = retry_after_s
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="kvreuse-prep")
+        self._executor = ThreadPoolExecutor(
+            threads,
+            thread_name_prefix="kvreuse-prep",
+            initializer=lambda: renice(threading.get_native_id(), BACKGROUND_NICE),
+        )
         self._slots: dict[Hashable, asyncio.Semaphore] = {}
 
     def _slot(self, tenant: Hashable) -> asyncio.Semaphore:

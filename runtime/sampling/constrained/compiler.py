@@ -27,6 +27,10 @@ class GrammarBusy(GrammarError):
 
 
 COMPILE_TIMEOUT_S = 5.0
+# A compile is preparation, not serving: it runs below the engine's threads, so a burst of compiles
+# takes the CPU time the engine leaves instead of stalling its intra-op threads at every barrier
+# (the server's prep threads run at the same level: runtime/server/prep.py).
+BACKGROUND_NICE = 10
 COMPILES_PER_TENANT = 2  # distinct grammars of one tenant compiling at once, abandoned ones included
 
 
@@ -122,6 +126,7 @@ class GrammarCompiler:
             import llguidance
 
             box.append(threading.get_native_id())
+            renice(box[0], BACKGROUND_NICE)
             try:
                 t0 = time.perf_counter()
                 m = llguidance.LLMatcher(tokenizer, grammar.source, log_level=0)
@@ -148,7 +153,7 @@ class GrammarCompiler:
         if not done.wait(self.timeout_s):
             with self._lock:
                 self.abandoned += 1
-            _lowest_priority(box[0])  # it runs on, but only on CPU time the engine does not want
+            renice(box[0], 19)  # it runs on, but only on CPU time the engine does not want
             raise GrammarError(
                 f"{grammar.label}: compiling the grammar took longer than {self.timeout_s:g} s "
                 "(--grammar-compile-timeout); simplify the schema"
@@ -174,10 +179,10 @@ class GrammarCompiler:
             return Matcher(compiled.deep_copy(), self.eos_ids, wrap_up, self._closers)
 
 
-def _lowest_priority(native_id: int) -> None:
-    """Renice one thread (a Linux thread is a task with its own nice value) to 19; elsewhere a no-op."""
+def renice(native_id: int, nice: int) -> None:
+    """Renice one thread (a Linux thread is a task with its own nice value); elsewhere a no-op."""
     try:
-        os.setpriority(os.PRIO_PROCESS, native_id, 19)
+        os.setpriority(os.PRIO_PROCESS, native_id, nice)
     except (AttributeError, OSError):
         pass
 
