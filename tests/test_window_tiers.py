@@ -126,3 +126,29 @@ def test_tiers_match_off_on_random_conversation_trees(model, off, snap_bytes, tm
                       kv_host_memory=host, record_logits=True)  # fmt: skip
     check_conversation_tree(data, eng, off, max_out=6)
     eng.close()
+
+
+def test_snapshot_files_stay_within_their_share_of_the_store_size(model, off, snap_bytes, tmp_path):
+    """``--kv-store-size`` bounds the whole folder: the pages get 3/4, the window snapshot files 1/4
+    (before, the snapshot files grew without bound beside a store that counted only its pages)."""
+    from runtime.engine.states import SNAPSHOT_STORE_SHARE
+
+    size = 16 * snap_bytes
+    eng = tiny_engine(model, page_size=PS, num_pages=24, kv_store=str(tmp_path), kv_store_size=size)
+    gen = torch.Generator().manual_seed(4)
+    sessions = [random_ids(gen, 70) for _ in range(8)]
+    firsts = [_run(eng, s) for s in sessions]  # each evicts the ones before from the 24-page pool
+    eng.close()
+    files = list((tmp_path / "window_states").glob("*.state"))
+    on_disk = sum(f.stat().st_size for f in files)
+    assert eng.cache.prefix.state_tier.dropped > 0  # the share was reached, the oldest went
+    assert 0 < on_disk <= SNAPSHOT_STORE_SHARE * size
+    pages = sum(f.stat().st_size for f in (tmp_path / "groups").glob("*"))
+    assert pages + on_disk <= size
+    # the newest session still resumes from the store, with the output of an engine without cache
+    eng2 = tiny_engine(model, page_size=PS, num_pages=256, kv_store=str(tmp_path), kv_store_size=size)
+    nxt = list(firsts[-1].tokens) + random_ids(gen, 5)
+    r = _run(eng2, nxt)
+    assert r.cached_disk_tokens > 0
+    assert r.output_ids == _run(off, nxt).output_ids
+    eng2.close()

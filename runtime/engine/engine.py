@@ -25,7 +25,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.detokenizer import IncrementalDetokenizer
 from runtime.engine.outputs import RequestOutput, make_output
 from runtime.engine.scoring import Entry, prompt_logprobs
-from runtime.engine.states import check_state_support, hybrid_states, window_state_tier
+from runtime.engine.states import check_state_support, hybrid_states, store_budgets, window_state_tier
 from runtime.engine.stats import EngineStats, engine_stats
 from runtime.loading.model_source import cache_dir, resolve_model
 from runtime.loading.tokenizer import eos_token_ids, load_tokenizer
@@ -77,7 +77,7 @@ class Engine:
         check_state_support(self.runner, cfg)
         self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
-            cfg.kv_store, cfg.kv_store_size, cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
+            cfg.kv_store, store_budgets(self.runner, cfg)[0], cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
             settings={"quantize": cfg.quantize, "tensor_parallel_size": cfg.tensor_parallel_size},
             shared_url=cfg.kv_shared_store,

@@ -15,6 +15,11 @@ from runtime.runner.model_runner import ModelRunner
 from runtime.runner.window_pool import WindowPool
 
 DEFAULT_SNAPSHOT_BYTES = 1 << 30
+# Of --kv-store-size, what a window model's snapshot files may hold; its pages get the rest, so the
+# folder as a whole stays within the size asked for.  A snapshot is a window's K/V of the local layers,
+# about as large as the window's pages of those layers, and one is kept per prefix end rather than per
+# page, so a quarter leaves the pages most of the room.
+SNAPSHOT_STORE_SHARE = 0.25
 
 
 def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
@@ -27,14 +32,27 @@ def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates 
     return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
 
 
+def store_budgets(runner: ModelRunner, cfg: EngineConfig) -> tuple[int, int]:
+    """``--kv-store-size`` split into (pages, window snapshot files): all pages but for a window model."""
+    size = int(cfg.kv_store_size)
+    if not isinstance(runner.state_pool, WindowPool):
+        return size, 0
+    snapshots = int(size * SNAPSHOT_STORE_SHARE)
+    return size - snapshots, snapshots
+
+
 def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier | None:
     """Where a window model's snapshots go below the pool: beside its pages in host memory (the host
-    tier's budget again) and in the store's folder.  None for a model without rings."""
+    tier's budget again) and in the store's folder, within its share of the store's size.  None for a
+    model without rings."""
     pool = runner.state_pool
     if not isinstance(pool, WindowPool):
         return None
     folder = Path(cfg.kv_store) / "window_states" if cfg.kv_store else None
-    return StateTier(cfg.kv_host_memory or 0, folder, pool.snapshot_to_host, pool.snapshot_from_host)
+    disk_bytes = store_budgets(runner, cfg)[1]
+    return StateTier(
+        cfg.kv_host_memory or 0, folder, pool.snapshot_to_host, pool.snapshot_from_host, disk_bytes
+    )
 
 
 def check_state_support(runner: ModelRunner, cfg: EngineConfig) -> None:

@@ -7,13 +7,16 @@ keys the pages use, so the same namespace rules: a private session's snapshot is
 namespace and never matches another's prefix), in host memory (LRU in a byte budget) and, with a disk
 store, as one file per snapshot in a ``window_states/`` folder of the store (whose fingerprint already
 names the model, dtype and page size), its name carrying the key and the file a sha256 of the tensor
-bytes, checked on every read: a corrupt file is deleted and its prefix recomputed.
+bytes, checked on every read: a corrupt file is deleted and its prefix recomputed.  The files stay
+within ``disk_bytes`` (their share of ``--kv-store-size``): the least recently used go first (a read
+renews a file's time), and a page whose snapshot went resumes from an earlier one or is recomputed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +34,7 @@ class StateTier:
         directory: Path | None = None,
         encode: Callable[[Any], torch.Tensor] = lambda s: s,
         decode: Callable[[torch.Tensor], Any] = lambda t: t,
+        disk_bytes: int = 0,
     ) -> None:
         """``encode``/``decode``: a node state to the tensor kept here and back (a window snapshot to its
         host K/V, and back onto the device)."""
@@ -38,10 +42,14 @@ class StateTier:
         self.host_bytes = host_bytes
         self._host: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self._nbytes = 0
-        self.dir = directory
+        self.dir, self.disk_bytes = directory, disk_bytes
+        self._files: OrderedDict[Path, int] = OrderedDict()  # on disk, least recently used first -> bytes
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
-        self.stored = self.loaded = self.corrupt = 0
+            for f in sorted(directory.glob("*.state"), key=lambda f: f.stat().st_mtime):
+                self._files[f] = f.stat().st_size
+        self._disk_total = sum(self._files.values())
+        self.stored = self.loaded = self.corrupt = self.dropped = 0
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._host or (self.dir is not None and self._path(key).exists())
@@ -50,6 +58,11 @@ class StateTier:
     def nbytes(self) -> int:
         """Bytes of snapshots held in host memory."""
         return self._nbytes
+
+    @property
+    def disk_nbytes(self) -> int:
+        """Bytes of snapshot files on disk (within ``disk_bytes``)."""
+        return self._disk_total
 
     def put(self, key: bytes, state: Any, durable: bool = False) -> None:
         """Keep ``state`` for the prefix ending at page ``key``; ``durable``: on disk too."""
@@ -78,9 +91,12 @@ class StateTier:
         raw = path.read_bytes()
         digest, body = raw[:32], raw[32:]
         if hashlib.sha256(body).digest() != digest:
-            path.unlink(missing_ok=True)
+            self._unlink(path)
             self.corrupt += 1
             return None
+        if path in self._files:
+            self._files.move_to_end(path)
+            os.utime(path)  # the order survives a restart
         self.loaded += 1
         return self.decode(torch.load(io.BytesIO(body), weights_only=True))
 
@@ -90,6 +106,8 @@ class StateTier:
         if self.dir is not None:
             for f in self.dir.glob("*.state"):
                 f.unlink(missing_ok=True)
+            self._files.clear()
+            self._disk_total = 0
 
     def _write(self, key: bytes, kv: torch.Tensor) -> None:
         """Write to disk where there is one (else a snapshot leaving the host tier is gone)."""
@@ -98,9 +116,22 @@ class StateTier:
         buf = io.BytesIO()
         torch.save(kv, buf)
         body = buf.getvalue()
-        tmp = self._path(key).with_suffix(".tmp")
+        size = 32 + len(body)
+        if size > self.disk_bytes:
+            return
+        while self._files and self.disk_nbytes + size > self.disk_bytes:
+            self._unlink(next(iter(self._files)))
+            self.dropped += 1
+        path = self._path(key)
+        tmp = path.with_suffix(".tmp")
         tmp.write_bytes(hashlib.sha256(body).digest() + body)
-        tmp.replace(self._path(key))  # atomic: a reader sees the whole file or none
+        tmp.replace(path)  # atomic: a reader sees the whole file or none
+        self._files[path] = size
+        self._disk_total += size
+
+    def _unlink(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+        self._disk_total -= self._files.pop(path, 0)
 
     def _path(self, key: bytes) -> Path:
         assert self.dir is not None
