@@ -30,6 +30,7 @@ from openai_harmony import (
     Conversation,
     DeveloperContent,
     HarmonyEncoding,
+    HarmonyError,
     Message,
     ReasoningEffort,
     RenderConversationConfig,
@@ -138,21 +139,38 @@ class HarmonyParser:
 
     def __init__(self, encoding: HarmonyEncoding, request_id: str | None = None) -> None:
         self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
+        self._encoding = encoding
+        self._broken = False
         self._ids = CallIds(request_id)
         self._done = 0  # messages already turned into tool calls
         self._calls = 0
 
     def feed(self, token_ids: Sequence[int]) -> ParsedDelta:
-        """Parse newly generated tokens; text deltas of the open message, and tool calls that closed."""
+        """Parse newly generated tokens; text deltas of the open message, and tool calls that closed.
+
+        Output that breaks the format (a header that does not parse) is content from there on, as
+        its text: never lost, never an exception."""
         out = ParsedDelta("", "", [])
-        for t in token_ids:
-            self._parser.process(t)
+        for i, t in enumerate(token_ids):
+            if self._broken:
+                return _join(out, ParsedDelta(self._encoding.decode(list(token_ids[i:])), "", []))
+            try:
+                self._parser.process(t)
+            except HarmonyError:
+                self._broken = True
+                return _join(out, ParsedDelta(self._encoding.decode(list(token_ids[i:])), "", []))
             out = _join(out, self._delta())
         return out
 
     def finish(self) -> ParsedDelta:
-        """End of output (EOS or a stop token): close the open message."""
-        self._parser.process_eos()
+        """End of output (a stop token, or the token limit): close the open message; a header cut
+        short carries nothing yet and is dropped."""
+        if self._broken:
+            return ParsedDelta("", "", [])
+        try:
+            self._parser.process_eos()
+        except HarmonyError:
+            return ParsedDelta("", "", [])
         return self._delta(final=True)
 
     def _delta(self, final: bool = False) -> ParsedDelta:
