@@ -9,7 +9,9 @@ from runtime.loading.harmony_vocab import harmony_encoding
 
 # harmony's call header, as the model writes it after ``<|start|>assistant`` (and as openai-harmony and
 # the bundled template's append-only mode render a call in history)
-HARMONY_CALL = " to=functions."
+# (the prefix of "required" stops before the dot: " to=functions." would tokenise as one piece where the
+# rendered history has "functions" + ".get_...")
+HARMONY_CALL = " to=functions"
 HARMONY_ARGS = "<|channel|>commentary <|constrain|>json<|message|>"
 
 
@@ -53,7 +55,7 @@ def forced_tool_prefix(tool_format: str | None, choice: str | None) -> str:
     if choice is None or tool_format is None:
         return ""
     if tool_format == "harmony":
-        return HARMONY_CALL if choice == "required" else f"{HARMONY_CALL}{choice}{HARMONY_ARGS}"
+        return HARMONY_CALL if choice == "required" else f"{HARMONY_CALL}.{choice}{HARMONY_ARGS}"
     if tool_format == "qwen_xml":
         return "<tool_call>\n<function=" if choice == "required" else f"<tool_call>\n<function={choice}>\n"
     if tool_format == "hermes":

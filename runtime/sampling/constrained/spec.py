@@ -7,6 +7,7 @@ and key the compile cache; building one costs nothing and compiles nothing.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 # Compact, deterministic JSON (no free whitespace: a small model given free whitespace can loop on it),
@@ -89,6 +90,7 @@ def tool_call(
     call_format: str,
     forced: str | None,
     parallel: bool = False,
+    name_ids: Mapping[str, list[int]] | None = None,
 ) -> Grammar:
     """The rest of a forced tool call after the forced prefix: the name (one of ``tools``, unless the prefix
     already named ``forced``), the arguments valid against that tool's ``parameters``, the closing markup;
@@ -106,7 +108,7 @@ def tool_call(
         alts, rules = [], []
         for i, (name, schema) in enumerate(schemas.items()):
             alts.append(f"call_{i}")
-            rules.append(f"call_{i}: {_named(name, mid)} args_{i} {end}")
+            rules.append(f"call_{i}: {_named(name, mid, name_ids)} args_{i} {end}")
             rules.append(f"args_{i}: {_json_rule(schema)}")
         rules += ["first: call", "call: " + " | ".join(alts)]
         label = "tool_choice required"
@@ -147,11 +149,16 @@ def at_most_one_call(tools: list[tuple[str, dict[str, Any] | None]], call_format
     return _one_call("\n".join(rules + _call_rules(tools, call_format)))
 
 
-def _named(name: str, mid: str) -> str:
-    """A tool's name and what follows it: one literal where ``mid`` is one (a single lexeme)."""
+def _named(name: str, mid: str, name_ids: Mapping[str, list[int]] | None = None) -> str:
+    """A tool's name and what follows it: one literal where ``mid`` is one (a single lexeme).  Harmony
+    (the forced prefix ends at "functions", before the dot): ``.NAME`` as ``name_ids`` gives its token
+    ids, so the model writes the name as the rendered history will tokenise it, and the next request
+    reuses the call's cached tokens (any other spelling of the same text would be allowed otherwise)."""
     if mid.startswith('"') and mid.endswith('"'):
         return _lit(name + json.loads(mid))
-    return f"{_lit(name)} {mid}"
+    if name_ids and name in name_ids:
+        return " ".join(f"<[{t}]>" for t in name_ids[name]) + " " + mid
+    return f"{_lit('.' + name)} {mid}"
 
 
 def _one_call(source: str) -> Grammar:

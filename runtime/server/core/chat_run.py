@@ -82,7 +82,7 @@ class ChatRun(EngineRun):
     ) -> None:
         self.chat = chat
         self.prompt: ChatPrompt = self.build_prompt(state, chat)
-        grammar = tool_grammar(chat, self.prompt.tool_format) or grammar
+        grammar = tool_grammar(chat, self.prompt.tool_format, state.tokenizer) or grammar
         enc = state.template.harmony
         if enc is not None:  # a call ends the turn at <|call|>, an answer at <|return|>: whatever the EOS ids
             make_params = with_stop_tokens(make_params, enc.stop_tokens_for_assistant_actions())
