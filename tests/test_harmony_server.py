@@ -24,7 +24,7 @@ from runtime.engine.engine import Engine
 from runtime.engine.outputs import RequestOutput
 from runtime.loading.harmony_vocab import harmony_encoding
 from runtime.server.app import create_app
-from runtime.server.core.chat_run import TokenFeed
+from runtime.server.core.chat_run import token_feed
 from runtime.server.state import ServerConfig
 from tests.harmony_model import TOOLS, make_gpt_oss
 
@@ -101,7 +101,9 @@ def test_anthropic_tool_use_block(http):
 
 def test_reasoning_effort_change_is_named(oa):
     msgs = [{"role": "system", "content": "Effort test."}, {"role": "user", "content": "Hello there."}]
-    oa.chat.completions.create(model="gpt", messages=msgs, max_tokens=2, temperature=0, reasoning_effort="low")
+    oa.chat.completions.create(
+        model="gpt", messages=msgs, max_tokens=2, temperature=0, reasoning_effort="low"
+    )
     same = oa.chat.completions.create(model="gpt", messages=msgs, max_tokens=2, temperature=0,
                                       reasoning_effort="low")  # fmt: skip
     assert same.model_extra["kvreuse"]["cache"]["cause"] == "append_only"
@@ -133,7 +135,7 @@ def test_token_feed_splits_channels(step):
     reply = ("<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant<|channel|>commentary"
              "<|message|>Checking.<|end|><|start|>assistant to=functions.get_time<|channel|>commentary "
              '<|constrain|>json<|message|>{"tz": 1}<|call|>')  # fmt: skip
-    feed = TokenFeed(HarmonyParser(enc, "r"))
+    feed = token_feed(HarmonyParser(enc, "r"))
     deltas = [feed.feed(o) for o in _outputs(enc.encode(reply, allowed_special="all"), step)] + [
         feed.finish()
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from chat_templates.harmony import HarmonyParser, parse_harmony
@@ -35,34 +35,27 @@ def with_stop_tokens(make_params: MakeParams, stops: list[int]) -> MakeParams:
     return make
 
 
-class TextFeed:
-    """A text parser fed each output's detokenised text."""
+class OutputFeed:
+    """One choice's streaming parser, fed each engine output: a text parser its detokenised text
+    (``text_feed``), harmony's its token ids (``token_feed``: its markers are special tokens, which
+    the detokenizer drops from the text)."""
 
-    def __init__(self, parser: OutputParser) -> None:
-        self._parser = parser
+    def __init__(self, parser: OutputParser | HarmonyParser, read: Callable[[RequestOutput], Any]) -> None:
+        self._parser, self._read = parser, read
 
     def feed(self, out: RequestOutput) -> ParsedDelta:
-        return self._parser.feed(out.delta)
+        return self._parser.feed(self._read(out))
 
     def finish(self) -> ParsedDelta:
         return self._parser.finish()
 
 
-class TokenFeed:
-    """Harmony's parser fed each output's token ids: its markers are special tokens, which the
-    detokenizer drops from the text."""
-
-    def __init__(self, parser: HarmonyParser) -> None:
-        self._parser = parser
-
-    def feed(self, out: RequestOutput) -> ParsedDelta:
-        return self._parser.feed(out.new_token_ids)
-
-    def finish(self) -> ParsedDelta:
-        return self._parser.finish()
+def text_feed(parser: OutputParser) -> OutputFeed:
+    return OutputFeed(parser, lambda out: out.delta)
 
 
-OutputFeed = TextFeed | TokenFeed
+def token_feed(parser: HarmonyParser) -> OutputFeed:
+    return OutputFeed(parser, lambda out: out.new_token_ids)
 
 
 class ChatRun(EngineRun):
@@ -113,11 +106,11 @@ class ChatRun(EngineRun):
         if enc is not None:
             harmony = HarmonyParser(enc, f"{self.id}-{i}")
             harmony.feed(self.prefix_ids)  # the forced call header: held until its message ends
-            return TokenFeed(harmony)
+            return token_feed(harmony)
         parser = OutputParser(p.tool_format, self.state.template.reasoning, p.think_open, f"{self.id}-{i}")
         if p.forced_prefix:
             parser.feed(p.forced_prefix)  # markup only: the parser holds it, nothing is emitted
-        return TextFeed(parser)
+        return text_feed(parser)
 
     def parse(self, out: RequestOutput, i: int = 0) -> ParsedOutput:
         """The whole output of choice ``i`` as content, reasoning and tool calls."""
