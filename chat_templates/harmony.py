@@ -137,9 +137,11 @@ def render_harmony(
 class HarmonyParser:
     """One request's generated token ids -> reasoning / content / tool calls, as they stream."""
 
-    def __init__(self, encoding: HarmonyEncoding, request_id: str | None = None) -> None:
+    def __init__(self, encoding: HarmonyEncoding, request_id: str | None = None, calls: bool = True) -> None:
+        """``calls`` False (``tool_choice: "none"``): a message to a function is content, not a call."""
         self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
         self._encoding = encoding
+        self._parse_calls = calls
         self._broken = False
         self._ids = CallIds(request_id)
         self._done = 0  # messages already turned into tool calls
@@ -177,13 +179,13 @@ class HarmonyParser:
         p = self._parser
         text = "" if final else p.last_content_delta or ""
         content = reasoning = ""
-        if text and p.current_recipient is None:  # a tool call's arguments are emitted whole, below
+        if text and (p.current_recipient is None or not self._parse_calls):  # a call is emitted whole, below
             if p.current_channel == "analysis":
                 reasoning = text
             else:
                 content = text
         calls = []
-        for m in p.messages[self._done :]:
+        for m in p.messages[self._done :] if self._parse_calls else []:
             if m.recipient and m.recipient.startswith("functions."):
                 args = "".join(c.text for c in m.content)
                 calls.append(ToolCallDelta(self._calls, self._ids(self._calls), m.recipient[10:], args))
@@ -197,10 +199,10 @@ def _join(a: ParsedDelta, b: ParsedDelta) -> ParsedDelta:
 
 
 def parse_harmony(
-    encoding: HarmonyEncoding, token_ids: Sequence[int], request_id: str | None = None
+    encoding: HarmonyEncoding, token_ids: Sequence[int], request_id: str | None = None, calls: bool = True
 ) -> ParsedOutput:
     """A whole output's channels (the streamed deltas joined)."""
-    p = HarmonyParser(encoding, request_id)
+    p = HarmonyParser(encoding, request_id, calls)
     d = _join(p.feed(token_ids), p.finish())
     calls = [ToolCall(c.id, c.name, c.arguments_delta) for c in d.tool_calls]
     return ParsedOutput(d.content, d.reasoning, calls)

@@ -142,3 +142,17 @@ def test_token_feed_splits_channels(step):
     assert "".join(d.reasoning for d in deltas) == "Need the time."
     assert "".join(d.content for d in deltas) == "Checking."
     assert [(c.name, c.arguments_delta) for d in deltas for c in d.tool_calls] == [("get_time", '{"tz": 1}')]
+
+
+def test_tool_choice_none_parses_no_call(oa):
+    """``tool_choice: "none"`` keeps the tools in the prompt but a call's message is content."""
+    enc = harmony_encoding()
+    reply = ("<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant to=functions.get_time"
+             '<|channel|>commentary <|constrain|>json<|message|>{"tz": 1}<|call|>')  # fmt: skip
+    feed = token_feed(HarmonyParser(enc, "r", calls=False))
+    deltas = [feed.feed(o) for o in _outputs(enc.encode(reply, allowed_special="all"), 2)] + [feed.finish()]
+    assert "".join(d.content for d in deltas) == 'Checking.{"tz": 1}'
+    assert not [c for d in deltas for c in d.tool_calls]
+    r = oa.chat.completions.create(model="gpt", messages=MSGS, tools=TOOLS, tool_choice="none", max_tokens=8,
+                                   temperature=0)  # fmt: skip
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")

@@ -104,7 +104,7 @@ class ChatRun(EngineRun):
         """Choice ``i``'s streaming parser: ``feed`` each output, then ``finish``."""
         p, enc = self.prompt, self.state.template.harmony
         if enc is not None:
-            harmony = HarmonyParser(enc, f"{self.id}-{i}")
+            harmony = HarmonyParser(enc, f"{self.id}-{i}", calls=p.tool_format is not None)
             harmony.feed(self.prefix_ids)  # the forced call header: held until its message ends
             return token_feed(harmony)
         parser = OutputParser(p.tool_format, self.state.template.reasoning, p.think_open, f"{self.id}-{i}")
@@ -116,7 +116,8 @@ class ChatRun(EngineRun):
         """The whole output of choice ``i`` as content, reasoning and tool calls."""
         p, enc = self.prompt, self.state.template.harmony
         if enc is not None:
-            return parse_harmony(enc, self.prefix_ids + list(out.output_token_ids), f"{self.id}-{i}")
+            ids = self.prefix_ids + list(out.output_token_ids)
+            return parse_harmony(enc, ids, f"{self.id}-{i}", calls=p.tool_format is not None)
         return parse_full(p.forced_prefix + out.text, p.tool_format, self.state.template.reasoning,
                           p.think_open, f"{self.id}-{i}")  # fmt: skip
 
