@@ -91,12 +91,19 @@ def test_anthropic_tool_use_block(http):
     an = anthropic.Anthropic(base_url="http://testserver", api_key="none", http_client=http, max_retries=0)
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"]} for t in TOOLS]  # fmt: skip
-    m = an.messages.create(model="gpt", max_tokens=32, messages=[{"role": "user", "content": "Time in Oslo?"}],
-                           tools=tools, tool_choice={"type": "tool", "name": "get_time"})  # fmt: skip
+    body = dict(model="gpt", max_tokens=32, messages=[{"role": "user", "content": "Time in Oslo?"}], tools=tools,
+                tool_choice={"type": "tool", "name": "get_time"}, extra_body={"temperature": 0})  # fmt: skip
+    m = an.messages.create(**body)
     assert m.stop_reason == "tool_use"
     [block] = [b for b in m.content if b.type == "tool_use"]
     assert block.name == "get_time" and set(block.input) == {"tz"}
     assert not [b for b in m.content if b.type == "text" and "<|" in b.text]
+    with an.messages.stream(**body) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [
+        (block.name, block.input)
+    ]
 
 
 def test_reasoning_effort_change_is_named(oa):
