@@ -163,3 +163,20 @@ def test_tool_choice_none_parses_no_call(oa):
     r = oa.chat.completions.create(model="gpt", messages=MSGS, tools=TOOLS, tool_choice="none", max_tokens=8,
                                    temperature=0)  # fmt: skip
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_responses_continue_after_a_call(oa):
+    """``previous_response_id`` + the call's output: the call parsed again.  The stored sequence cannot
+    be continued here (the template refuses the continuation's stub: a tool result after a turn without
+    a call), so the whole is rendered, and the stock template writes the earlier call's header
+    `` json`` where the model wrote `` <|constrain|>json``: the diagnosis names that break."""
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    kw = dict(model="gpt", tools=tools, tool_choice="required", max_output_tokens=32, temperature=0)
+    first = oa.responses.create(input="Time in Oslo?", **kw)
+    [call] = [i for i in first.output if i.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"time": "09:00"}'}
+    second = oa.responses.create(input=[output], previous_response_id=first.id, **kw)
+    assert [i.type for i in second.output if i.type == "function_call"] == ["function_call"]
+    cache = second.model_extra["kvreuse"]["cache"]
+    assert cache["cause"] == "assistant_turn_differs" and cache["divergence"]["in_generated_part"]
+    assert cache["divergence"]["new_text"].startswith(" json")
