@@ -96,7 +96,9 @@ def _normalize(messages: Sequence[dict], source: str = "") -> list[dict]:
     # for a key's presence (``'tool_calls' in message``) and would otherwise render "None".
     out = [{k: v for k, v in m.items() if v is not None} for m in messages]
     compact = source.replace(" ", "")
-    if "arguments|items" in compact or "arguments|tojson" in compact:
+    # gpt-oss's writes them with tojson and no branch for a string (which would come out quoted)
+    as_json = "arguments|tojson" in compact and "argumentsisstring" not in compact
+    if "arguments|items" in compact or as_json:
         out = [_mapping_arguments(m) for m in out]
     if "message.thinking" in source and "reasoning_content" not in source:
         # gpt-oss's template reads an assistant turn's reasoning as ``thinking`` (transformers' name)
@@ -106,8 +108,8 @@ def _normalize(messages: Sequence[dict], source: str = "") -> list[dict]:
 
 def _mapping_arguments(message: dict) -> dict:
     """OpenAI sends tool-call arguments as a JSON string; XML-call templates (Qwen3.5, Qwen3-Coder)
-    iterate them as a mapping (``arguments|items``) and gpt-oss's writes them with ``tojson`` (a string
-    would come out quoted), so a string holding a JSON object is decoded."""
+    iterate them as a mapping (``arguments|items``) and gpt-oss's writes them with ``tojson`` only (a
+    string would come out quoted), so a string holding a JSON object is decoded."""
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return message

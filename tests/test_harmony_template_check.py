@@ -49,3 +49,20 @@ def test_cli_keep_analysis(capsys):
     )
     assert "10 steps, 0 break(s)" in capsys.readouterr().out
     assert check_main(["--model", str(hf_tokenizer_dir()), "--chat-template", "gpt_oss"]) == 1
+
+
+def test_string_arguments_render_as_json_for_gpt_oss_only(tok):
+    """OpenAI clients send a call's arguments as a JSON string: gpt-oss's template writes them with
+    ``tojson`` (a string would come out quoted), so they are decoded for it; templates with a string
+    branch (ChatML, Qwen3) keep the client's string as written."""
+    from chat_templates.render import render_text
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]  # fmt: skip
+    tools = [
+        {"type": "function", "function": {"name": "f", "description": "F", "parameters": {"type": "object"}}}
+    ]
+    assert '<|message|>{"a": 1}<|call|>' in render_text(tok, msgs, tools, template="gpt_oss")
+    for name in ("chatml", "qwen3"):
+        assert '"arguments": {"a":1}}' in render_text(tok, msgs, tools, template=name)
