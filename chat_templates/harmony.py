@@ -30,6 +30,7 @@ from openai_harmony import (
     Conversation,
     DeveloperContent,
     HarmonyEncoding,
+    HarmonyError,
     Message,
     ReasoningEffort,
     RenderConversationConfig,
@@ -136,36 +137,55 @@ def render_harmony(
 class HarmonyParser:
     """One request's generated token ids -> reasoning / content / tool calls, as they stream."""
 
-    def __init__(self, encoding: HarmonyEncoding, request_id: str | None = None) -> None:
+    def __init__(self, encoding: HarmonyEncoding, request_id: str | None = None, calls: bool = True) -> None:
+        """``calls`` False (``tool_choice: "none"``): a message to a function is content, not a call."""
         self._parser = StreamableParser(encoding, Role.ASSISTANT, strict=False)
+        self._encoding = encoding
+        self._parse_calls = calls
+        self._broken = False
         self._ids = CallIds(request_id)
         self._done = 0  # messages already turned into tool calls
         self._calls = 0
 
     def feed(self, token_ids: Sequence[int]) -> ParsedDelta:
-        """Parse newly generated tokens; text deltas of the open message, and tool calls that closed."""
+        """Parse newly generated tokens; text deltas of the open message, and tool calls that closed.
+
+        Output that breaks the format (a header that does not parse) is content from there on, as
+        its text: never lost, never an exception."""
         out = ParsedDelta("", "", [])
-        for t in token_ids:
-            self._parser.process(t)
+        for i, t in enumerate(token_ids):
+            if self._broken:
+                return _join(out, ParsedDelta(self._encoding.decode(list(token_ids[i:])), "", []))
+            try:
+                self._parser.process(t)
+            except HarmonyError:
+                self._broken = True
+                return _join(out, ParsedDelta(self._encoding.decode(list(token_ids[i:])), "", []))
             out = _join(out, self._delta())
         return out
 
     def finish(self) -> ParsedDelta:
-        """End of output (EOS or a stop token): close the open message."""
-        self._parser.process_eos()
+        """End of output (a stop token, or the token limit): close the open message; a header cut
+        short carries nothing yet and is dropped."""
+        if self._broken:
+            return ParsedDelta("", "", [])
+        try:
+            self._parser.process_eos()
+        except HarmonyError:
+            return ParsedDelta("", "", [])
         return self._delta(final=True)
 
     def _delta(self, final: bool = False) -> ParsedDelta:
         p = self._parser
         text = "" if final else p.last_content_delta or ""
         content = reasoning = ""
-        if text and p.current_recipient is None:  # a tool call's arguments are emitted whole, below
+        if text and (p.current_recipient is None or not self._parse_calls):  # a call is emitted whole, below
             if p.current_channel == "analysis":
                 reasoning = text
             else:
                 content = text
         calls = []
-        for m in p.messages[self._done :]:
+        for m in p.messages[self._done :] if self._parse_calls else []:
             if m.recipient and m.recipient.startswith("functions."):
                 args = "".join(c.text for c in m.content)
                 calls.append(ToolCallDelta(self._calls, self._ids(self._calls), m.recipient[10:], args))
@@ -179,10 +199,10 @@ def _join(a: ParsedDelta, b: ParsedDelta) -> ParsedDelta:
 
 
 def parse_harmony(
-    encoding: HarmonyEncoding, token_ids: Sequence[int], request_id: str | None = None
+    encoding: HarmonyEncoding, token_ids: Sequence[int], request_id: str | None = None, calls: bool = True
 ) -> ParsedOutput:
     """A whole output's channels (the streamed deltas joined)."""
-    p = HarmonyParser(encoding, request_id)
+    p = HarmonyParser(encoding, request_id, calls)
     d = _join(p.feed(token_ids), p.finish())
     calls = [ToolCall(c.id, c.name, c.arguments_delta) for c in d.tool_calls]
     return ParsedOutput(d.content, d.reasoning, calls)

@@ -95,14 +95,21 @@ def _normalize(messages: Sequence[dict], source: str = "") -> list[dict]:
     # Same as apply_chat_template: keys whose value is None are dropped, because templates test
     # for a key's presence (``'tool_calls' in message``) and would otherwise render "None".
     out = [{k: v for k, v in m.items() if v is not None} for m in messages]
-    if "arguments|items" in source.replace(" ", ""):
+    compact = source.replace(" ", "")
+    # gpt-oss's writes them with tojson and no branch for a string (which would come out quoted)
+    as_json = "arguments|tojson" in compact and "argumentsisstring" not in compact
+    if "arguments|items" in compact or as_json:
         out = [_mapping_arguments(m) for m in out]
+    if "message.thinking" in source and "reasoning_content" not in source:
+        # gpt-oss's template reads an assistant turn's reasoning as ``thinking`` (transformers' name)
+        out = [{("thinking" if k == "reasoning_content" else k): v for k, v in m.items()} for m in out]
     return out
 
 
 def _mapping_arguments(message: dict) -> dict:
     """OpenAI sends tool-call arguments as a JSON string; XML-call templates (Qwen3.5, Qwen3-Coder)
-    iterate them as a mapping (``arguments|items``), so a string holding a JSON object is decoded."""
+    iterate them as a mapping (``arguments|items``) and gpt-oss's writes them with ``tojson`` only (a
+    string would come out quoted), so a string holding a JSON object is decoded."""
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return message

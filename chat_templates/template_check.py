@@ -6,7 +6,8 @@ as the template renders it when it is the newest message, up to and including it
 token -- and test whether that is a token prefix of the next request.  If not, the KV cache of the
 previous request cannot be reused past the reported point.
 
-CLI: ``kvreuse template-check [--model M] [--chat-template T] [--enable-thinking] [--keep-reasoning]``.
+CLI: ``kvreuse template-check [--model M] [--chat-template T] [--enable-thinking] [--keep-reasoning]
+[--keep-analysis]``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, NamedTuple
 from chat_templates.conversations import Conversation, default_conversations, without_reasoning
 from chat_templates.render import RenderedPrompt, describe, first_divergence, locate_char, render
 
+HARMONY_END = ("<|return|>", "<|call|>")
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<turn|>")
 CONTEXT_CHARS = 40
 
@@ -38,6 +40,7 @@ class StepReport(NamedTuple):
     next_text: str = ""  # text of the next request from the divergence on
     before_text: str = ""  # common text just before the divergence
     refused: str = ""  # the template raised on this conversation (e.g. Gemma 3 on tool turns): no verdict
+    note: str = ""  # why an ok step is ok although the token sequences differ
 
 
 def _starts(tokenizer: Any, text: str) -> list[int]:
@@ -50,8 +53,15 @@ def _generated_text(prompt: str, newest: str, eos: str | None) -> str | None:
     if not newest.startswith(prompt):
         return None
     rest = newest[len(prompt) :]
-    ends = [rest.find(t) + len(t) for t in {*END_OF_TURN, *([eos] if eos else [])} if t and t in rest]
+    # harmony: a turn is several messages, each ending <|end|>; the model stops at <|return|> / <|call|>
+    stops = HARMONY_END if "<|channel|>" in rest else {*END_OF_TURN, *([eos] if eos else [])}
+    ends = [rest.find(t) + len(t) for t in stops if t and t in rest]
     return rest[: min(ends)] if ends else rest
+
+
+def _stop_rewritten(gen_text: str, next_text: str, at: int) -> bool:
+    """Harmony: the answer the model ended with ``<|return|>`` is ``<|end|>`` in the next request."""
+    return gen_text.endswith("<|return|>") and next_text[at - len("<|return|>") :].startswith("<|end|>")
 
 
 def _step(
@@ -79,6 +89,15 @@ def _step(
     base = StepReport(conv.name, k, j, len(prev_ids), d == len(prev_ids))
     if base.ok and gen_text is not None:
         return base
+    if (
+        gen_text is not None
+        and d == len(prev_ids) - 1
+        and _stop_rewritten(gen_text, other.text, len(prev_text))
+    ):
+        # the sampled stop token is never fed to the model, so no KV of it is cached to lose
+        return base._replace(
+            ok=True, note="<|return|> written <|end|> in history: the last token, never cached"
+        )
     pc = prev_starts[d] if d < len(prev_starts) else len(prev_text)
     oc = _starts(tokenizer, other.text)[d] if d < len(other.token_ids) else len(other.text)
     prev_seg = locate_char(newest, pc) if pc < len(newest.text) else None
@@ -133,7 +152,9 @@ def format_table(reports: list[StepReport]) -> str:
     """A readable table: one row per step, with the break details under failing rows."""
     lines = [f"{'conversation':<18} {'step':>4} {'next msgs':>9} {'tokens':>7}  result"]
     for r in reports:
-        verdict = "ok" if r.ok else f"BREAK at token {r.divergence}: {r.segment}"
+        verdict = (
+            (f"ok ({r.note})" if r.note else "ok") if r.ok else f"BREAK at token {r.divergence}: {r.segment}"
+        )
         lines.append(
             f"{r.conversation:<18} {r.step:>4} {r.next_messages:>9} {r.prefix_tokens:>7}  "
             + (f"refused by the template: {r.refused}" if r.refused else verdict)
@@ -163,10 +184,15 @@ def main(
     parser = argparse.ArgumentParser(prog="kvreuse template-check", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="model dir, .gguf, hub id (default: embedded model)")
     parser.add_argument(
-        "--chat-template", default=None, help="bundled name (chatml, qwen3, llama3, qwen3_5, gemma3) or path"
+        "--chat-template",
+        default=None,
+        help="bundled name (chatml, qwen3, llama3, qwen3_5, gemma3, gpt_oss) or path",
     )
     parser.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--keep-reasoning", action="store_true", help="qwen3: keep every turn's reasoning")
+    parser.add_argument(
+        "--keep-analysis", action="store_true", help="gpt_oss: every turn as generated (analysis kept)"
+    )
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -183,6 +209,8 @@ def main(
             kwargs["enable_thinking"] = args.enable_thinking
         if args.keep_reasoning:
             kwargs["keep_reasoning"] = True
+        if args.keep_analysis:
+            kwargs["keep_analysis"] = True
         reports = check_prefix_stability(tokenizer, args.chat_template, **kwargs)
     except Exception as exc:  # a CLI reports one line, not a traceback
         print(f"template-check: {exc}", file=sys.stderr)

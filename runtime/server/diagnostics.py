@@ -27,6 +27,7 @@ CAUSES = (
     "append_only",
     "assistant_turn_differs",
     "system_changed",
+    "reasoning_effort_changed",
     "tools_reordered",
     "tools_changed",
     "history_truncated",
@@ -52,6 +53,7 @@ class HistoryEntry(NamedTuple):
     num_prompt: int
     messages: list[dict]
     tools: list[dict] | None
+    options: dict[str, Any] = {}  # the template variables it was rendered with (e.g. reasoning_effort)
 
 
 def _canon(x: Any) -> str:
@@ -93,6 +95,7 @@ class CacheDiagnostics:
         prompt_ids: list[int],
         cached_tokens: int,
         snapshot_cut: int = 0,
+        options: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The ``kvreuse.cache`` object of a response (``snapshot_cut``: see ``Request.snapshot_cut``)."""
         entry, common = self.best_match(prompt_ids)
@@ -109,7 +112,7 @@ class CacheDiagnostics:
         if common < len(prompt_ids) and common < len(entry.token_ids):
             out["divergence"] = self._divergence(rendered, messages, entry, prompt_ids, common)
         out["cause"], out["detail"] = self._cause(
-            entry, messages, tools, common, cached_tokens, out["divergence"]
+            entry, messages, tools, common, cached_tokens, out["divergence"], options or {}
         )
         if snapshot_cut and common <= cached_tokens + snapshot_cut + self.page_size:
             out["snapshot_cut_tokens"] = snapshot_cut
@@ -165,6 +168,7 @@ class CacheDiagnostics:
         common: int,
         cached: int,
         div: dict[str, Any] | None,
+        options: dict[str, Any],
     ) -> tuple[str, str]:
         if common > cached + self.page_size:
             return "evicted", (
@@ -176,6 +180,12 @@ class CacheDiagnostics:
         old, new = entry.messages, messages
         if not set(map(_canon, old)) & set(map(_canon, new)):
             return "new_conversation", "no message in common with the closest earlier request"
+        old_effort, new_effort = entry.options.get("reasoning_effort"), options.get("reasoning_effort")
+        if old_effort != new_effort:  # it sits in the system message, before everything else
+            return "reasoning_effort_changed", (
+                f"the reasoning effort changed ({old_effort or 'default'} -> {new_effort or 'default'}); it is "
+                "written into the system message, so everything after it is recomputed: keep it constant"
+            )
         old_tools, new_tools = entry.tools or [], tools or []
         if _canon(old_tools) != _canon(new_tools) and div["segment"] in ("tools", "template", "system"):
             if sorted(map(_canon, old_tools)) == sorted(map(_canon, new_tools)):

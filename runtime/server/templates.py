@@ -5,6 +5,14 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from chat_templates.render import load_template
+from runtime.loading.harmony_vocab import harmony_encoding
+
+# harmony's call header, as the model writes it after ``<|start|>assistant`` (and as openai-harmony and
+# the bundled template's append-only mode render a call in history)
+# (the prefix of "required" stops before the dot: " to=functions." would tokenise as one piece where the
+# rendered history has "functions" + ".get_...")
+HARMONY_CALL = " to=functions"
+HARMONY_ARGS = "<|channel|>commentary <|constrain|>json<|message|>"
 
 
 class TemplateInfo(NamedTuple):
@@ -12,8 +20,9 @@ class TemplateInfo(NamedTuple):
 
     name: str
     source: str
-    tool_format: str | None  # "hermes" | "qwen_xml" | "llama3" | None (no tool support)
-    reasoning: bool
+    tool_format: str | None  # "hermes" | "qwen_xml" | "llama3" | "harmony" | None (no tool support)
+    reasoning: bool  # <think> markup in the text
+    harmony: Any = None  # gpt-oss: openai-harmony's encoding (the parser reads token ids), else None
 
 
 def resolve_template(tokenizer: Any, name: str | None) -> TemplateInfo:
@@ -23,6 +32,8 @@ def resolve_template(tokenizer: Any, name: str | None) -> TemplateInfo:
     label = name or "model"
     if name is None and "tools" not in source and "<|im_start|>" in source:
         source, label = load_template("chatml", tokenizer), "chatml (bundled; the model's own has no tools)"
+    if is_harmony(source):
+        return TemplateInfo(label, source, "harmony", False, harmony_encoding())
     if "<tool_call>" in source and "<function=" in source:
         tool_format = "qwen_xml"  # Qwen3.5 / Qwen3-Coder: XML function and parameter tags
     elif "<tool_call>" in source:
@@ -43,6 +54,8 @@ def forced_tool_prefix(tool_format: str | None, choice: str | None) -> str:
     """
     if choice is None or tool_format is None:
         return ""
+    if tool_format == "harmony":
+        return HARMONY_CALL if choice == "required" else f"{HARMONY_CALL}.{choice}{HARMONY_ARGS}"
     if tool_format == "qwen_xml":
         return "<tool_call>\n<function=" if choice == "required" else f"<tool_call>\n<function={choice}>\n"
     if tool_format == "hermes":
@@ -50,3 +63,8 @@ def forced_tool_prefix(tool_format: str | None, choice: str | None) -> str:
         return head if choice == "required" else f'{head}{choice}", "arguments": '
     head = '{"name": "'
     return head if choice == "required" else f'{head}{choice}", "parameters": '
+
+
+def is_harmony(source: str) -> bool:
+    """gpt-oss's template: messages in channels, headers of special tokens."""
+    return "<|channel|>" in source and "<|start|>" in source

@@ -7,16 +7,25 @@ and key the compile cache; building one costs nothing and compiles nothing.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 # Compact, deterministic JSON (no free whitespace: a small model given free whitespace can loop on it),
 # with the separators models are trained on.
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
-# What follows the forced prefix (runtime/server/templates.forced_tool_prefix) in each tool-call format.
+
+def _lit(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)  # a JSON string literal is a valid Lark string literal
+
+
+# What follows the forced prefix (runtime/server/templates.forced_tool_prefix) in each tool-call format:
+# Lark between the tool's name and its arguments, and after them.  Harmony's markers are special
+# tokens, written bare (llguidance matches <|name|> to that token; quoted, it would be plain text).
 CALL_FORMATS = {
-    "hermes": ('", "arguments": ', "}\n</tool_call>"),
-    "llama3": ('", "parameters": ', "}"),
+    "hermes": (_lit('", "arguments": '), _lit("}\n</tool_call>")),
+    "llama3": (_lit('", "parameters": '), _lit("}")),
+    "harmony": ('<|channel|> "commentary " <|constrain|> "json" <|message|>', "<|call|>"),
 }
 # How a call opens (the forced prefix of "required") and what goes between two calls, for the formats
 # whose parser reads several calls; a format missing here gets one call and no free-text grammar.
@@ -65,10 +74,6 @@ def _json_rule(schema: dict[str, Any]) -> str:
     return "%json " + json.dumps(styled, sort_keys=True, ensure_ascii=False)
 
 
-def _lit(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False)  # a JSON string literal is a valid Lark string literal
-
-
 def json_schema(schema: dict[str, Any]) -> Grammar:
     """The whole output is one JSON value valid against ``schema``."""
     return Grammar(f"start: value\nvalue: {_json_rule(schema)}\n", "json_schema")
@@ -85,6 +90,7 @@ def tool_call(
     call_format: str,
     forced: str | None,
     parallel: bool = False,
+    name_ids: Mapping[str, list[int]] | None = None,
 ) -> Grammar:
     """The rest of a forced tool call after the forced prefix: the name (one of ``tools``, unless the prefix
     already named ``forced``), the arguments valid against that tool's ``parameters``, the closing markup;
@@ -95,14 +101,14 @@ def tool_call(
     mid, end = CALL_FORMATS[call_format]
     schemas = {name: params or {"type": "object"} for name, params in tools}
     if forced is not None:
-        rules = [f"first: args_0 {_lit(end)}", f"args_0: {_json_rule(schemas[forced])}",
-                 f"call: {_lit(forced + mid)} args_0 {_lit(end)}"]  # fmt: skip
+        rules = [f"first: args_0 {end}", f"args_0: {_json_rule(schemas[forced])}",
+                 f"call: {_named(forced, mid)} args_0 {end}"]  # fmt: skip
         label = f"tool {forced}"
     else:
         alts, rules = [], []
         for i, (name, schema) in enumerate(schemas.items()):
             alts.append(f"call_{i}")
-            rules.append(f"call_{i}: {_lit(name + mid)} args_{i} {_lit(end)}")
+            rules.append(f"call_{i}: {_named(name, mid, name_ids)} args_{i} {end}")
             rules.append(f"args_{i}: {_json_rule(schema)}")
         rules += ["first: call", "call: " + " | ".join(alts)]
         label = "tool_choice required"
@@ -143,6 +149,18 @@ def at_most_one_call(tools: list[tuple[str, dict[str, Any] | None]], call_format
     return _one_call("\n".join(rules + _call_rules(tools, call_format)))
 
 
+def _named(name: str, mid: str, name_ids: Mapping[str, list[int]] | None = None) -> str:
+    """A tool's name and what follows it: one literal where ``mid`` is one (a single lexeme).  Harmony
+    (the forced prefix ends at "functions", before the dot): ``.NAME`` as ``name_ids`` gives its token
+    ids, so the model writes the name as the rendered history will tokenise it, and the next request
+    reuses the call's cached tokens (any other spelling of the same text would be allowed otherwise)."""
+    if mid.startswith('"') and mid.endswith('"'):
+        return _lit(name + json.loads(mid))
+    if name_ids and name in name_ids:
+        return " ".join(f"<[{t}]>" for t in name_ids[name]) + " " + mid
+    return f"{_lit('.' + name)} {mid}"
+
+
 def _one_call(source: str) -> Grammar:
     return Grammar(source + "\n", "at most one tool call", free_text=True)
 
@@ -165,7 +183,7 @@ def _call_rules(tools: list[tuple[str, dict[str, Any] | None]], call_format: str
     rules, alts = [], []
     for i, (name, schema) in enumerate(tools):
         alts.append(f"call_{i}")
-        rules.append(f"call_{i}: {_lit(name + mid)} args_{i} {_lit(end)}")
+        rules.append(f"call_{i}: {_named(name, mid)} args_{i} {end}")
         rules.append(f"args_{i}: {_json_rule(schema or {'type': 'object'})}")
     return [*rules, "call: " + " | ".join(alts)]
 

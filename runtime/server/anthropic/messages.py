@@ -198,7 +198,7 @@ async def stream_events(run: MessagesRun) -> AsyncIterator[str]:
                         "usage": {**run.usage(out), "output_tokens": 0}}  # fmt: skip
                 yield event("message_start", {"message": head})
                 yield event("ping", {})
-            parsed = parser.feed(out.delta)
+            parsed = parser.feed(out)
             if out.finished:
                 parsed = join_parsed(parsed, parser.finish())
             evs: list[str] = []

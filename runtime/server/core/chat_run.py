@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from chat_templates.harmony import HarmonyParser, parse_harmony
 from chat_templates.parsers import OutputParser, parse_full
-from chat_templates.tool_calls import ParsedOutput
+from chat_templates.tool_calls import ParsedDelta, ParsedOutput
 from runtime.engine.outputs import RequestOutput
 from runtime.sampling.constrained import Grammar
 from runtime.sampling.params import SamplingParams
 from runtime.server.core.constraints import tool_grammar
-from runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt
+from runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt, render_kwargs
 from runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
 from runtime.server.core.run import Caller, EngineRun, MakeParams
 from runtime.server.core.streaming import merge_streams
@@ -22,6 +23,39 @@ from runtime.server.diagnostics import HistoryEntry, cached_by_tier
 from runtime.server.state import ServerState
 
 log = logging.getLogger("kvreuse.server")
+
+
+def with_stop_tokens(make_params: MakeParams, stops: list[int]) -> MakeParams:
+    """``make_params`` whose params also stop at ``stops``."""
+
+    def make(prompt_len: int, choice: int) -> SamplingParams:
+        ps = make_params(prompt_len, choice)
+        return dataclasses.replace(ps, stop_token_ids=sorted({*ps.stop_token_ids, *stops}))
+
+    return make
+
+
+class OutputFeed:
+    """One choice's streaming parser, fed each engine output: a text parser its detokenised text
+    (``text_feed``), harmony's its token ids (``token_feed``: its markers are special tokens, which
+    the detokenizer drops from the text)."""
+
+    def __init__(self, parser: OutputParser | HarmonyParser, read: Callable[[RequestOutput], Any]) -> None:
+        self._parser, self._read = parser, read
+
+    def feed(self, out: RequestOutput) -> ParsedDelta:
+        return self._parser.feed(self._read(out))
+
+    def finish(self) -> ParsedDelta:
+        return self._parser.finish()
+
+
+def text_feed(parser: OutputParser) -> OutputFeed:
+    return OutputFeed(parser, lambda out: out.delta)
+
+
+def token_feed(parser: HarmonyParser) -> OutputFeed:
+    return OutputFeed(parser, lambda out: out.new_token_ids)
 
 
 class ChatRun(EngineRun):
@@ -39,8 +73,12 @@ class ChatRun(EngineRun):
         grammar: Grammar | None = None,
         session: str | None = None,
     ) -> None:
+        self.chat = chat
         self.prompt: ChatPrompt = self.build_prompt(state, chat)
-        grammar = tool_grammar(chat, self.prompt.tool_format) or grammar
+        grammar = tool_grammar(chat, self.prompt.tool_format, state.tokenizer) or grammar
+        enc = state.template.harmony
+        if enc is not None:  # a call ends the turn at <|call|>, an answer at <|return|>: whatever the EOS ids
+            make_params = with_stop_tokens(make_params, enc.stop_tokens_for_assistant_actions())
         super().__init__(state, caller, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session)
         self.budget_reports: dict[int, BudgetReport] = {}
 
@@ -62,26 +100,41 @@ class ChatRun(EngineRun):
             [budgeted_stream(self, i, p, budget, self.budget_reports) for i, p in enumerate(self.params)]
         )
 
-    def parser(self, i: int) -> OutputParser:
-        p = self.prompt
+    def parser(self, i: int) -> OutputFeed:
+        """Choice ``i``'s streaming parser: ``feed`` each output, then ``finish``."""
+        p, enc = self.prompt, self.state.template.harmony
+        if enc is not None:
+            harmony = HarmonyParser(enc, f"{self.id}-{i}", calls=p.tool_format is not None)
+            harmony.feed(self.prefix_ids)  # the forced call header: held until its message ends
+            return token_feed(harmony)
         parser = OutputParser(p.tool_format, self.state.template.reasoning, p.think_open, f"{self.id}-{i}")
         if p.forced_prefix:
             parser.feed(p.forced_prefix)  # markup only: the parser holds it, nothing is emitted
-        return parser
+        return text_feed(parser)
 
     def parse(self, out: RequestOutput, i: int = 0) -> ParsedOutput:
         """The whole output of choice ``i`` as content, reasoning and tool calls."""
-        p = self.prompt
+        p, enc = self.prompt, self.state.template.harmony
+        if enc is not None:
+            ids = self.prefix_ids + list(out.output_token_ids)
+            return parse_harmony(enc, ids, f"{self.id}-{i}", calls=p.tool_format is not None)
         return parse_full(p.forced_prefix + out.text, p.tool_format, self.state.template.reasoning,
                           p.think_open, f"{self.id}-{i}")  # fmt: skip
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        """The forced prefix's token ids (the tail of the prompt), for a parser that reads ids."""
+        n = self.prompt.prefix_tokens
+        return list(self.prompt.token_ids[len(self.prompt.token_ids) - n :]) if n else []
 
     def finish(self, outs: list[RequestOutput]) -> dict[str, Any]:
         """Usage, diagnosis, metrics and the log line; returns the ``kvreuse`` extension object."""
         st, p = self.state, self.prompt
         first = outs[0]
         diagnostics = st.diagnostics_for(self.scope.namespace)
+        options = render_kwargs(self.chat)
         diag = diagnostics.diagnose(
-            p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens, first.snapshot_cut
+            p.rendered, p.messages, p.tools, p.token_ids, first.cached_tokens, first.snapshot_cut, options
         )
         self.details = {
             "cache": diag,
@@ -89,7 +142,11 @@ class ChatRun(EngineRun):
         }
         diagnostics.record(
             HistoryEntry(
-                list(p.token_ids) + list(first.output_token_ids), len(p.token_ids), p.messages, p.tools
+                list(p.token_ids) + list(first.output_token_ids),
+                len(p.token_ids),
+                p.messages,
+                p.tools,
+                options,
             )
         )
         diag["cached_by_tier"] = cached_by_tier(first)

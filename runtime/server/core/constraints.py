@@ -8,12 +8,14 @@ keeps the tools in the prompt (so the cached prefix is the same) but parses no c
 
 from __future__ import annotations
 
+from typing import Any
+
 from runtime.sampling.constrained import CALL_FORMATS, Grammar, at_most_one_call, tool_call
 from runtime.server.core.prompting import ChatInput, forced_tool
 from runtime.server.errors import bad_request
 
 
-def tool_grammar(chat: ChatInput, tool_format: str | None) -> Grammar | None:
+def tool_grammar(chat: ChatInput, tool_format: str | None, tokenizer: Any = None) -> Grammar | None:
     forced = forced_tool(chat)
     if tool_format is None:
         return None
@@ -27,4 +29,8 @@ def tool_grammar(chat: ChatInput, tool_format: str | None) -> Grammar | None:
             f'({tool_format}) does not have yet; use tool_choice "auto"',
             "tool_choice",
         )
-    return tool_call(tools, tool_format, None if forced == "required" else forced, chat.parallel_tool_calls)
+    name_ids = None
+    if tool_format == "harmony" and tokenizer is not None:  # the name as the history tokenises it
+        name_ids = {name: tokenizer.encode("." + name, add_special_tokens=False) for name, _ in tools}
+    forced_name = None if forced == "required" else forced
+    return tool_call(tools, tool_format, forced_name, chat.parallel_tool_calls, name_ids)

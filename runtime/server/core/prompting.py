@@ -43,6 +43,7 @@ class ChatPrompt(NamedTuple):
     tool_format: str | None  # None: tool calls are not parsed (no tools, or tool_choice "none")
     think_open: bool
     reasoning_budget: int | None = None  # reasoning tokens before it is closed (reasoning_budget.py)
+    prefix_tokens: int = 0  # how many of token_ids are the forced prefix's
 
 
 def forced_tool(chat: ChatInput) -> str | None:
@@ -50,6 +51,19 @@ def forced_tool(chat: ChatInput) -> str | None:
     if not chat.tools or chat.tool_choice not in ("required", "tool"):
         return None
     return "required" if chat.tool_choice == "required" else chat.tool_name
+
+
+HARMONY_EFFORTS = ("low", "medium", "high")
+
+
+def effort_kwargs(template: TemplateInfo, effort: str | None, param: str) -> dict[str, Any]:
+    """A request's reasoning effort as template variables: gpt-oss writes it into the system message
+    (``Reasoning: high``), so a change of effort changes the prompt from its first message on."""
+    if effort is None or template.harmony is None:
+        return {}
+    if effort not in HARMONY_EFFORTS:
+        raise bad_request(f"{param} must be one of {', '.join(HARMONY_EFFORTS)} for this model", param)
+    return {"reasoning_effort": effort}
 
 
 def render_kwargs(chat: ChatInput) -> dict[str, Any]:
@@ -87,9 +101,10 @@ def prompt_from(
         if not think_open:
             prefix = THINK_OPEN + "\n"  # how reasoning models open it; the parser reads it as reasoning
     ids = list(ids)
-    if prefix:
-        ids += encode_text(tokenizer, prefix, "tool_choice" if budget is None else "thinking")
-    return ChatPrompt(chat.messages, tools, rendered, ids, prefix, tool_format, think_open, budget)
+    extra = encode_text(tokenizer, prefix, "tool_choice" if budget is None else "thinking") if prefix else []
+    return ChatPrompt(
+        chat.messages, tools, rendered, ids + extra, prefix, tool_format, think_open, budget, len(extra)
+    )
 
 
 def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:

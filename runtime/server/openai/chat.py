@@ -25,7 +25,7 @@ class ChatCompletionRun(OpenAIRun, chat_run.ChatRun):
 
     def __init__(self, state: ServerState, caller: Caller, req: ChatCompletionRequest) -> None:
         self.req = req
-        super().__init__(state, caller, chat_input(req), "chatcmpl", req.n, body_params(state, req),
+        super().__init__(state, caller, chat_input(req, state.template), "chatcmpl", req.n, body_params(state, req),
                          response_grammar(req), req.user)  # fmt: skip
         self.setup()
 
@@ -68,7 +68,7 @@ async def stream_events(run: ChatCompletionRun) -> AsyncIterator[str]:
     extension: dict[str, Any] = {}
     async with aclosing(run.streams()) as outputs:
         async for i, out in outputs:
-            parsed = parsers[i].feed(out.delta)
+            parsed = parsers[i].feed(out)
             if out.finished:
                 parsed = join_parsed(parsed, parsers[i].finish())
             lp = None

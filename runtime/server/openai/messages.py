@@ -5,18 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from chat_templates.tool_calls import ParsedOutput
-from runtime.server.core.prompting import ChatInput
+from runtime.server.core.prompting import ChatInput, effort_kwargs
 from runtime.server.errors import bad_request
 from runtime.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
+from runtime.server.templates import TemplateInfo
 
 
-def chat_input(req: ChatCompletionRequest) -> ChatInput:
+def chat_input(req: ChatCompletionRequest, template: TemplateInfo) -> ChatInput:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     choice, name = req.tool_choice, None
     if isinstance(choice, NamedToolChoice):
         choice, name = "tool", choice.function.name
     parallel = req.parallel_tool_calls is not False
-    return ChatInput(template_messages(req), tools, choice, name, req.chat_template_kwargs, None, parallel)
+    kwargs = {
+        **(req.chat_template_kwargs or {}),
+        **effort_kwargs(template, req.reasoning_effort, "reasoning_effort"),
+    }
+    return ChatInput(template_messages(req), tools, choice, name, kwargs or None, None, parallel)
 
 
 def template_messages(req: ChatCompletionRequest) -> list[dict]:

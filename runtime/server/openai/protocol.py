@@ -238,6 +238,8 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Annotated[int, Field(ge=0, le=20), _INTEGRAL] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    # gpt-oss: low / medium / high, into its system message (other values a 400 there); other models ignore it
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:

@@ -17,6 +17,7 @@ from runtime.server.core.prompting import (
     ChatInput,
     ChatPrompt,
     build_chat_prompt,
+    effort_kwargs,
     encode_text,
     prompt_from,
     render_kwargs,
@@ -30,8 +31,12 @@ MARKER = "\ue000kvreuse-stored-turn\ue000"  # private-use characters: no client 
 
 
 def template_kwargs(req: ResponsesRequest, template: TemplateInfo) -> dict[str, Any]:
-    """``reasoning.effort`` onto the template's thinking switch (where it has one): none/minimal off."""
-    if req.reasoning is None or req.reasoning.effort is None or not template.reasoning:
+    """``reasoning.effort`` onto the template's thinking switch (where it has one): none/minimal off;
+    gpt-oss's effort goes into its system message."""
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    if template.harmony is not None:
+        return effort_kwargs(template, effort, "reasoning.effort")
+    if effort is None or not template.reasoning:
         return {}
     return {"enable_thinking": req.reasoning.effort not in ("none", "minimal")}
 

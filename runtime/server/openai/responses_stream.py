@@ -124,7 +124,7 @@ async def output_events(run: ResponsesRun, w: EventWriter) -> AsyncIterator[str]
     try:
         async with aclosing(run.streams()) as outputs:
             async for _, out in outputs:
-                parsed = parser.feed(out.delta)
+                parsed = parser.feed(out)
                 if out.finished:
                     parsed, final = join_parsed(parsed, parser.finish()), out
                 for e in w.feed(parsed):
