@@ -2,7 +2,7 @@
 
 ``schedule()`` picks a step: every running request that needs one token (a decode), then a
 prefill budget of ``chunk_size`` tokens (``tenant_chunk_size`` while more than one tenant has
-work) with the next chunks of partly prefilled requests and newly admitted ones (a tenant with
+work, or had within ``TENANT_LINGER_S``) with the next chunks of partly prefilled requests and newly admitted ones (a tenant with
 nothing running first), so a long prompt delays running decodes by at most one chunk.  When pages
 run out, the newest running request is retracted: its computed pages go to the prefix cache, it
 returns to the front of the queue with its output so far, and is later re-prefilled (mostly from
@@ -28,6 +28,9 @@ from runtime.speculative.drafter import NoDrafts, PromptLookup
 
 POLICIES = ("fcfs", "lpm")
 LPM_MAX_QUEUE = 256  # matching every waiting request each step costs O(queue * prompt)
+# A tenant whose request just ended counts as active this long: an agent or a chat client sends its
+# next request right after an answer, and the step already running when it arrives must be a short one.
+TENANT_LINGER_S = 2.0
 
 
 class Chunk(NamedTuple):
@@ -78,12 +81,15 @@ class Scheduler:
         policy: str = "fcfs",
         drafter: NoDrafts | PromptLookup | None = None,
         tenant_chunk_size: int | None = None,
+        tenant_linger_s: float = TENANT_LINGER_S,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"schedule policy must be one of {POLICIES}, got {policy!r}")
         self.cache = cache
         self.chunk_size = chunk_size
         self.tenant_chunk_size = tenant_chunk_size or chunk_size
+        self.tenant_linger_s = tenant_linger_s
+        self._last_seen: dict = {}  # tenant namespace -> when a request of it last arrived or ended
         self.max_running = max_running
         self.policy = policy
         self.drafter = drafter if drafter is not None else NoDrafts()
@@ -94,6 +100,7 @@ class Scheduler:
         self._drafted = self._accepted = 0
 
     def add(self, req: Request) -> None:
+        self._last_seen[req.scope.namespace] = time.perf_counter()
         self.waiting.append(req)
         self.cache.prefetch(req)  # a lower tier starts reading its pages while others compute
 
@@ -105,7 +112,7 @@ class Scheduler:
         if req.status is Status.FINISHED:
             return
         req.finish_reason = reason
-        req.finish_time = time.perf_counter()
+        req.finish_time = self._last_seen[req.scope.namespace] = time.perf_counter()
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -189,17 +196,18 @@ class Scheduler:
         return Batch(batch, step)
 
     def _budget(self) -> int:
-        """The step's prefill tokens: ``chunk_size``, or ``tenant_chunk_size`` while requests of more
-        than one tenant are running or waiting, so one tenant's long prompt stalls another's request by
-        a short step rather than a long one (prefill throughput per step is only spent on fairness when
-        there is another tenant to be fair to)."""
-        first = None
-        for req in itertools.chain(self.running, self.waiting):
-            if first is None:
-                first = req.scope.namespace
-            elif req.scope.namespace != first:
-                return min(self.chunk_size, self.tenant_chunk_size)
-        return self.chunk_size
+        """The step's prefill tokens: ``chunk_size``, or ``tenant_chunk_size`` while more than one tenant
+        has work or had within ``tenant_linger_s``, so one tenant's long prompt stalls another's request
+        by a short step rather than a long one (prefill throughput per step is only spent on fairness
+        when there is another tenant to be fair to)."""
+        now = time.perf_counter()
+        active = {r.scope.namespace for r in itertools.chain(self.running, self.waiting)}
+        for ns, seen in list(self._last_seen.items()):
+            if now - seen <= self.tenant_linger_s:
+                active.add(ns)
+            elif ns not in active:
+                del self._last_seen[ns]
+        return min(self.chunk_size, self.tenant_chunk_size) if len(active) > 1 else self.chunk_size
 
     def _new_tenants(self) -> list[Request]:
         """The first waiting request of each tenant that has nothing running: admitted before the

@@ -1,6 +1,6 @@
 """Fair steps between tenants (issue 39): a tenant with nothing running is admitted before another
-tenant's running prefill takes the step's budget, and while two tenants have work a step prefills at
-most ``tenant_chunk_size`` tokens.  With one tenant the order and the chunks are what they always were.
+tenant's running prefill takes the step's budget, and while two tenants have work (or had within
+``tenant_linger_s``) a step prefills at most ``tenant_chunk_size`` tokens.  With one tenant the order and the chunks are what they always were.
 Outputs stay equal to each request run alone (greedy, fp32)."""
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ def _engine(model_dir):
     return tiny_engine(model_dir, num_pages=256, chunk_size=CHUNK, tenant_chunk_size=TENANT_CHUNK)
 
 
-def _long_then_short(model_dir, short_ns: str):
+def _long_then_short(model_dir, short_ns: str, linger_s: float = 0.0):
     """A's 700-token prompt takes one step alone; then B's 9-token request arrives.  Returns the engine,
-    the requests and the per-step chunk lengths of each from then on."""
+    the requests and the per-step chunk lengths of each from then on.  ``linger_s``: how long B counts
+    as active after it ends (0: not at all)."""
     eng = _engine(model_dir)
+    eng.scheduler.tenant_linger_s = linger_s
     g = torch.Generator().manual_seed(7)
     a = eng.make_request(random_ids(g, 700), greedy(3), scope=CacheScope("tenant-a"))
     b = eng.make_request(random_ids(g, 9), greedy(1), scope=CacheScope(short_ns))
@@ -66,3 +68,12 @@ def test_one_tenant_keeps_arrival_order_and_whole_chunks(tiny_models):
     assert all(s["a"] == CHUNK for s in steps[:first_b])
     assert a.num_prompt - CHUNK * (first_b + 1) < CHUNK  # B started only once A's prompt fit in a step
     assert b.output_ids
+
+
+def test_a_tenant_that_just_got_its_answer_still_gets_short_steps(tiny_models):
+    """An agent sends its next request right after an answer: the step running when it arrives must
+    already be short, so the other tenant's steps stay short for ``tenant_linger_s`` after B ends."""
+    _, _, b, steps = _long_then_short(tiny_models[("llama", False)], "tenant-b", linger_s=60.0)
+    done = next(i for i, s in enumerate(steps) if "b" in s)
+    assert b.output_ids and all(s["a"] <= TENANT_CHUNK for s in steps[done + 1 :] if "a" in s)
+    assert len(steps) > done + 1  # A still had prompt left after B was done
