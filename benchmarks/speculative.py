@@ -39,6 +39,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--dtype", default=None, help="model dtype (default: this CPU's, bf16 with AVX512-BF16 else fp32)"
     )
+    p.add_argument(
+        "--quantize",
+        default="none",
+        help="weights: none (dense) or gguf (the GGUF's own blocks, as llama.cpp)",
+    )
     p.add_argument("--batches", default="1,8", help="batch sizes (default 1,8)")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--max-reply", type=int, default=None, help="cap on reply tokens (default 400, quick 120)")
@@ -118,7 +123,8 @@ def llamacpp(args: argparse.Namespace, eng: Engine, workload: str, n: int, max_r
 def run(args: argparse.Namespace) -> dict:
     n = reps(args, 3)
     max_reply = args.max_reply or (120 if args.quick else 400)
-    engines = {m: Engine(dtype=args.dtype, speculative=m, kv_cache_memory="1G", max_running=8) for m in MODES}
+    engines = {m: Engine(dtype=args.dtype, speculative=m, kv_cache_memory="1G", max_running=8,
+                         quantize=args.quantize) for m in MODES}  # fmt: skip
     args.dtype = str(engines["off"].dtype).removeprefix("torch.")
     results, rows = [], []
     for wl in args.workloads.split(","):
@@ -154,7 +160,8 @@ def run(args: argparse.Namespace) -> dict:
         rows,
     )  # fmt: skip
     print(
-        f"dtype {args.dtype}, threads {__import__('torch').get_num_threads()}, max reply {max_reply} tokens\n"
+        f"dtype {args.dtype}, weights {args.quantize}, threads {__import__('torch').get_num_threads()}, "
+        f"max reply {max_reply} tokens\n"
     )
     lc_rows = [[e["workload"], e["llamacpp"]["decode_tok_s"]["off"], e["llamacpp"]["decode_tok_s"]["lookup"],
                 e["llamacpp"]["lookup_vs_off"], e["llamacpp"]["lookup_tokens_per_step"], e["ngram_vs_off"]]
@@ -176,7 +183,14 @@ def run(args: argparse.Namespace) -> dict:
         )
     print(table)
     scripted = "every reply forced (SamplingParams.forced_tokens): the 135M model would not write them"
-    return dict(dtype=args.dtype, max_reply=max_reply, scripted=scripted, results=results, table=table)
+    return dict(
+        dtype=args.dtype,
+        quantize=args.quantize,
+        max_reply=max_reply,
+        scripted=scripted,
+        results=results,
+        table=table,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

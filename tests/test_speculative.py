@@ -162,3 +162,23 @@ def test_tensor_parallel_ranks_verify_the_same_drafts(tiny_models):
         two.close()
     assert [r.output_ids for r in got] == [r.output_ids for r in ref]
     assert sum(r.accepted_tokens for r in got) > 0
+
+
+def test_auto_drafts_from_the_suffix_history_where_the_model_allows(tiny_models, tmp_path):
+    """``auto`` (``kvreuse serve``'s default) is ``suffix`` on a dense model and ``off`` on a hybrid,
+    which cannot roll a rejected draft back, instead of refusing to start."""
+    import argparse
+
+    from runtime.engine.args import add_engine_args
+    from runtime.speculative.drafter import NoDrafts, SuffixLookup
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert parser.parse_args([]).speculative == "auto"
+    dense = tiny_engine(tiny_models[("llama", False)], speculative="auto")
+    assert isinstance(dense.scheduler.drafter, SuffixLookup)
+    prompts = _repetitive_prompts(5, 3)
+    reqs = _outputs(dense, prompts, [greedy(12)] * 3)
+    assert sum(r.accepted_tokens for r in reqs) > 0
+    hybrid = tiny_engine(make_tiny_hybrid(tmp_path / "hy", "gqa-3to1-untied"), speculative="auto")
+    assert isinstance(hybrid.scheduler.drafter, NoDrafts)

@@ -120,10 +120,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--speculative",
-        choices=["off", "ngram", "suffix"],
-        default=D["speculative"],
+        choices=["auto", "off", "ngram", "suffix"],
+        default="auto",
         help="draft tokens from the request's own text (ngram) or also its tenant's recent requests "
-        f"(suffix), verified in one forward (default {D['speculative']})",
+        "(suffix), verified in one forward; auto (default): suffix where the model supports it, else off "
+        "(benchmarks/results/speculative.json)",
     )
     t = p.add_argument_group("KV tiers below the pool")
     t.add_argument(

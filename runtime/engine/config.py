@@ -41,7 +41,8 @@ class EngineConfig:
     quantize: str = "none"
     compile_decode: bool = False  # torch.compile decode steps' layers (CPU dispatch-bound); see decoder.py
     seed: int = 0
-    # speculative decoding drafted from tokens already seen (runtime/speculative): off | ngram | suffix
+    # speculative decoding drafted from tokens already seen (runtime/speculative): off | ngram | suffix, or
+    # auto (`kvreuse serve`'s default): suffix where the model supports it (runtime/engine/states.py)
     speculative: str = "off"
     # a grammar (response_format schema, tools) compiling longer than this is refused with a 400: one
     # caller's pathological schema must not hold a prep thread (issue 39: 10k optional properties, minutes)
@@ -106,9 +107,9 @@ class EngineConfig:
             raise ValueError(
                 "--kv-store / --kv-host-memory / --kv-shared-store do not work with --tensor-parallel-size > 1 yet"
             )
-        if self.speculative not in SPECULATIVE_MODES:
+        if self.speculative not in (*SPECULATIVE_MODES, "auto"):
             raise ValueError(
-                f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.speculative!r}"
+                f"speculative must be one of {', '.join(SPECULATIVE_MODES)} or auto, got {self.speculative!r}"
             )
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")

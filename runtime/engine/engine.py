@@ -20,12 +20,12 @@ from runtime.cache.manager import CacheManager, CacheStats
 from runtime.cache.pins import PinInfo
 from runtime.cache.registry import cache_kind
 from runtime.cache.store.open import open_tiers
+from runtime.engine import states as model_states
 from runtime.engine.admission import Admission, EngineError
 from runtime.engine.config import EngineConfig
 from runtime.engine.detokenizer import IncrementalDetokenizer
 from runtime.engine.outputs import RequestOutput, make_output
 from runtime.engine.scoring import Entry, prompt_logprobs
-from runtime.engine.states import check_state_support, hybrid_states, store_budgets, window_state_tier
 from runtime.engine.stats import EngineStats, engine_stats
 from runtime.loading.model_source import cache_dir, resolve_model
 from runtime.loading.tokenizer import eos_token_ids, load_tokenizer
@@ -74,16 +74,16 @@ class Engine:
                 f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
             )
         self.max_model_len = cfg.max_model_len or model_len
-        check_state_support(self.runner, cfg)
+        model_states.check_state_support(self.runner, cfg)
         self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
-            cfg.kv_store, store_budgets(self.runner, cfg)[0], cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
+            cfg.kv_store, model_states.store_budgets(self.runner, cfg)[0], cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
             settings={"quantize": cfg.quantize, "tensor_parallel_size": cfg.tensor_parallel_size},
             shared_url=cfg.kv_shared_store,
         )  # fmt: skip
-        states, state_budget = hybrid_states(self.runner, cfg)
-        state_tier = window_state_tier(self.runner, cfg) if tiers is not None else None
+        states, state_budget = model_states.hybrid_states(self.runner, cfg)
+        state_tier = model_states.window_state_tier(self.runner, cfg) if tiers is not None else None
         self.cache = CacheManager(
             self.runner.pool.num_pages,
             cfg.page_size,
@@ -104,7 +104,7 @@ class Engine:
             cfg.chunk_size,
             cfg.max_running,
             cfg.schedule_policy,
-            make_drafter(cfg.speculative),
+            make_drafter(model_states.speculative_mode(self.runner, cfg)),
             cfg.tenant_chunk_size,
         )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()

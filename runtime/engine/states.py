@@ -55,9 +55,18 @@ def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier | Non
     )
 
 
+def speculative_mode(runner: ModelRunner, cfg: EngineConfig) -> str:
+    """The draft source: as asked, or for ``auto`` the one that measured best on the agent workloads
+    (``suffix``: benchmarks/speculative.py) where the model supports drafting at all (no state slots to
+    roll a rejected draft back in), else ``off``."""
+    if cfg.speculative != "auto":
+        return cfg.speculative
+    return "off" if runner.state_pool is not None else "suffix"
+
+
 def check_state_support(runner: ModelRunner, cfg: EngineConfig) -> None:
     """Refuse (EngineError) what a model with state slots cannot do yet."""
-    if cfg.speculative != "off" and runner.state_pool is not None:
+    if cfg.speculative not in ("off", "auto") and runner.state_pool is not None:
         raise EngineError(
             "--speculative does not work with hybrid models yet: a rejected draft would need the "
             "linear-attention state rolled back"
