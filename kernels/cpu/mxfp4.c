@@ -26,6 +26,13 @@ static inline float half_scale(uint8_t e) {
     return v.f;
 }
 
+/* Where block g's even and odd Q8 codes sit in its row (nb blocks): blocks 2p and 2p + 1 as one
+ * 64-byte pair, [evens 2p | evens 2p+1 | odds 2p | odds 2p+1]; an odd last block as [evens | odds] */
+static inline int64_t even_at(int64_t g, int64_t nb) {
+    return (g | 1) < nb ? (g & ~(int64_t)1) * 32 + (g & 1) * 16 : g * 32;
+}
+static inline int64_t odd_at(int64_t g, int64_t nb) { return even_at(g, nb) + ((g | 1) < nb ? 32 : 16); }
+
 /* one output of one group: rows x[0..rows) (row stride `in`), weight row `blk`/`sc` -> y (stride out) */
 typedef void (*row_fn)(const void *x, const float *dx, int64_t rows, int64_t in, const uint8_t *blk,
                        const uint8_t *sc, float *y, int64_t out);
@@ -53,6 +60,16 @@ static inline __m256i dot_u8s8(__m256i wabs, __m256i xs) {
 #endif
 }
 
+/* the same over two halves: |w1| . x1 + |w2| . x2 (pairs summed in int16: at most 4 * 12 * 127) */
+static inline __m256i dot2_u8s8(__m256i a1, __m256i x1, __m256i a2, __m256i x2) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a1, x1), a2, x2);
+#else
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(a1, x1), _mm256_maddubs_epi16(a2, x2));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
 /* block g of R rows into acc (R is a constant once inlined, so the accumulators stay in registers) */
 static inline __attribute__((always_inline)) void q8_block(const int8_t *xq, const float *dx, const int R,
                                                            int64_t in, const uint8_t *blk, const uint8_t *sc,
@@ -71,18 +88,45 @@ static inline __attribute__((always_inline)) void q8_block(const int8_t *xq, con
     }
 }
 
-/* two chains of blocks, so that a row's sums do not wait on each other's latency */
+/* blocks g and g + 1 of R rows into acc: one 32-byte load holds both blocks' nibbles, the low ones
+ * (even weights) meet the rows' even codes of both blocks and the high ones the odd codes (the pair's
+ * layout, ``even_at``), so lanes 0-3 sum block g and lanes 4-7 block g + 1: one scale vector a pair */
+static inline __attribute__((always_inline)) void q8_pair(const int8_t *xq, const float *dx, const int R,
+                                                          int64_t in, const uint8_t *blk, const uint8_t *sc,
+                                                          int64_t g, __m256 *acc) {
+    const __m256i mag = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, 1, 2, 3, 4, 6, 8, 12);
+    const __m256i low = _mm256_set1_epi8(0x0F), halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    int64_t nb = in / 32;
+    __m256i b = _mm256_loadu_si256((const __m256i *)(blk + g * 16));
+    __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+    __m256i alo = _mm256_shuffle_epi8(mag, lo), ahi = _mm256_shuffle_epi8(mag, hi);
+    __m256i slo = _mm256_slli_epi16(lo, 4), shi = _mm256_slli_epi16(hi, 4); /* e2m1 sign to bit 7 */
+    __m128 ws = _mm_setr_ps(half_scale(sc[g]), half_scale(sc[g + 1]), 0.f, 0.f);
+    for (int r = 0; r < R; r++) {
+        const int8_t *xr = xq + r * in + g * 32;
+        __m256i e = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xr), slo);
+        __m256i o = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xr + 32)), shi);
+        __m128 d = _mm_mul_ps(ws, _mm_castpd_ps(_mm_load_sd((const double *)(dx + r * nb + g))));
+        __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), halves);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot2_u8s8(alo, e, ahi, o)), s, acc[r]);
+    }
+}
+
+/* pairs of blocks in two chains, so that a row's sums do not wait on each other's latency; an odd
+ * last block alone */
 static inline __attribute__((always_inline)) void q8_rows(const int8_t *xq, const float *dx, const int R,
                                                           int64_t in, const uint8_t *blk, const uint8_t *sc,
                                                           float *y, int64_t out) {
     int64_t nb = in / 32, g = 0;
     __m256 a0[MAX_ROWS], a1[MAX_ROWS];
     for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();
-    for (; g + 1 < nb; g += 2) {
-        q8_block(xq, dx, R, in, blk, sc, g, a0);
-        q8_block(xq, dx, R, in, blk, sc, g + 1, a1);
+    for (; g + 3 < nb; g += 4) {
+        q8_pair(xq, dx, R, in, blk, sc, g, a0);
+        q8_pair(xq, dx, R, in, blk, sc, g + 2, a1);
     }
-    if (g < nb) q8_block(xq, dx, R, in, blk, sc, g, a0);
+    if (g + 1 < nb) q8_pair(xq, dx, R, in, blk, sc, g, a0), g += 2;
+    if (g < nb) q8_block(xq, dx, R, in, blk, sc, g, a1);
     for (int r = 0; r < R; r++) y[r * out] = hsum8(_mm256_add_ps(a0[r], a1[r]));
 }
 
@@ -95,14 +139,13 @@ static void row_q8(const void *xv, const float *dx, int64_t rows, int64_t in, co
     }
 }
 
-static void row_f32(const void *xv, const float *dx, int64_t rows, int64_t in, const uint8_t *blk,
-                    const uint8_t *sc, float *y, int64_t out) {
-    const float *x = xv;
+static inline __attribute__((always_inline)) void f32_rows(const float *x, const int R, int64_t in,
+                                                           const uint8_t *blk, const uint8_t *sc, float *y,
+                                                           int64_t out) {
     const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                                          0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    (void)dx;
     __m256 acc[MAX_ROWS];
-    for (int64_t r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < in / 32; g++) {
         __m256i w = _mm256_shuffle_epi8(lut, nibbles(blk + g * 16)); /* even weights | odd weights */
         __m128i w0 = _mm256_castsi256_si128(w), w1 = _mm256_extracti128_si256(w, 1);
@@ -111,7 +154,7 @@ static void row_f32(const void *xv, const float *dx, int64_t rows, int64_t in, c
         __m256 f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w1));
         __m256 f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(w1, 8)));
         __m256 s = _mm256_set1_ps(half_scale(sc[g]));
-        for (int64_t r = 0; r < rows; r++) {
+        for (int r = 0; r < R; r++) {
             const float *xr = x + r * in + g * 32; /* deinterleaved: evens then odds */
             __m256 t = _mm256_mul_ps(f0, _mm256_loadu_ps(xr));
             t = _mm256_fmadd_ps(f1, _mm256_loadu_ps(xr + 8), t);
@@ -120,7 +163,17 @@ static void row_f32(const void *xv, const float *dx, int64_t rows, int64_t in, c
             acc[r] = _mm256_fmadd_ps(t, s, acc[r]);
         }
     }
-    for (int64_t r = 0; r < rows; r++) y[r * out] = hsum8(acc[r]);
+    for (int r = 0; r < R; r++) y[r * out] = hsum8(acc[r]);
+}
+
+static void row_f32(const void *xv, const float *dx, int64_t rows, int64_t in, const uint8_t *blk,
+                    const uint8_t *sc, float *y, int64_t out) {
+    (void)dx;
+    switch (rows) {
+#define F32_CASE(R) case R: f32_rows(xv, R, in, blk, sc, y, out); break;
+        F32_CASE(1) F32_CASE(2) F32_CASE(3) F32_CASE(4) F32_CASE(5) F32_CASE(6) F32_CASE(7) F32_CASE(8)
+#undef F32_CASE
+    }
 }
 #else
 static const int8_t FP4X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -133,9 +186,10 @@ static void row_q8(const void *xv, const float *dx, int64_t rows, int64_t in, co
         float acc = 0.f;
         for (int64_t g = 0; g < nb; g++) {
             int32_t d = 0;
+            const int8_t *ev = xq + r * in + even_at(g, nb), *od = xq + r * in + odd_at(g, nb);
             for (int64_t k = 0; k < 16; k++) {
                 uint8_t b = blk[g * 16 + k];
-                d += FP4X2[b & 15] * xq[r * in + g * 32 + k] + FP4X2[b >> 4] * xq[r * in + g * 32 + 16 + k];
+                d += FP4X2[b & 15] * ev[k] + FP4X2[b >> 4] * od[k];
             }
             acc += half_scale(sc[g]) * dx[r * nb + g] * (float)d;
         }
@@ -168,19 +222,22 @@ static void deinterleave(const float *x, int64_t n, float *xd) {
         for (int64_t k = 0; k < 16; k++) xd[b + k] = x[b + 2 * k], xd[b + 16 + k] = x[b + 2 * k + 1];
 }
 
-/* Q8_0 codes (deinterleaved) and scales of n floats, per block of 32 */
-static void quantize_q8(const float *x, int64_t n, int8_t *xq, float *dx) {
-    for (int64_t b = 0; b < n / 32; b++) {
-        const float *xb = x + b * 32;
-        float amax = 0.f;
-        for (int64_t i = 0; i < 32; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
-        float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
-        for (int64_t k = 0; k < 16; k++) {
-            xq[b * 32 + k] = (int8_t)nearbyintf(xb[2 * k] * id);
-            xq[b * 32 + 16 + k] = (int8_t)nearbyintf(xb[2 * k + 1] * id);
+/* Q8_0 codes and scales of `rows` rows of `in` floats, per block of 32, in the pair layout */
+static void quantize_q8(const float *x, int64_t rows, int64_t in, int8_t *xq, float *dx) {
+    int64_t nb = in / 32;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * in + b * 32;
+            float amax = 0.f;
+            for (int64_t i = 0; i < 32; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
+            float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+            int8_t *ev = xq + r * in + even_at(b, nb), *od = xq + r * in + odd_at(b, nb);
+            for (int64_t k = 0; k < 16; k++) {
+                ev[k] = (int8_t)nearbyintf(xb[2 * k] * id);
+                od[k] = (int8_t)nearbyintf(xb[2 * k + 1] * id);
+            }
+            dx[r * nb + b] = d;
         }
-        dx[b] = d;
-    }
 }
 
 static int run_groups(row_fn row, const void *xp, int64_t elem, const float *dx, int64_t in,
@@ -229,7 +286,7 @@ int mxfp4_experts_q8(const float *x, int64_t in, const int64_t *bounds, const in
         free(xq), free(dx);
         return -2;
     }
-    quantize_q8(x, n, xq, dx);
+    quantize_q8(x, bounds[groups], in, xq, dx);
     run_groups(row_q8, xq, 1, dx, in, bounds, experts, groups, blocks, scales, out, y);
     free(xq), free(dx);
     return 0;
