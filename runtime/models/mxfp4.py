@@ -7,7 +7,9 @@ tensors as loaded (rows de-interleaved into our gate | up order, no dense copy) 
 only the experts some token picked: one gather from a 256-entry byte -> (lo, hi) table, one multiply by
 the block scales, exact in fp32 and bf16 (every value is a small integer times a power of two), then the
 expert's two matmuls.  On CPU, when no expert has more than ``mxfp4_cpu.MAX_ROWS`` rows (decode), no
-expert is decoded at all: ``kernels/cpu/mxfp4.c`` multiplies straight from the blocks.  The values
+expert is decoded at all: ``kernels/cpu/mxfp4.c`` multiplies straight from the blocks, one call for every
+picked expert's gate_up and one for its down; fp32 activations in fp32 (exact products), bf16 / fp16 ones
+quantized to int8 per block of 32 and multiplied as integers (``mxfp4_cpu.q8_error_bound``).  The values
 equal transformers' dequantization (``integrations/mxfp4.py: convert_moe_packed_tensors``;
 ``tests/test_gpt_oss_mxfp4.py``).
 """
