@@ -13,8 +13,11 @@
  *    (scale max|x| / 127, llama.cpp's Q8_0), a block's 32 products one integer dot product (AVX2
  *    vpmaddubsw + vpmaddwd, or VNNI vpdpbusd where the CPU has it), scaled once.  Its error against
  *    the exact product is at most sum over blocks of (scale_x / 2) * sum |w| (the rounding of x).
- * The activation codes are stored with each block's even elements first, then its odd ones, so the
- * low nibbles (even weights) and high nibbles (odd weights) need no interleaving.  */
+ * The activations are stored with each block's even elements first, then its odd ones, so the low
+ * nibbles (even weights) and high nibbles (odd weights) need no interleaving; the Q8 codes go further
+ * and pair blocks (``even_at``), so one 32-byte load decodes two blocks.  Which instructions run is
+ * fixed when the file is built for the machine (-march=native, as every kernel under kernels/cpu): VNNI, else
+ * AVX2, else portable C reading the same layouts.  */
 #include "common.h"
 
 #define MAX_ROWS 8
