@@ -94,6 +94,18 @@ def test_kept_quantized_matches_transformers_dequantized(dirs):
     eng.check_integrity()
 
 
+def test_bf16_decode_kernels_keep_perplexity_within_one_percent(dirs):
+    """bf16: the kept-quantized experts multiply int8 activation codes (MXFP4 x Q8); scored 2 tokens a
+    step, every expert sees at most 2 rows, so the whole sequence goes through the decode kernels."""
+    ids = random_ids(torch.Generator().manual_seed(5), 80)
+    ppl = {}
+    for kind in ("mxfp4", "deq"):
+        eng = tiny_engine(dirs[kind], dtype="bfloat16", page_size=4, num_pages=128, window_paging=False)
+        lps = [e[1][0] for e in eng.prompt_logprobs(ids, 0, chunk_size=2) if e[1] is not None]
+        ppl[kind] = math.exp(-sum(lps) / len(lps))
+    assert abs(ppl["mxfp4"] / ppl["deq"] - 1) < 0.01, ppl
+
+
 def test_expert_bytes_and_greedy_against_the_dequantized_model(dirs):
     q, d = (tiny_engine(dirs[k], page_size=4, num_pages=128) for k in ("mxfp4", "deq"))
 
@@ -112,19 +124,59 @@ def test_expert_bytes_and_greedy_against_the_dequantized_model(dirs):
     ]
 
 
-def test_c_kernel_matches_the_decoded_matmul():
-    from kernels.mxfp4_cpu import MAX_ROWS, load
+def _kernel_case(seed: int, experts: int = 3):
+    from kernels.mxfp4_cpu import load
 
     kernel = load()
     if kernel is None:
         pytest.skip("no C compiler: the torch decode path runs instead")
-    g = torch.Generator().manual_seed(4)
-    blocks, scales = quantize(torch.randn(96, 160, generator=g))
-    blocks = blocks.flatten(1).contiguous()
-    w = dequantize(blocks, scales, byte_table(), torch.float32)
-    for rows in (1, 3, MAX_ROWS):
-        x = torch.randn(rows, 160, generator=g)
-        ref = x @ w.T
-        assert (kernel(x, blocks, scales) - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
-    with pytest.raises(ValueError, match="at most 8 rows"):
-        kernel(torch.randn(MAX_ROWS + 1, 160), blocks, scales)
+    g = torch.Generator().manual_seed(seed)
+    blocks, scales = quantize(torch.randn(experts, 96, 160, generator=g))
+    blocks = blocks.flatten(2).contiguous()
+    return kernel, g, blocks, scales, dequantize(blocks, scales, byte_table(), torch.float32)
+
+
+def _grouped_reference(x, counts, ids, w) -> torch.Tensor:
+    return torch.cat([xg.float() @ w[e].T for xg, e in zip(x.split(counts), ids)])
+
+
+def test_c_kernel_fp32_matches_the_decoded_matmul():
+    """fp32 activations: exact weights and fp32 products, so only the summation order differs."""
+    from kernels.mxfp4_cpu import MAX_ROWS
+
+    kernel, g, blocks, scales, w = _kernel_case(4)
+    for counts, ids in (([1], [2]), ([3, 1], [0, 2]), ([MAX_ROWS, 2, 5], [1, 0, 2])):
+        x = torch.randn(sum(counts), 160, generator=g)
+        ref = _grouped_reference(x, counts, ids, w)
+        got = kernel(x, torch.tensor(counts), torch.tensor(ids), blocks, scales)
+        assert (got - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+
+
+def test_c_kernel_q8_stays_within_the_int8_rounding_bound():
+    """bf16 activations go through int8 per block of 32: each element moves by at most half its
+    block's step (max|x| / 127 / 2), so each output by at most that times the block's sum |w|
+    (``q8_error_bound``); the tolerance is that bound plus fp32 summation slack (1e-5 relative),
+    and the error must be real rounding, not an exact product by accident."""
+    from kernels.mxfp4_cpu import q8_error_bound
+
+    kernel, g, blocks, scales, w = _kernel_case(5)
+    for counts, ids in (([1], [1]), ([4, 4, 4, 4], [0, 1, 2, 0]), ([8, 1], [2, 0])):
+        x = (
+            torch.randn(sum(counts), 160, generator=g) * torch.rand(sum(counts), 1, generator=g) * 4
+        ).bfloat16()
+        ref = _grouped_reference(x, counts, ids, w)
+        got = kernel(x, torch.tensor(counts), torch.tensor(ids), blocks, scales)
+        bound = torch.cat([q8_error_bound(xg, w[e]) for xg, e in zip(x.split(counts), ids)])
+        err = (got - ref).abs()
+        assert (err <= bound + 1e-5 * ref.abs().max()).all()
+        assert 0 < err.max() < 0.02 * ref.abs().max()  # int8 rounding shows, and stays small
+
+
+def test_c_kernel_refuses_a_group_it_cannot_hold():
+    from kernels.mxfp4_cpu import MAX_ROWS
+
+    kernel, g, blocks, scales, _ = _kernel_case(6)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(MAX_ROWS + 1, 160, dtype=dtype)
+        with pytest.raises(ValueError, match="1 to 8 rows an expert"):
+            kernel(x, torch.tensor([MAX_ROWS + 1]), torch.tensor([0]), blocks, scales)

@@ -7,7 +7,9 @@ tensors as loaded (rows de-interleaved into our gate | up order, no dense copy) 
 only the experts some token picked: one gather from a 256-entry byte -> (lo, hi) table, one multiply by
 the block scales, exact in fp32 and bf16 (every value is a small integer times a power of two), then the
 expert's two matmuls.  On CPU, when no expert has more than ``mxfp4_cpu.MAX_ROWS`` rows (decode), no
-expert is decoded at all: ``kernels/cpu/mxfp4.c`` multiplies straight from the blocks.  The values
+expert is decoded at all: ``kernels/cpu/mxfp4.c`` multiplies straight from the blocks, one call for every
+picked expert's gate_up and one for its down; fp32 activations in fp32 (exact products), bf16 / fp16 ones
+quantized to int8 per block of 32 and multiplied as integers (``mxfp4_cpu.q8_error_bound``).  The values
 equal transformers' dequantization (``integrations/mxfp4.py: convert_moe_packed_tensors``;
 ``tests/test_gpt_oss_mxfp4.py``).
 """
@@ -92,13 +94,12 @@ class Mxfp4Experts(Experts):
         if mm is None:
             ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist(), g.expert)
             return torch.zeros_like(x).index_add_(0, g.token, ys * g.weight.unsqueeze(1))
-        outs = []
-        for xg, e in zip(xs.split(counts.tolist()), ids.tolist()):
-            gu = mm(xg, self.gate_up_proj_blocks[e], self.gate_up_proj_scales[e]).to(x.dtype)
-            h = self.glu(_plus(gu, self.gate_up_proj_bias, e))
-            y = mm(h, self.down_proj_blocks[e], self.down_proj_scales[e]).to(x.dtype)
-            outs.append(_plus(y, self.down_proj_bias, e))
-        return torch.zeros_like(x).index_add_(0, g.token, torch.cat(outs) * g.weight.unsqueeze(1))
+        # one kernel call for every picked expert's gate_up, one for its down
+        gu = mm(xs, counts, ids, self.gate_up_proj_blocks, self.gate_up_proj_scales).to(x.dtype)
+        h = self.glu(gu + _bias_rows(self.gate_up_proj_bias, g.expert))
+        y = mm(h, counts, ids, self.down_proj_blocks, self.down_proj_scales).to(x.dtype)
+        y = y + _bias_rows(self.down_proj_bias, g.expert)
+        return torch.zeros_like(x).index_add_(0, g.token, y * g.weight.unsqueeze(1))
 
     def expert(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ``e``'s ``gate_up [2I, H]`` and ``down [H, I]``, decoded."""
@@ -111,5 +112,6 @@ class Mxfp4Experts(Experts):
         )
 
 
-def _plus(y: torch.Tensor, bias: torch.Tensor | None, e: int) -> torch.Tensor:
-    return y if bias is None else y + bias[e]
+def _bias_rows(bias: torch.Tensor | None, expert: torch.Tensor) -> torch.Tensor | float:
+    """Each row's expert's bias (rows grouped by expert), or 0 without biases."""
+    return 0.0 if bias is None else bias.index_select(0, expert)
