@@ -56,7 +56,7 @@ static inline __m256i nibbles(const uint8_t *b16) {
 
 /* sum of |w| . (x with w's sign) as 8 int32 lanes: unsigned x signed products */
 static inline __m256i dot_u8s8(__m256i wabs, __m256i xs) {
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) /* (AVX-VNNI alone names it _mm256_dpbusd_avx_epi32) */
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), wabs, xs);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xs), _mm256_set1_epi16(1));
@@ -65,7 +65,7 @@ static inline __m256i dot_u8s8(__m256i wabs, __m256i xs) {
 
 /* the same over two halves: |w1| . x1 + |w2| . x2 (pairs summed in int16: at most 4 * 12 * 127) */
 static inline __m256i dot2_u8s8(__m256i a1, __m256i x1, __m256i a2, __m256i x2) {
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) /* (AVX-VNNI alone names it _mm256_dpbusd_avx_epi32) */
     return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a1, x1), a2, x2);
 #else
     __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(a1, x1), _mm256_maddubs_epi16(a2, x2));
