@@ -55,8 +55,8 @@ def closed(schema: Any) -> Any:
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {
-        k: closed(v) if k not in ("enum", "const", "default", "examples", "required") else v
+    out = {  # "properties" is a map of schemas, not a schema: closed below, once (not twice per level)
+        k: closed(v) if k not in ("enum", "const", "default", "examples", "required", "properties") else v
         for k, v in schema.items()
     }
     if isinstance(schema.get("properties"), dict):
