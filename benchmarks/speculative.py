@@ -183,14 +183,8 @@ def run(args: argparse.Namespace) -> dict:
         )
     print(table)
     scripted = "every reply forced (SamplingParams.forced_tokens): the 135M model would not write them"
-    return dict(
-        dtype=args.dtype,
-        quantize=args.quantize,
-        max_reply=max_reply,
-        scripted=scripted,
-        results=results,
-        table=table,
-    )
+    return dict(dtype=args.dtype, quantize=args.quantize, max_reply=max_reply, scripted=scripted,
+                results=results, table=table)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
