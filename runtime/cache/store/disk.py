@@ -69,9 +69,8 @@ class StoreStats(NamedTuple):
 
 
 def _holds(group: tuple[torch.Tensor, list[str]], wanted: list[tuple[bytes, int]]) -> bool:
-    """Whether a group file holds each (key, index) the index points at: the index within the file's
-    pages and the file's own record of that page's key equal (an index entry that passed its
-    checksum but points past the end or at a swapped file must never be served)."""
+    """Whether a group file holds each (key, index) the index points at, by the file's own record of
+    its keys (an entry past the end or at a swapped file must never be served, checksum or not)."""
     kv, tags = group
     return all(0 <= i < kv.shape[0] and i < len(tags) and tags[i] == group_file.key_tag(k) for k, i in wanted)
 
