@@ -2,8 +2,9 @@
 
 ``schedule()`` picks a step: every running request that needs one token (a decode), then a
 prefill budget of ``chunk_size`` tokens (``tenant_chunk_size`` while more than one tenant has
-work, or had within ``TENANT_LINGER_S``) with the next chunks of partly prefilled requests and newly admitted ones (a tenant with
-nothing running first), so a long prompt delays running decodes by at most one chunk.  When pages
+work, or had within ``TENANT_LINGER_S``) with the next chunks of partly prefilled requests and
+newly admitted ones (a tenant with nothing running first), so a long prompt delays running decodes
+by at most one chunk.  When pages
 run out, the newest running request is retracted: its computed pages go to the prefix cache, it
 returns to the front of the queue with its output so far, and is later re-prefilled (mostly from
 the cache).  ``commit()`` applies the step's result: progress, page insertion and sampled
@@ -201,13 +202,13 @@ class Scheduler:
         by a short step rather than a long one (prefill throughput per step is only spent on fairness
         when there is another tenant to be fair to)."""
         now = time.perf_counter()
-        active = {r.scope.namespace for r in itertools.chain(self.running, self.waiting)}
-        for ns, seen in list(self._last_seen.items()):
-            if now - seen <= self.tenant_linger_s:
-                active.add(ns)
-            elif ns not in active:
-                del self._last_seen[ns]
-        return min(self.chunk_size, self.tenant_chunk_size) if len(active) > 1 else self.chunk_size
+        self._last_seen = {ns: t for ns, t in self._last_seen.items() if now - t <= self.tenant_linger_s}
+        tenants = set(self._last_seen)
+        for req in itertools.chain(self.running, self.waiting):  # stops at the second tenant
+            if len(tenants) > 1:
+                break
+            tenants.add(req.scope.namespace)
+        return min(self.chunk_size, self.tenant_chunk_size) if len(tenants) > 1 else self.chunk_size
 
     def _new_tenants(self) -> list[Request]:
         """The first waiting request of each tenant that has nothing running: admitted before the

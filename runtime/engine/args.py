@@ -13,6 +13,7 @@ from typing import Any
 from runtime.cache.eviction import POLICIES
 from runtime.cache.registry import KINDS as CACHE_KINDS
 from runtime.engine.config import EngineConfig
+from runtime.speculative.drafter import MODES as SPECULATIVE_MODES
 
 D = {f.name: f.default for f in fields(EngineConfig)}
 
@@ -120,7 +121,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--speculative",
-        choices=["auto", "off", "ngram", "suffix"],
+        choices=["auto", *SPECULATIVE_MODES],
         default="auto",
         help="draft tokens from the request's own text (ngram) or also its tenant's recent requests "
         "(suffix), verified in one forward; auto (default): suffix where the model supports it, else off "
