@@ -27,7 +27,7 @@ _SIGNATURES = {
     "silu_mul": (None, [_P, _P, _I, _I]),
     "rope_store": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P]),
     "q8_linear": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
-    "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P]),
+    "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _P]),
     "dequant_int4": (None, [_P, _P, _P, _I, _I, _P]),
     "dequant_int8": (None, [_P, _P, _I, _I, _P]),
 }
@@ -48,7 +48,7 @@ class NativeOps:
         self.extend_bf16 = ext.extend_attention_bf16 if ext.extend_supported() else None
         if self.extend_bf16 is not None:
             self.extend_bf16.restype = ctypes.c_int
-            self.extend_bf16.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _P]
+            self.extend_bf16.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _P, _P]
 
     def supports(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and t.dtype in _SUFFIX
@@ -106,49 +106,56 @@ class NativeOps:
 
     def decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float,
-                         window: int | None = None) -> torch.Tensor:  # fmt: skip
+                         window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """q ``[B, Hq, D]`` (rows may be strided, heads not) over each sequence's keys read from its pages
-        in place -> ``[B, Hq, D]``; ``window``: only each sequence's last ``window`` keys."""
+        in place -> ``[B, Hq, D]``; ``window``: only each sequence's last ``window`` keys; ``sinks``: a
+        sink logit per query head."""
         b, nh, d = q.shape
         out = torch.empty_like(q)
+        sk = None if sinks is None else sinks.detach().float().contiguous()
         rc = self.fns["decode_attention", q.dtype](q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                                                    page_table.data_ptr(), page_table.stride(0),
                                                    seq_lens_k.data_ptr(), b, nh, k_cache.shape[-2], d,
-                                                   k_cache.shape[1], scale, window or 0, out.data_ptr())  # fmt: skip
+                                                   k_cache.shape[1], scale, window or 0,
+                                                   None if sk is None else sk.data_ptr(), out.data_ptr())  # fmt: skip
         if rc != 0:
             raise ValueError(f"decode_attention: unsupported shape (heads {nh}, head_dim {d})")
         return out
 
     def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                page_table: torch.Tensor, seq_lens_k: torch.Tensor, scale: float,
-                               *, plan: object = None, window: int | None = None) -> torch.Tensor:  # fmt: skip
+                               *, plan: object = None, window: int | None = None,
+                               sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """The backend's ``decode_attention`` signature (``plan`` unused: pages are read in place)."""
         return self.decode_attention(q.contiguous(), k_cache, v_cache, page_table.contiguous(),
-                                     seq_lens_k.contiguous(), scale, window)  # fmt: skip
+                                     seq_lens_k.contiguous(), scale, window, sinks)  # fmt: skip
 
     def extend_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor,
-                         scale: float, *, window: int | None = None) -> torch.Tensor:  # fmt: skip
-        """The backend's ``extend_attention``: bf16 through the flash kernel (pages read in place), other
-        dtypes, head sizes (``head_dim % 64``) and sliding windows through ``kernels.reference``."""
+                         scale: float, *, window: int | None = None,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The backend's ``extend_attention``: bf16 through the flash kernel (pages read in place, sinks
+        too), other dtypes, head sizes (``head_dim % 64``) and sliding windows through
+        ``kernels.reference``."""
         nh, d = q.shape[1:]
         if (window is not None or self.extend_bf16 is None or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
                 or d % 64 or d > 256 or q.stride(2) != 1 or q.stride(1) != d):  # fmt: skip
             return reference.extend_attention(
-                q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, scale, window=window
+                q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, scale, window=window, sinks=sinks
             )
         out = q.new_empty(q.shape[0], nh, d)
         table = page_table.to(torch.int32).contiguous()
         cu = cu_seqlens_q.to(torch.int32).contiguous()
         lens = seq_lens_k.to(torch.int32).contiguous()
         nkv = k_cache.shape[-2]
+        sk = None if sinks is None else sinks.detach().float().contiguous()
         for b0, b1 in _scratch_groups(lens.tolist(), nkv * d * 4):
             q0, q1 = int(cu[b0]), int(cu[b1])
             sub_cu = (cu[b0 : b1 + 1] - q0).contiguous()
             rc = self.extend_bf16(q[q0:q1].data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                                   table[b0:b1].data_ptr(), table.stride(0), sub_cu.data_ptr(),
                                   lens[b0:b1].data_ptr(), b1 - b0, nh, nkv, d, k_cache.shape[1], scale,
-                                  out[q0:q1].data_ptr())  # fmt: skip
+                                  None if sk is None else sk.data_ptr(), out[q0:q1].data_ptr())  # fmt: skip
             if rc == -2:
                 raise MemoryError("extend_attention: out of memory")
             if rc != 0:

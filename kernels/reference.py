@@ -23,6 +23,15 @@ window are never read, so their pages may hold anything (a window layer's ring r
     keys      0 ........ lo ......... prefix ......... seq_len_k
                          [  read: lo = max(0, prefix - W + 1)  ]
     query p              (p - W, p]  (a band: causal and windowed)
+
+Learned **sinks** (gpt-oss, ``sinks=[Hq]``): one extra logit per query head in the softmax's
+denominator, with no value behind it, so a head may put weight "nowhere"::
+
+    p_i = exp(s_i - m) / (sum_j exp(s_j - m) + exp(sink - m)),    m = max(max_j s_j, sink)
+
+(transformers' eager gpt-oss attention concatenates the sink column, softmaxes and drops it: the same
+sums).  With sinks, scores, the max, the exponentials and the denominator are fp32 whatever the model
+dtype, and the products are two matmuls per block of folded query rows (``_SCORE_ELEMS``).
 """
 
 from __future__ import annotations
@@ -144,11 +153,12 @@ def extend_attention(
     scale: float,
     *,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of new tokens over their cached prefix plus themselves (already stored).
 
     q: [total_q, Hq, D] -> out [total_q, Hq, D].  Handles q_len == 1 (decode) too.  ``window``: a
-    sliding-window layer's W (see the module docstring).
+    sliding-window layer's W; ``sinks``: a sink logit per query head (see the module docstring).
     """
     page_size = k_cache.shape[1]
     hkv, d = k_cache.shape[2:]
@@ -163,6 +173,11 @@ def extend_attention(
         prefix = lk - (e - s)
         lo = 0 if window is None else max(0, prefix - window + 1)
         slots = kv_slots(page_table[i], lk, page_size, lo)
+        if sinks is not None:
+            k = kf.index_select(0, slots).transpose(0, 1)
+            v = vf.index_select(0, slots).transpose(0, 1)
+            out[s:e] = _attend_sinks(q[s:e], k, v, scale, sinks, prefix - lo, window)
+            continue
         # head-major [Hkv, Lk, D], the layout the attention GEMMs read (gather then transpose: 3x
         # faster than index_select on the transposed pool)
         k = kf.index_select(0, slots).to(q.dtype).transpose(0, 1).contiguous()
@@ -236,6 +251,7 @@ def decode_attention(
     *,
     plan: DecodePlan | None = None,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], batched with a padding mask.
 
@@ -244,6 +260,8 @@ def decode_attention(
     b, hq, _ = q.shape
     if plan is None:
         plan = decode_plan(page_table, seq_lens_k, k_cache.shape[1], window)
+    if sinks is not None:
+        return _decode_sinks(q, k_cache, v_cache, plan, scale, sinks)
     # index_select, not advanced indexing: several times faster for a flat gather on CPU
     k = k_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).to(q.dtype)
     v = v_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).to(q.dtype)
@@ -255,3 +273,69 @@ def decode_attention(
         qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
     )
     return out.reshape(b, hq, d)
+
+
+# -- sinks ----------------------------------------------------------------------------------------
+# the largest [heads, queries, keys] fp32 score block one matmul fills (64 MiB)
+_SCORE_ELEMS = 1 << 24
+
+
+def _softmax_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """``scores [..., H, rows, keys]`` fp32 (masked keys at -inf), ``sinks [H]`` -> probabilities."""
+    sink = sinks.float().view(-1, 1, 1)
+    m = torch.maximum(scores.amax(-1, keepdim=True), sink)
+    p = torch.exp(scores - m)
+    return p / (p.sum(-1, keepdim=True) + torch.exp(sink - m))
+
+
+def _attend_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor,
+    offset: int,
+    window: int | None,
+) -> torch.Tensor:
+    """q [Lq, Hq, D] over k/v [Hkv, Lk, D]: query j sees keys ``i <= offset + j`` (and ``i > offset + j -
+    window`` in a window layer)."""
+    lq, hq, d = q.shape
+    hkv, lk = k.shape[:2]
+    group = hq // hkv
+    kf, vf = k.float(), v.float()
+    out = torch.empty(lq, hq, d, dtype=q.dtype, device=q.device)
+    step = max(1, _SCORE_ELEMS // max(1, hq * lk))
+    ki = torch.arange(lk, device=q.device)[None, :]
+    for a in range(0, lq, step):
+        b = min(lq, a + step)
+        qb = q[a:b].float().permute(1, 0, 2).reshape(hkv, group * (b - a), d)  # query heads of a group folded
+        s = torch.bmm(qb, kf.transpose(1, 2)).mul_(scale).view(hkv, group, b - a, lk)
+        qi = torch.arange(a, b, device=q.device)[:, None] + offset
+        hidden = ki > qi
+        if window is not None:
+            hidden |= ki <= qi - window
+        s.masked_fill_(hidden, float("-inf"))
+        p = _softmax_sink(s.view(hq, b - a, lk), sinks).view(hkv, group * (b - a), lk)
+        o = torch.bmm(p, vf).view(hq, b - a, d)
+        out[a:b] = o.permute(1, 0, 2).to(q.dtype)
+    return out
+
+
+def _decode_sinks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    hkv, d = k_cache.shape[2:]
+    b, hq, _ = q.shape
+    k = k_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).float()
+    v = v_cache.view(-1, hkv, d).index_select(0, plan.slots).view(b, -1, hkv, d).float()
+    qg = q.float().reshape(b, hkv, hq // hkv, d)
+    s = torch.matmul(qg, k.permute(0, 2, 3, 1)).mul_(scale)  # [B, Hkv, group, L]
+    if plan.valid is not None:
+        s.masked_fill_(~plan.valid[:, None, None, :], float("-inf"))
+    p = _softmax_sink(s.view(b, hq, 1, -1), sinks).view(b, hkv, hq // hkv, -1)
+    return torch.matmul(p, v.transpose(1, 2)).reshape(b, hq, d).to(q.dtype)

@@ -100,6 +100,7 @@ def _decode_reduce_kernel(
     MID_O,
     MID_LSE,
     OUT,
+    SINKS,
     num_splits,
     stride_mob,
     stride_moh,
@@ -110,6 +111,7 @@ def _decode_reduce_kernel(
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -118,11 +120,16 @@ def _decode_reduce_kernel(
     split_ok = offs_s < num_splits
     lse = tl.load(MID_LSE + seq * stride_lb + head * stride_lh + offs_s, mask=split_ok, other=float("-inf"))
     m = tl.max(lse, 0)
+    if HAS_SINKS:  # the head's sink logit (log2 units) joins the max and the denominator, no value
+        sink = tl.load(SINKS + head)
+        m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)  # no keys at all: every weight is 0, output 0
     w = tl.exp2(lse - m)
     mo_ptr = MID_O + seq * stride_mob + head * stride_moh + offs_s[:, None] * stride_mos + offs_d[None, :]
     part = tl.load(mo_ptr, mask=split_ok[:, None], other=0.0)
     total = tl.sum(w, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m)
     out = tl.sum(w[:, None] * part, 0) / tl.where(total > 0, total, 1.0)
     tl.store(OUT + seq * stride_ob + head * stride_oh + offs_d, out.to(OUT.dtype.element_ty))
 
@@ -149,13 +156,15 @@ def decode_attention(
     out: torch.Tensor | None = None,
     plan: object | None = None,  # the torch reference's host-side gather plan; unused here
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new token per sequence: q [B, Hq, D] -> [B, Hq, D].
 
     Splits are sized from the page table's width (its longest possible sequence), so a table much
     wider than the live sequences leaves some splits empty; they exit after writing a zero partial.
     ``num_kv_splits`` overrides the heuristic (tests use it to exercise the merge on short inputs);
-    ``out`` is an optional caller-owned result buffer.
+    ``out`` is an optional caller-owned result buffer; ``sinks [Hq]``: a learned logit per query head in
+    the softmax's denominator (gpt-oss, ``kernels.reference``), merged with the splits.
     A sequence with no keys gets a zero output.
     """
     check_inputs(q, k_cache, v_cache)
@@ -204,6 +213,7 @@ def decode_attention(
         mid_o,
         mid_lse,
         out,
+        mid_lse if sinks is None else (sinks.detach().float() * LOG2E).contiguous(),
         splits,
         *mid_o.stride()[:3],
         *mid_lse.stride()[:2],
@@ -211,6 +221,7 @@ def decode_attention(
         out.stride(1),
         HEAD_DIM=head_dim,
         BLOCK_S=triton.next_power_of_2(splits),
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     return out

@@ -128,6 +128,7 @@ def _extend_kernel(
     PAGE_TABLE,
     CU_SEQLENS_Q,
     SEQ_LENS_K,
+    SINKS,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -148,6 +149,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -191,6 +193,12 @@ def _extend_kernel(
             PAGE_SIZE, PRECISION,
         )  # fmt: skip
 
+    if HAS_SINKS:  # the head's sink logit (log2 units) joins the denominator only: rescale to its max
+        sink = tl.load(SINKS + head)
+        m_f = tl.maximum(m_i, sink)
+        c = tl.exp2(m_i - m_f)
+        acc = acc * c[:, None]
+        l_i = l_i * c + tl.exp2(sink - m_f)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows see no key
     o_ptr = OUT + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
@@ -207,11 +215,13 @@ def extend_attention(
     *,
     out: torch.Tensor | None = None,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of new tokens over their cached prefix plus themselves (already stored).
 
     q: [total_q, Hq, D] -> out [total_q, Hq, D] (fp32 accumulation, output in q's dtype), written
-    into ``out`` when given.  ``window``: a sliding-window layer's W (``kernels.reference``).
+    into ``out`` when given.  ``window``: a sliding-window layer's W; ``sinks [Hq]``: a learned logit
+    per query head in the softmax's denominator (both as ``kernels.reference``).
 
     The grid needs the longest query run of the batch.  With one sequence that is ``total_q``
     (a shape, no sync); with several it is read from ``cu_seqlens_q`` on the host, one device sync
@@ -237,6 +247,7 @@ def extend_attention(
         page_table,
         cu_seqlens_q,
         seq_lens_k,
+        seq_lens_k if sinks is None else (sinks.detach().float() * LOG2E).contiguous(),
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -253,6 +264,7 @@ def extend_attention(
         BLOCK_N=block_n,
         UPCAST=upcast,
         PRECISION=precision,
+        HAS_SINKS=sinks is not None,
         num_warps=4 if head_dim <= 64 else 8,
         num_stages=2,
     )

@@ -4,8 +4,8 @@ Sinks of O(1) (``make_tiny_model`` scales them), alternating sliding/full layers
 not multiples of the page size, YaRN rope (truncated and not), odd head groups, biased router and
 experts with the clamped SwiGLU.  Logits within 1e-4 at lengths below, at and beyond the window; greedy
 64 tokens identical to ``generate``; chunked == unchunked; batched == alone; a multi-turn session with
-the prefix cache == without it.  Both CPU backends (the ``cpu`` backend's sink layers run
-``kernels/sink_attention.py`` too, so it checks the routing, not a second kernel).
+the prefix cache == without it.  Both CPU backends: the ``reference`` one's torch sinks and the ``cpu``
+one's C decode kernel with sinks (each kernel alone: ``tests/test_sink_kernels.py``).
 """
 
 from __future__ import annotations

@@ -151,11 +151,12 @@ static inline __attribute__((always_inline)) void attend_part_##SUF(const T *q, 
 /* out[b, h, :] = softmax(q k^T * scale) v over sequence b's keys, read from its pages in place.    \
  * q rows are q_stride elements apart (a view into the qkv rows).  Work items are (sequence, KV     \
  * head, run of SPLIT_KEYS keys); the runs merge by their max and sums.  window > 0: only the last \
- * `window` keys (a sliding-window layer).  */                                                      \
+ * `window` keys (a sliding-window layer).  sinks != NULL: a learned logit per query head joins the \
+ * merge's max and denominator with no value behind it (gpt-oss; kernels/reference.py).  */        \
 int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *vc, const int32_t *page_table,         \
                            int64_t pt_stride, const int32_t *seq_lens, int64_t bsz, int64_t nh,     \
                            int64_t nkv, int64_t d, int64_t page_size, float scale, int64_t window,  \
-                           T *out) {                                                                \
+                           const float *sinks, T *out) {                                            \
     int64_t g = nh / nkv, max_split = 1;                                                             \
     if (g > MAX_GROUP || d > MAX_D) return -1;                                                       \
     for (int64_t b = 0; b < bsz; b++) {                                                              \
@@ -195,7 +196,8 @@ int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *v
     for (int64_t b = 0; b < bsz; b++)                                                                \
         for (int64_t hk = 0; hk < nkv; hk++)                                                         \
             for (int64_t j = 0; j < g; j++) {                                                        \
-                float mx = -INFINITY, l = 0.f, o[MAX_D] = {0};                                       \
+                float sink = sinks ? sinks[hk * g + j] : -INFINITY;                                  \
+                float mx = sink, l = 0.f, o[MAX_D] = {0};                                            \
                 for (int64_t sp = 0; sp < max_split; sp++) {                                         \
                     float *p = part + ((b * nkv + hk) * max_split + sp) * g * (d + 2);               \
                     mx = fmaxf(mx, p[j]);                                                            \
@@ -207,6 +209,7 @@ int decode_attention_##SUF(const T *q, int64_t q_stride, const T *kc, const T *v
                     l += p[g + j] * c;                                                               \
                     for (int64_t i = 0; i < d; i++) o[i] += p[2 * g + j * d + i] * c;                \
                 }                                                                                    \
+                if (sinks) l += expf(sink - mx);                                                     \
                 T *dst = out + (b * nh + hk * g + j) * d;                                            \
                 for (int64_t i = 0; i < d; i++) dst[i] = ST(o[i] / l);                               \
             }                                                                                        \

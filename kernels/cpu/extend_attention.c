@@ -128,13 +128,14 @@ static inline __attribute__((always_inline)) void pv_block(bf16 (*p)[KEYS], cons
 typedef struct {
     float o[ROWS][MAX_D] __attribute__((aligned(64))); /* unnormalised sum of p v */
     float m[ROWS], l[ROWS];                             /* running max (unscaled scores), sum of p */
+    float sink[ROWS];                                   /* the head's sink logit (scaled), or -inf */
     const bf16 *qr[ROWS];
     bf16 *dst[ROWS];
     int64_t lim[ROWS], nr; /* row r sees keys < lim[r] */
 } Tile;
 
 static void tile_init(Tile *t, const bf16 *q, int64_t q_stride, int64_t d, int64_t g, int64_t hk,
-                      int64_t prefix, int64_t r0, int64_t nr, bf16 *out, int64_t o_stride) {
+                      int64_t prefix, int64_t r0, int64_t nr, bf16 *out, int64_t o_stride, const float *sinks) {
     t->nr = nr;
     for (int r = 0; r < ROWS; r++) {
         int64_t rr = r0 + (r < nr ? r : nr - 1), pos = rr / g, head = hk * g + rr % g;
@@ -142,6 +143,7 @@ static void tile_init(Tile *t, const bf16 *q, int64_t q_stride, int64_t d, int64
         t->dst[r] = out + pos * o_stride + head * d;
         t->lim[r] = prefix + pos + 1;
         t->m[r] = -INFINITY, t->l[r] = 0.f;
+        t->sink[r] = sinks ? sinks[head] : -INFINITY;
         memset(t->o[r], 0, d * sizeof(float));
     }
 }
@@ -177,9 +179,12 @@ static void tile_block(Tile *t, const bf16 *kp, const bf16 *vp, int64_t d, int64
     pv_block(p, vp + kb0 * d, d, (n + 1) / 2, t->o, cr);
 }
 
-static void tile_store(const Tile *t, int64_t d) {
+/* A sink joins the denominator only: with m the row's max in scaled units, out = o c / (l c + e),
+ * c = exp(m - max(m, sink)), e = exp(sink - max(m, sink)); no sink (-inf) gives c = 1, e = 0. */
+static void tile_store(const Tile *t, int64_t d, float scale) {
     for (int r = 0; r < t->nr; r++) {
-        __m512 inv = _mm512_set1_ps(1.f / t->l[r]);
+        float ms = t->m[r] * scale, mf = fmaxf(ms, t->sink[r]), c = expf(ms - mf);
+        __m512 inv = _mm512_set1_ps(c / (t->l[r] * c + expf(t->sink[r] - mf)));
         for (int64_t i = 0; i < d; i += 16)
             _mm256_storeu_si256((__m256i *)(t->dst[r] + i),
                                 (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&t->o[r][i]), inv)));
@@ -191,26 +196,28 @@ static void tile_store(const Tile *t, int64_t d) {
  * tile, where one tile at a time would stream a long prefix from L3 (1 MiB L2 a core) for 6 rows. */
 static void row_block(const bf16 *q, int64_t q_stride, const bf16 *kp, const bf16 *vp, int64_t d, int64_t g,
                       int64_t hk, int64_t prefix, int64_t r0, int64_t nr, float scale, bf16 *out,
-                      int64_t o_stride) {
+                      int64_t o_stride, const float *sinks) {
     Tile tiles[TILES];
     int64_t nt = (nr + ROWS - 1) / ROWS;
     for (int64_t i = 0; i < nt; i++) {
         int64_t left = nr - i * ROWS;
-        tile_init(&tiles[i], q, q_stride, d, g, hk, prefix, r0 + i * ROWS, left < ROWS ? left : ROWS, out, o_stride);
+        tile_init(&tiles[i], q, q_stride, d, g, hk, prefix, r0 + i * ROWS, left < ROWS ? left : ROWS, out, o_stride,
+                  sinks);
     }
     const float a = scale * 1.4426950408889634f; /* exp(scale x) = 2^(a x) */
     for (int64_t kb0 = 0; kb0 < tiles[nt - 1].lim[ROWS - 1]; kb0 += KEYS)
         for (int64_t i = 0; i < nt; i++)
             if (kb0 < tiles[i].lim[ROWS - 1]) tile_block(&tiles[i], kp, vp, d, kb0, a);
-    for (int64_t i = 0; i < nt; i++) tile_store(&tiles[i], d);
+    for (int64_t i = 0; i < nt; i++) tile_store(&tiles[i], d, scale);
 }
 
 /* out [total_q, nh, d] (rows nh * d apart) = attention of q rows (q_stride apart, heads d apart)
- * over each sequence's keys, read from its pages.  0 on success; -1 unsupported shape; -2 no memory. */
+ * over each sequence's keys, read from its pages; sinks [nh] or NULL: a learned logit per query head
+ * in the softmax's denominator (gpt-oss).  0 on success; -1 unsupported shape; -2 no memory. */
 int extend_attention_bf16(const bf16 *q, int64_t q_stride, const bf16 *kc, const bf16 *vc,
                           const int32_t *page_table, int64_t pt_stride, const int32_t *cu_q,
                           const int32_t *seq_lens, int64_t bsz, int64_t nh, int64_t nkv, int64_t d,
-                          int64_t page_size, float scale, bf16 *out) {
+                          int64_t page_size, float scale, const float *sinks, bf16 *out) {
     if (d % 64 || d > MAX_D || nh % nkv) return -1;
     int64_t g = nh / nkv;
     int64_t *base = malloc((bsz + 1) * sizeof(int64_t) * 3);
@@ -246,7 +253,7 @@ int extend_attention_bf16(const bf16 *q, int64_t q_stride, const bf16 *kc, const
             int64_t i = it - tiles[b], hk = i / per, r0 = (i % per) * TILES * ROWS, nr = lq * g - r0;
             int64_t kpad = (lk + PAD - 1) / PAD * PAD, off = base[b] + hk * kpad * d;
             row_block(q + cu_q[b] * q_stride, q_stride, kp + off, vp + off, d, g, hk, lk - lq, r0,
-                      nr < TILES * ROWS ? nr : TILES * ROWS, scale, out + cu_q[b] * nh * d, nh * d);
+                      nr < TILES * ROWS ? nr : TILES * ROWS, scale, out + cu_q[b] * nh * d, nh * d, sinks);
         }
     }
     free(kp);
@@ -259,7 +266,7 @@ int extend_supported(void) { return 0; }
 int extend_attention_bf16(const bf16 *q, int64_t q_stride, const bf16 *kc, const bf16 *vc,
                           const int32_t *page_table, int64_t pt_stride, const int32_t *cu_q,
                           const int32_t *seq_lens, int64_t bsz, int64_t nh, int64_t nkv, int64_t d,
-                          int64_t page_size, float scale, bf16 *out) {
+                          int64_t page_size, float scale, const float *sinks, bf16 *out) {
     return -1;
 }
 #endif

@@ -115,11 +115,13 @@ def paged_attention(
     kv: tuple[torch.Tensor, torch.Tensor],
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Store this step's k/v in the layer's pages, then attend: q [T, Hq, D] -> [T, Hq, D]; ``window``:
-    only each query's last ``window`` keys (a sliding-window layer)."""
+    only each query's last ``window`` keys (a sliding-window layer); ``sinks``: a learned sink logit
+    per query head (gpt-oss; ``kernels/reference.py``)."""
     ctx.backend.store_kv(kv[0], kv[1], ctx.fb.slot_mapping, k, v)
-    return cached_attention(q, ctx, kv, scale, window)
+    return cached_attention(q, ctx, kv, scale, window, sinks)
 
 
 def cached_attention(
@@ -128,6 +130,7 @@ def cached_attention(
     kv: tuple[torch.Tensor, torch.Tensor],
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attend over the keys and values already in the layer's pages, this step's included (a layer that
     reads an earlier layer's KV, Gemma 4's KV-shared tail, stores none of its own)."""
@@ -136,10 +139,10 @@ def cached_attention(
     if fb.is_decode:
         plan = None if ctx.plan is None else ctx.plan[window]
         return backend.decode_attention(
-            q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, scale, plan=plan, window=window
+            q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, scale, plan=plan, window=window, sinks=sinks
         )
     return backend.extend_attention(
-        q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, scale, window=window
+        q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, scale, window=window, sinks=sinks
     )
 
 

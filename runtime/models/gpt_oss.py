@@ -3,7 +3,7 @@
 What it changes against the Llama decoder (``decoder.py``), each as transformers computes it:
 
 * attention has a learned **sink** logit per query head in the softmax's denominator
-  (``kernels/sink_attention.py``, whatever the backend), and biases on q, k, v and o;
+  (every attention backend takes ``sinks``: ``kernels/reference.py``), and biases on q, k, v and o;
 * layers alternate 128-token sliding-window and full attention (``layer_types``; the window layers'
   KV lives in the ``WindowPool`` rings like Gemma 3's), rope is YaRN (``layers.rope_inv_freq``);
 * every layer's feed-forward is a MoE: a router with a bias, top-k of its logits and a softmax over
@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 from kernels import AttentionBackend
-from kernels import sink_attention as sk
 from runtime.models.config import ModelConfig
-from runtime.models.decoder import CausalLM, DecoderLayer, PagedAttention, StepContext
+from runtime.models.decoder import CausalLM, DecoderLayer, PagedAttention, StepContext, paged_attention
 from runtime.models.layers import RMSNorm
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts, SparseMoE, route
@@ -60,19 +59,7 @@ class SinkAttention(PagedAttention):
         ctx: StepContext,
         kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        k_cache, v_cache = kv
-        fb = ctx.fb
-        ctx.backend.store_kv(k_cache, v_cache, fb.slot_mapping, k, v)
-        if fb.is_decode:
-            plan = None if ctx.plan is None else ctx.plan[self.window]
-            return sk.decode_attention(
-                q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, self.scale, self.sinks,
-                plan=plan, window=self.window,
-            )  # fmt: skip
-        return sk.extend_attention(
-            q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, self.scale, self.sinks,
-            window=self.window,
-        )  # fmt: skip
+        return paged_attention(q, k, v, ctx, kv, self.scale, self.window, self.sinks)
 
 
 class GptOssMoE(SparseMoE):
