@@ -29,10 +29,12 @@ def engine_for(
         )  # fmt: skip
     from benchmarks.real_vocab import tiny_model_dir
 
-    # one long chunk: a 1-layer model's step cost is mostly per-step overhead; 64 bytes of KV a token, so
-    # 256 MiB holds 4M tokens (the agent session computes ~0.3M distinct ones)
+    # one chunk for any prompt (the agent session's reach ~50K tokens): a 1-layer model's step cost is
+    # mostly per-step overhead and attention, and one causal call over a whole prompt skips the masked
+    # part that chunks over a cached prefix compute;
+    # 64 bytes of KV a token, so 256 MiB holds 4M tokens (the agent session computes ~0.3M distinct ones)
     return Engine(
-        model_dir=str(tiny_model_dir(family)), dtype="float32", page_size=page, chunk_size=8192,
+        model_dir=str(tiny_model_dir(family)), dtype="float32", page_size=page, chunk_size=65536,
         prefix_cache=prefix_cache, kv_cache_memory="256M",
     )  # fmt: skip
 
