@@ -201,8 +201,10 @@ def acceptance(runs: list[dict], page: int) -> list[dict]:
     for run in runs:
         if not run["cache"] or run["totals"]["prefilled_tokens"] is None or not _later(run):
             continue
-        # accounting runs carry no segments, so no change_start: only the generic bounds apply
-        own = None if run.get("target") == "accounting" else _CHECKS.get(run["pattern"])
+        # runs rendered without segments (the agent session's memoised tokenisation, accounting runs) have no
+        # change_start: only the generic bounds apply
+        bare = run.get("target") == "accounting" or run.get("segments") is False
+        own = None if bare else _CHECKS.get(run["pattern"])
         for check in filter(None, (own, _prefix_reused)):
             ok, text = check(run, page)
             out.append({"workload": run["workload"], "stack": run.get("stack"), "pattern": run["pattern"],

@@ -77,9 +77,8 @@ def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict
                 pre = render_all(tokenizer, PATTERNS[j.pattern], traj, stack, j.replies, fast)
             runs.append(run_pattern(target, tokenizer, PATTERNS[j.pattern], traj, lambda row: None,
                                     page_size, pre, stack, j.replies))  # fmt: skip
-            runs[-1].update(
-                target=target.name, prefix_cache=prefix_cache, page_size=page_size, reply_kv=j.reply_kv
-            )
+            runs[-1].update(target=target.name, prefix_cache=prefix_cache, page_size=page_size,
+                            reply_kv=j.reply_kv, segments=pre is None)  # fmt: skip
             t = runs[-1]["totals"]
             done += 1
             log(f"[{done}/{total}] {j.workload}:{j.variant}:{j.stack}:{j.pattern}:{j.replies}"
