@@ -7,6 +7,8 @@ import argparse
 import time
 from typing import Any
 
+import torch
+
 from benchmarks.patterns import PATTERNS
 from benchmarks.patterns.plan import Job
 from benchmarks.patterns.stacks import STACKS
@@ -50,8 +52,12 @@ def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict
         groups.setdefault((STACKS[j.stack].family, j.prefix_cache, j.page), []).append(j)
     pieces: dict[Any, Any] = {}
     done, total = 0, len(jobs)
+    threads = torch.get_num_threads()
     for (family, prefix_cache, page), gjobs in groups.items():
         engine = None
+        # the tiny models' ops are microseconds of work each: a second intra-op thread only adds a barrier
+        # per op, and one that waits for a descheduled thread whenever anything else runs on the machine
+        torch.set_num_threads(1 if family is not None else threads)
         for j in gjobs:
             t0 = time.perf_counter()
             traj, stack = PATTERNS[j.pattern].prepare(load(j.workload, j.variant)), STACKS[j.stack]
@@ -85,6 +91,7 @@ def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict
                 f"{'' if prefix_cache == 'radix' else ' cache off'}{f' page {page}' if page else ''} prefilled "
                 f"{t['prefilled_tokens']:,} of {t['prompt_tokens']:,} ({time.perf_counter() - t0:.1f}s)")  # fmt: skip
         del engine
+    torch.set_num_threads(threads)
     return runs
 
 
