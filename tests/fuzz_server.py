@@ -123,13 +123,17 @@ def alive(url: str, key: str | None = None) -> bool:
     return h.status_code == 200 and g.status_code == 200 and kv["ok"] and kv["pages"]["request_pages"] == 0
 
 
-def run(max_examples: int, log_dir: Path, keys: bool = False, paths: str | None = None) -> dict:
+def run(
+    max_examples: int, log_dir: Path, keys: bool = False, paths: str | None = None, model: Path | None = None
+) -> dict:
     """``keys``: API keys on (tenants and an operator); schemathesis sends the operator's, which
-    every route accepts, so every route is exercised past authentication."""
-    args, key = SERVER_ARGS, None
+    every route accepts, so every route is exercised past authentication. ``model``: served instead
+    of the embedded one (the tests pass a tiny random model: the embedded one's decoding was ~80% of
+    their time, and the HTTP surface under test does not depend on the weights)."""
+    args, key = [*SERVER_ARGS, *(["--model", str(model)] if model else [])], None
     if keys:
         (log_dir / "keys").write_text(KEY_FILE)
-        args, key = [*SERVER_ARGS, "--api-key-file", str(log_dir / "keys")], "key-operator"
+        args, key = [*args, "--api-key-file", str(log_dir / "keys")], "key-operator"
     server = ServerProcess(args, log_dir / "fuzz_server.log").start()
     try:
         result = fuzz(server.url, max_examples, log_dir, key=key, paths=paths)

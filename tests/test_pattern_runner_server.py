@@ -3,6 +3,8 @@ token accounting (prompt, cached and prefilled tokens per request), so peers can
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from benchmarks.patterns import PATTERNS
@@ -44,9 +46,12 @@ def test_server_target_accounts_like_the_in_process_engine(tmp_path):
 
     traj = four_turns()
     args = ["--chat-template", "qwen3", "--kv-cache-memory", "256M", "--page-size", "16"]
-    server = ServerProcess(args, tmp_path / "server.log").start()
+    # the in-process engine loads while the server process starts: the two overlap
+    with ThreadPoolExecutor(1) as pool:
+        loading = pool.submit(Engine, None, page_size=16, kv_cache_memory="256M")
+        server = ServerProcess(args, tmp_path / "server.log").start()
     try:
-        engine = Engine(None, page_size=16, kv_cache_memory="256M")
+        engine = loading.result()
         remote = measure(ServerTarget(server.base_url, max_tokens=2), engine.tokenizer, traj)
     finally:
         server.stop()

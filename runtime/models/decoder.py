@@ -163,13 +163,19 @@ class DecoderLayer(nn.Module):
         return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """An ``nn.Embedding`` without its random init: models are built on the meta device and loaded
+    after (``build_model``), and ``normal_`` on meta imports ``torch._dynamo`` (~1.7 s a process)."""
+    return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+
+
 class CausalLM(nn.Module):
     """Embeddings, decoder layers, final norm and LM head; logits only for the sampled rows."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

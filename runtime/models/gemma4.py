@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.config import ModelConfig
-from runtime.models.decoder import StepContext, cached_attention, paged_attention
+from runtime.models.decoder import StepContext, cached_attention, embedding, paged_attention
 from runtime.models.gemma3 import GeGLUMLP, GemmaCausalLM
 from runtime.models.layers import Fp32RMSNorm, apply_rope
 from runtime.models.linear import Linear
@@ -116,7 +116,7 @@ class Gemma4CausalLM(GemmaCausalLM):
         assert g4 is not None
         if g4.ple_dim:
             width = cfg.num_layers * g4.ple_dim
-            self.embed_tokens_per_layer = nn.Embedding(g4.ple_vocab, width)
+            self.embed_tokens_per_layer = embedding(g4.ple_vocab, width)
             self.per_layer_model_projection = Linear(cfg.hidden_size, width, bias=False)
             self.per_layer_projection_norm = Fp32RMSNorm(g4.ple_dim, cfg.rms_norm_eps)
 

@@ -125,6 +125,12 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_pos: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
+        if torch.get_default_device().type == "meta":
+            # build_model's skeleton, whose tables it recomputes on the real device; arithmetic on meta
+            # tensors imports torch._dynamo (~1.7 s a process), so only the shapes are made here
+            self.register_buffer("cos", torch.empty(max_pos, (head_dim + 1) // 2), persistent=False)
+            self.register_buffer("sin", torch.empty(max_pos, (head_dim + 1) // 2), persistent=False)
+            return
         inv = rope_inv_freq(head_dim, theta, scaling)
         t = torch.arange(max_pos, dtype=torch.float32)
         freqs = torch.outer(t, inv)

@@ -16,7 +16,7 @@ from torch import nn
 from kernels import AttentionBackend
 from runtime.models.batch import ForwardBatch
 from runtime.models.config import ModelConfig
-from runtime.models.decoder import CausalLM, StepContext, decode_plans, paged_attention
+from runtime.models.decoder import CausalLM, StepContext, decode_plans, embedding, paged_attention
 from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
 from runtime.models.layers import OffsetRMSNorm, RotaryEmbedding, apply_rope
 from runtime.models.linear import Linear
@@ -89,7 +89,7 @@ class HybridCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = embedding(cfg.vocab_size, cfg.hidden_size)
         counts = {"linear_attention": 0, "full_attention": 0}
         layers = []
         for layer, kind in enumerate(cfg.layer_types):
