@@ -23,6 +23,7 @@ from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
 from kernels import reference  # noqa: E402
 from kernels.native_cpu import load  # noqa: E402
+from tests.paged_pool import poisoned_pool  # noqa: E402
 
 HKV, GROUP, PS = 2, 3, 4
 HQ = HKV * GROUP
@@ -51,26 +52,6 @@ def _oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, windo
         v.transpose(0, 1)[None].double(), mask.double(), SCALE,
     )  # fmt: skip
     return out[0].float()
-
-
-def _batch(seq_lens: list[int], q_lens: list[int], window: int | None, d: int, gen: torch.Generator):
-    """A shuffled pool holding each sequence's keys, NaN where no query of the step may look."""
-    pages = [(n + PS - 1) // PS for n in seq_lens]
-    total = sum(pages) + 1
-    kc = torch.randn(total, PS, HKV, d, generator=gen)
-    vc = torch.randn(total, PS, HKV, d, generator=gen)
-    order = torch.randperm(total, generator=gen).tolist()
-    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
-    dense = []
-    for i, (n, lq) in enumerate(zip(seq_lens, q_lens)):
-        table[i, : pages[i]] = torch.tensor(order[: pages[i]], dtype=torch.int32)
-        order = order[pages[i] :]
-        slots = reference.kv_slots(table[i], n, PS)
-        dense.append((kc.view(-1, HKV, d)[slots].clone(), vc.view(-1, HKV, d)[slots].clone()))
-        lo = 0 if window is None else max(0, n - lq - window + 1)
-        kc.view(-1, HKV, d)[slots[:lo]] = float("nan")
-        vc.view(-1, HKV, d)[slots[:lo]] = float("nan")
-    return kc, vc, table, dense
 
 
 def _expected(q, dense, seq_lens, q_lens, window, sinks):
@@ -111,7 +92,7 @@ def test_extend_with_sinks_matches_transformers(window, dtype):
     seq_lens, q_lens = [9, 30, 21], [9, 11, 1]  # a whole prompt, a chunk over a prefix, one token
     for name, fn in _extend_kernels():
         d = 64 if name == "cpu" else 16  # the flash kernel takes head_dim % 64 only
-        kc, vc, table, dense = _batch(seq_lens, q_lens, window, d, gen)
+        kc, vc, table, dense = poisoned_pool(seq_lens, q_lens, window, HKV, d, PS, gen)
         q = torch.randn(sum(q_lens), HQ, d, generator=gen)
         sinks = _sinks(gen)
         cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -132,8 +113,8 @@ def test_decode_with_sinks_matches_transformers(window, dtype):
     seq_lens = [1, 13, 700]  # 700 keys: the C kernel's work items split a sequence at 512 keys
     q_lens = [1] * len(seq_lens)
     for name, fn in _decode_kernels():
-        kc, vc, table, dense = _batch(seq_lens, q_lens, window, 16 if name == "triton" else 32, gen)
-        d = kc.shape[-1]
+        d = 16 if name == "triton" else 32
+        kc, vc, table, dense = poisoned_pool(seq_lens, q_lens, window, HKV, d, PS, gen)
         q = torch.randn(len(seq_lens), HQ, d, generator=gen)
         sinks = _sinks(gen)
         lens = torch.tensor(seq_lens, dtype=torch.int32)

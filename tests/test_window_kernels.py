@@ -1,6 +1,6 @@
 """Sliding-window attention in every backend against a plain band-masked oracle.
 
-Keys before each sequence's first visible key are NaN in the pool, so a kernel that reads outside
+Keys before each sequence's first visible key are NaN in the pool (``tests/paged_pool.py``), so a kernel that reads outside
 the window (a window layer's ring reuses those pages) fails, and so does one that ignores the window.
 Triton runs in its interpreter without CUDA.
 """
@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 
 from kernels import reference  # noqa: E402
 from kernels.native_cpu import load  # noqa: E402
+from tests.paged_pool import poisoned_pool  # noqa: E402
 
 HKV, GROUP, D, PS = 2, 3, 16, 4
 
@@ -34,32 +35,12 @@ def _oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, windo
     return out
 
 
-def _batch(seq_lens: list[int], q_lens: list[int], window: int, gen: torch.Generator):
-    """A shuffled pool holding each sequence's keys, NaN where no query of the step may look."""
-    pages = [(n + PS - 1) // PS for n in seq_lens]
-    total = sum(pages) + 1
-    kc = torch.randn(total, PS, HKV, D, generator=gen)
-    vc = torch.randn(total, PS, HKV, D, generator=gen)
-    order = torch.randperm(total, generator=gen).tolist()
-    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
-    dense, expected_first = [], []
-    for i, (n, lq) in enumerate(zip(seq_lens, q_lens)):
-        table[i, : pages[i]] = torch.tensor(order[: pages[i]], dtype=torch.int32)
-        order = order[pages[i] :]
-        slots = reference.kv_slots(table[i], n, PS)
-        dense.append((kc.view(-1, HKV, D)[slots].clone(), vc.view(-1, HKV, D)[slots].clone()))
-        lo = max(0, n - lq - window + 1)
-        kc.view(-1, HKV, D)[slots[:lo]] = float("nan")
-        vc.view(-1, HKV, D)[slots[:lo]] = float("nan")
-        expected_first.append(n - lq)
-    return kc, vc, table, dense, expected_first
-
-
 @pytest.mark.parametrize("window", [1, 5, 8, 13])
 def test_extend_window_reference_and_triton(window):
     gen = torch.Generator().manual_seed(window)
     seq_lens, q_lens = [30, 9, 17, 40], [30, 3, 17, 11]
-    kc, vc, table, dense, first = _batch(seq_lens, q_lens, window, gen)
+    kc, vc, table, dense = poisoned_pool(seq_lens, q_lens, window, HKV, D, PS, gen)
+    first = [n - lq for n, lq in zip(seq_lens, q_lens)]
     q = torch.randn(sum(q_lens), HKV * GROUP, D, generator=gen)
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
@@ -79,7 +60,8 @@ def test_extend_window_reference_and_triton(window):
 def test_decode_window_every_backend(window):
     gen = torch.Generator().manual_seed(window)
     seq_lens = [1, 7, 30, 23]
-    kc, vc, table, dense, first = _batch(seq_lens, [1] * len(seq_lens), window, gen)
+    kc, vc, table, dense = poisoned_pool(seq_lens, [1] * len(seq_lens), window, HKV, D, PS, gen)
+    first = [n - 1 for n in seq_lens]
     q = torch.randn(len(seq_lens), HKV * GROUP, D, generator=gen)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     expected = torch.cat(
