@@ -192,6 +192,7 @@ def main(argv: list[str]) -> int:
         ui=not args.no_ui,
         ui_history=args.ui_history,
     )
+    engine.grammars.warm()  # before listening: built on the first schema, it would stall every tenant
     app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
     state = app.state.kv
     url = f"http://{args.host}:{args.port}"

@@ -85,6 +85,12 @@ class GrammarCompiler:
                 )
             return self._tokenizer
 
+    def warm(self) -> None:
+        """Build the llguidance tokenizer now.  Its ~1 s is Python and Rust holding the GIL, so built on a
+        server's first grammar it stalls every tenant's requests and ``/health`` at once
+        (benchmarks/fairness.py); ``kvreuse serve`` builds it before it listens."""
+        self._llg_tokenizer()
+
     def in_flight(self) -> int:
         """Compiles still running, abandoned ones included (they finish in the background)."""
         with self._lock:
