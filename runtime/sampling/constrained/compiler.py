@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -15,6 +16,7 @@ from runtime.sampling.constrained.matcher import Matcher
 from runtime.sampling.constrained.spec import Grammar
 
 CACHE_SIZE = 256
+log = logging.getLogger("kvreuse.grammar")
 
 
 class GrammarError(ValueError):
@@ -76,20 +78,31 @@ class GrammarCompiler:
         self.abandoned = 0
 
     def _llg_tokenizer(self) -> Any:
+        """The llguidance tokenizer, built once; a GrammarError (a 400) where llguidance refuses it."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
                 import llguidance.hf
 
-                self._tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
-                )
+                try:
+                    self._tokenizer = llguidance.hf.from_tokenizer(
+                        self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
+                    )
+                except Exception as e:  # llguidance raises plain exceptions for tokenizers it cannot take
+                    self._tokenizer = f"constrained decoding is unavailable for this model's tokenizer: {_first_line(str(e))}"
+            if isinstance(self._tokenizer, str):  # the refusal, said again on each grammar request
+                raise GrammarError(self._tokenizer)
             return self._tokenizer
 
     def warm(self) -> None:
         """Build the llguidance tokenizer now.  Its ~1 s is Python and Rust holding the GIL, so built on a
         server's first grammar it stalls every tenant's requests and ``/health`` at once
-        (benchmarks/fairness.py); ``kvreuse serve`` builds it before it listens."""
-        self._llg_tokenizer()
+        (benchmarks/fairness.py); ``kvreuse serve`` builds it before it listens.  A tokenizer llguidance
+        refuses (e.g. more tokens than the model's vocabulary) is not an error here: the server serves
+        without grammars, and each grammar request says why in its 400."""
+        try:
+            self._llg_tokenizer()
+        except GrammarError as e:
+            log.warning("%s", e)
 
     def in_flight(self) -> int:
         """Compiles still running, abandoned ones included (they finish in the background)."""

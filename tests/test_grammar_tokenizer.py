@@ -1,0 +1,29 @@
+"""A tokenizer llguidance refuses (more tokens than the model's vocabulary) must not stop a server:
+``warm()`` (what ``kvreuse serve`` calls before it listens) logs it, and each grammar request gets the
+reason as a GrammarError (a 400), not a crash."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from runtime.sampling.constrained.compiler import GrammarCompiler, GrammarError
+from runtime.sampling.constrained.spec import json_object
+from tests.helpers import embedded_dir
+
+
+def test_a_refused_tokenizer_is_a_grammar_error_not_a_crash(caplog):
+    tok = AutoTokenizer.from_pretrained(embedded_dir())  # 49,152 tokens
+    grammars = GrammarCompiler(tok, 512, frozenset({tok.eos_token_id}))
+    grammars.warm()  # the old build raised here, and `kvreuse serve` exited with 2
+    assert "constrained decoding is unavailable" in caplog.text
+    for _ in range(2):  # said again on every request, without another build
+        with pytest.raises(GrammarError, match="unavailable for this model's tokenizer"):
+            grammars.compiled(json_object())
+
+
+def test_a_tokenizer_that_fits_compiles():
+    tok = AutoTokenizer.from_pretrained(embedded_dir())
+    grammars = GrammarCompiler(tok, len(tok), frozenset({tok.eos_token_id}))
+    grammars.warm()
+    assert grammars.compiled(json_object()) is not None
