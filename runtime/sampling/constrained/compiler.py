@@ -94,15 +94,19 @@ class GrammarCompiler:
             return self._tokenizer
 
     def warm(self) -> None:
-        """Build the llguidance tokenizer now.  Its ~1 s is Python and Rust holding the GIL, so built on a
-        server's first grammar it stalls every tenant's requests and ``/health`` at once
-        (benchmarks/fairness.py); ``kvreuse serve`` builds it before it listens.  A tokenizer llguidance
+        """Build the llguidance tokenizer and the wrap-up masks now.  Both are Python and Rust holding the
+        GIL (the tokenizer about 1 s), so built on a server's first grammar they stall every tenant's
+        requests and ``/health`` at once (benchmarks/fairness.py); ``kvreuse serve`` builds them before
+        it listens.  A tokenizer llguidance
         refuses (e.g. more tokens than the model's vocabulary) is not an error here: the server serves
         without grammars, and each grammar request says why in its 400."""
         try:
             self._llg_tokenizer()
         except GrammarError as e:
             log.warning("%s", e)
+            return
+        with self._lock:
+            self._closer_masks()
 
     def in_flight(self) -> int:
         """Compiles still running, abandoned ones included (they finish in the background)."""
@@ -149,6 +153,10 @@ class GrammarCompiler:
             try:
                 t0 = time.perf_counter()
                 m = llguidance.LLMatcher(tokenizer, grammar.source, log_level=0)
+                # the first mask builds the grammar's lexer states, which the copies handed to requests
+                # share only if the compiled matcher built them: computed here, below the engine, each
+                # request's first mask on the engine step is cheap instead of a fresh build per request
+                m.compute_bitmask()
                 box.append((m, time.perf_counter() - t0))
                 if not m.is_error():
                     with self._lock:
@@ -188,14 +196,19 @@ class GrammarCompiler:
         """A fresh matcher at the grammar's start, for one request of at most ``budget`` tokens."""
         compiled = self.compiled(grammar, tenant)
         with self._lock:
-            if self._closers is None:
-                texts = [self._hf_tokenizer.decode([i]).strip() for i in range(self.vocab_size)]
-                self._closers = [
-                    _bitmask([i for i, t in enumerate(texts) if i in self.eos_ids or ok(t)], self.vocab_size)
-                    for ok in (_ends_string, _closes_container)
-                ]
             wrap_up = None if grammar.free_text else budget  # no JSON to close in prose
-            return Matcher(compiled.deep_copy(), self.eos_ids, wrap_up, self._closers)
+            return Matcher(compiled.deep_copy(), self.eos_ids, wrap_up, self._closer_masks())
+
+    def _closer_masks(self) -> list[torch.Tensor]:
+        """The matcher's wrap-up tiers, built once (under ``_lock``): decoding every token is a Python
+        loop holding the GIL, so ``warm`` builds them before a server listens, like the tokenizer."""
+        if self._closers is None:
+            texts = [self._hf_tokenizer.decode([i]).strip() for i in range(self.vocab_size)]
+            self._closers = [
+                _bitmask([i for i, t in enumerate(texts) if i in self.eos_ids or ok(t)], self.vocab_size)
+                for ok in (_ends_string, _closes_container)
+            ]
+        return self._closers
 
 
 def renice(native_id: int, nice: int) -> None:
