@@ -30,8 +30,11 @@ from runtime.speculative.drafter import NoDrafts, PromptLookup
 POLICIES = ("fcfs", "lpm")
 LPM_MAX_QUEUE = 256  # matching every waiting request each step costs O(queue * prompt)
 # A tenant whose request just ended counts as active this long: an agent or a chat client sends its
-# next request right after an answer, and the step already running when it arrives must be a short one.
-TENANT_LINGER_S = 2.0
+# next request after an answer and a pause (a tool call, a person reading), and the step already
+# running when it arrives must be a short one.  At 2 s, the fairness benchmark's victim, back after a
+# 3 s pause, waited out another tenant's whole 512-token step (its slowest request); the cost of a
+# long linger is only that a long prompt prefills in short chunks while another tenant is about.
+TENANT_LINGER_S = 30.0
 
 
 class Chunk(NamedTuple):
