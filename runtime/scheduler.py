@@ -1,8 +1,8 @@
 """Continuous batching with chunked prefill; the scheduler owns every request's life.
 
 ``schedule()`` picks a step: every running request that needs one token (a decode), then a
-prefill budget of ``chunk_size`` tokens (``tenant_chunk_size`` while more than one tenant has
-work, or had within ``TENANT_LINGER_S``) with the next chunks of partly prefilled requests and
+prefill budget of ``chunk_size`` tokens (while more than one tenant has work, or had within
+``TENANT_LINGER_S``, at most ``tenant_chunk_size`` and what fits a step of ``tenant_step_s``) with the next chunks of partly prefilled requests and
 newly admitted ones (a tenant with nothing running first), so a long prompt delays running decodes
 by at most one chunk.  When pages
 run out, the newest running request is retracted: its computed pages go to the prefix cache, it
@@ -35,6 +35,39 @@ LPM_MAX_QUEUE = 256  # matching every waiting request each step costs O(queue * 
 # 3 s pause, waited out another tenant's whole 512-token step (its slowest request); the cost of a
 # long linger is only that a long prompt prefills in short chunks while another tenant is about.
 TENANT_LINGER_S = 30.0
+
+
+MIN_TENANT_CHUNK = 16  # a time budget never starves a prompt: at least this many tokens a step
+
+
+class StepClock:
+    """A step's seconds as a line in its tokens, ``a + b * tokens``, fitted by least squares to the
+    last ``keep`` steps (timed from ``schedule`` to ``commit``: the forward and the sampling).
+
+    It turns the tenant step budget, a time, into tokens on whatever machine and load the engine
+    runs: a fixed token budget stalls another tenant by 0.3 s on one machine and 1.2 s on a busier
+    one (benchmarks/fairness.py).  The fixed cost ``a`` is what a step of a few tokens costs anyway.
+    """
+
+    def __init__(self, keep: int = 64) -> None:
+        self._steps: deque[tuple[int, float]] = deque(maxlen=keep)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self._steps.append((tokens, seconds))
+
+    def tokens_within(self, seconds: float) -> int | None:
+        """Tokens a step can take and still end within ``seconds``; None before enough steps were seen."""
+        if len(self._steps) < 4:
+            return None
+        ns, ts = zip(*self._steps)
+        mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
+        var = sum((n - mn) ** 2 for n in ns)
+        b = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / var if var else 0.0
+        if b <= 0:  # one step size seen (or noise): the cost per token, fixed part included
+            a, b = 0.0, mt / max(mn, 1.0)
+        else:
+            a = mt - b * mn
+        return max(0, int((seconds - a) / b)) if b > 0 else None
 
 
 class Chunk(NamedTuple):
@@ -86,6 +119,7 @@ class Scheduler:
         drafter: NoDrafts | PromptLookup | None = None,
         tenant_chunk_size: int | None = None,
         tenant_linger_s: float = TENANT_LINGER_S,
+        tenant_step_s: float | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"schedule policy must be one of {POLICIES}, got {policy!r}")
@@ -93,6 +127,9 @@ class Scheduler:
         self.chunk_size = chunk_size
         self.tenant_chunk_size = tenant_chunk_size or chunk_size
         self.tenant_linger_s = tenant_linger_s
+        self.tenant_step_s = tenant_step_s
+        self.clock = StepClock()
+        self._scheduled: tuple[int, float] | None = None  # the step handed out: (tokens, when)
         self._last_seen: dict = {}  # tenant namespace -> when a request of it last arrived or ended
         self.max_running = max_running
         self.policy = policy
@@ -153,7 +190,7 @@ class Scheduler:
                 chunks[req] = Chunk(req, req.num_computed, 1, True)
             elif len(self.running) > 1:
                 self._retract(req)  # the newest yields its pages (to the cache) so older ones progress
-        budget = self._budget()
+        budget = self._budget(len(chunks))
         for req in self._new_tenants():  # before other tenants' running prefills: see _new_tenants
             if budget <= 0 or len(self.running) >= self.max_running:
                 break
@@ -197,13 +234,15 @@ class Scheduler:
             matchers=[r.matcher for r in sampled],
             drafts=[list(c.draft) for c in batch if c.sample] if drafting else None,
         )
+        self._scheduled = (sum(c.length + len(c.draft) for c in batch), time.perf_counter())
         return Batch(batch, step)
 
-    def _budget(self) -> int:
-        """The step's prefill tokens: ``chunk_size``, or ``tenant_chunk_size`` while more than one tenant
-        has work or had within ``tenant_linger_s``, so one tenant's long prompt stalls another's request
-        by a short step rather than a long one (prefill throughput per step is only spent on fairness
-        when there is another tenant to be fair to)."""
+    def _budget(self, rows: int) -> int:
+        """The step's prefill tokens: ``chunk_size``, or while more than one tenant has work or had within
+        ``tenant_linger_s`` at most ``tenant_chunk_size`` and what ``clock`` says fits ``tenant_step_s``
+        beside the step's ``rows`` decodes (never under ``MIN_TENANT_CHUNK``), so one tenant's long
+        prompt stalls another's request by a short step rather than a long one (prefill throughput per
+        step is only spent on fairness when there is another tenant to be fair to)."""
         now = time.perf_counter()
         self._last_seen = {ns: t for ns, t in self._last_seen.items() if now - t <= self.tenant_linger_s}
         tenants = set(self._last_seen)
@@ -211,7 +250,11 @@ class Scheduler:
             if len(tenants) > 1:
                 break
             tenants.add(req.scope.namespace)
-        return min(self.chunk_size, self.tenant_chunk_size) if len(tenants) > 1 else self.chunk_size
+        if len(tenants) <= 1:
+            return self.chunk_size
+        fits = self.clock.tokens_within(self.tenant_step_s) if self.tenant_step_s is not None else None
+        timed = self.tenant_chunk_size if fits is None else max(MIN_TENANT_CHUNK, fits - rows)
+        return min(self.chunk_size, self.tenant_chunk_size, timed)
 
     def _new_tenants(self) -> list[Request]:
         """The first waiting request of each tenant that has nothing running: admitted before the
@@ -282,6 +325,9 @@ class Scheduler:
         """Advance every chunk's request, cache its computed pages, append sampled tokens (the engine then
         finishes those that stop: ``Request.stop_reason``)."""
         now = time.perf_counter()
+        if self._scheduled is not None:
+            self.clock.observe(self._scheduled[0], now - self._scheduled[1])
+            self._scheduled = None
         out: list[Sampled] = []
         row = 0
         for c in batch.chunks:

@@ -1,6 +1,7 @@
 """Fair steps between tenants (issue 39): a tenant with nothing running is admitted before another
 tenant's running prefill takes the step's budget, and while two tenants have work (or had within
-``tenant_linger_s``) a step prefills at most ``tenant_chunk_size`` tokens.  With one tenant the order and the chunks are what they always were.
+``tenant_linger_s``) a step prefills at most ``tenant_chunk_size`` tokens, and no more than the step
+clock says fit ``tenant_step_s``.  With one tenant the order and the chunks are what they always were.
 Outputs stay equal to each request run alone (greedy, fp32)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from runtime.request import CacheScope, Status
+from runtime.scheduler import MIN_TENANT_CHUNK, StepClock
 from tests.engine_drive import greedy, random_ids, tiny_engine
 
 CHUNK, TENANT_CHUNK = 256, 32
@@ -77,3 +79,41 @@ def test_a_tenant_that_just_got_its_answer_still_gets_short_steps(tiny_models):
     done = next(i for i, s in enumerate(steps) if "b" in s)
     assert b.output_ids and all(s["a"] <= TENANT_CHUNK for s in steps[done + 1 :] if "a" in s)
     assert len(steps) > done + 1  # A still had prompt left after B was done
+
+
+def test_step_clock_fits_the_fixed_and_per_token_cost():
+    """Steps timed as 50 ms + 2 ms a token (a busy machine): 0.25 s fits 100 tokens; one step size
+    only (no slope to fit) is priced per token, fixed cost included."""
+    clock = StepClock()
+    assert clock.tokens_within(0.25) is None  # nothing seen yet: the token budget alone decides
+    for n in (1, 10, 40, 128, 3, 64):
+        clock.observe(n, 0.05 + 0.002 * n)
+    assert clock.tokens_within(0.25) == 100
+    assert clock.tokens_within(0.04) == 0
+    flat = StepClock()
+    for _ in range(4):
+        flat.observe(100, 0.5)
+    assert flat.tokens_within(0.25) == 50
+
+
+def test_on_a_slow_machine_the_other_tenants_steps_fit_the_step_time(tiny_models):
+    """Where a 32-token step takes longer than ``tenant_step_s`` (the clock says 10 ms a token), A's
+    chunks beside B shrink to what fits 0.1 s (B's own 9 tokens and its decode row included); with one
+    tenant they are whole chunks whatever the clock says."""
+    eng = _engine(tiny_models[("llama", False)])
+    eng.scheduler.tenant_step_s = 0.1
+    eng.scheduler.clock.observe = lambda tokens, seconds: None  # keep the slow machine's figures
+    for n in (1, 10, 50, 100):
+        StepClock.observe(eng.scheduler.clock, n, 0.01 * n)
+    g = torch.Generator().manual_seed(7)
+    a = eng.make_request(random_ids(g, 700), greedy(3), scope=CacheScope("tenant-a"))
+    eng.submit(a)
+    eng.step()
+    assert a.num_computed == CHUNK
+    b = eng.make_request(random_ids(g, 9), greedy(4), scope=CacheScope("tenant-b"))
+    eng.submit(b)
+    # 10 tokens fit 0.1 s, under the floor: B's 9 tokens are admitted first, A gets what the floor leaves
+    eng.step()
+    assert b.num_computed == 9 and a.num_computed == CHUNK + MIN_TENANT_CHUNK - 9
+    eng.step()  # B decodes (one row): A gets the floor again, not a whole tenant chunk
+    assert a.num_computed == CHUNK + 2 * MIN_TENANT_CHUNK - 9

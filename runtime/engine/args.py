@@ -54,6 +54,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         f"may stall another's request (default {D['tenant_chunk_size']})",
     )
     g.add_argument(
+        "--tenant-step-ms",
+        type=float,
+        default=D["tenant_step_s"] * 1e3,
+        help="... and at most what fits a step of this many ms, by the step times seen on this machine "
+        f"(default {D['tenant_step_s'] * 1e3:g})",
+    )
+    g.add_argument(
         "--max-running",
         type=int,
         default=D["max_running"],
@@ -174,6 +181,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         page_size=args.page_size,
         chunk_size=args.chunk_size,
         tenant_chunk_size=args.tenant_chunk_size,
+        tenant_step_s=args.tenant_step_ms / 1e3,
         max_running=args.max_running,
         prefix_cache=args.prefix_cache,
         eviction_policy=args.eviction_policy,

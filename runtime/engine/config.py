@@ -30,6 +30,9 @@ class EngineConfig:
     # ... while requests of more than one tenant have work: one tenant's long prompt then stalls another's
     # request by a step of this many tokens (benchmarks/fairness.py)
     tenant_chunk_size: int = 128
+    # ... and at most what fits a step of this many seconds, by the step times seen (StepClock): the
+    # victim's wait is then about two such steps (the one running when it arrives, then its own)
+    tenant_step_s: float = 0.2
     max_running: int = 64
     schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
     max_model_len: int | None = None
@@ -89,6 +92,8 @@ class EngineConfig:
             raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.tenant_step_s <= 0:
+            raise ValueError(f"tenant_step_s must be > 0, got {self.tenant_step_s}")
         if self.chunk_size < 1 or self.tenant_chunk_size < 1:
             raise ValueError(f"chunk sizes must be >= 1, got {self.chunk_size} and {self.tenant_chunk_size}")
         if self.tensor_parallel_size < 1:

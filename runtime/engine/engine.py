@@ -106,6 +106,7 @@ class Engine:
             cfg.schedule_policy,
             make_drafter(model_states.speculative_mode(self.runner, cfg)),
             cfg.tenant_chunk_size,
+            tenant_step_s=cfg.tenant_step_s,
         )
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
