@@ -1,4 +1,4 @@
-"""Gemma 4 text decoder over the paged KV pool (``transformers.models.gemma4``: Gemma4ForCausalLM, dense).
+"""Gemma 4 text decoder (dense or MoE) over the paged KV pool (``transformers`` Gemma4ForCausalLM).
 
 Against Gemma 3 (``gemma3.py``, whose embedding scale, GeGLU, two rope tables, sandwich norms and
 softcap it keeps), each as transformers computes it:

@@ -10,7 +10,7 @@ from runtime.models.moe_config import MoEConfig
 from runtime.models.window_config import GemmaConfig, _scaling, layer_windows
 
 GEMMA4 = {
-    "gemma4_text": "Gemma 4 (text)",
+    "gemma4_text": "Gemma 4 (text, dense and MoE)",
     "gemma4": "Gemma 4 (text model of the multimodal checkpoint)",
 }
 

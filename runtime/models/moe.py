@@ -11,8 +11,8 @@ each *active* expert's contiguous rows by its matrices (a grouped GEMM: ``F.grou
 Triton kernel on CUDA, a Python loop on torch releases without it or for widths whose rows it cannot
 stride) and scatter-adds the weighted results back to their tokens.  Decode therefore reads only the
 weights of experts some token picked, and a batch of streams reads each picked expert once for all the
-rows routed to it.  On CPU a batch of
-at most ``GATHER_MAX_TOKENS`` rows (decode of one to a few streams) skips the sort and the scatter:
+rows routed to it.  On CPU a batch of at most ``GATHER_MAX_TOKENS`` rows (decode of one to a few
+streams) skips the sort and the scatter:
 ``moe_gather.gathered_swiglu`` runs every (token, expert) pair as a weighted sum of the expert's rows,
 2-2.7x faster than the per-expert GEMVs for one token of 32 small experts (figures there).
 """
