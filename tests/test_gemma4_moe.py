@@ -24,16 +24,19 @@ def model_dir(tmp_path_factory):
     return make_tiny_windowed(tmp_path_factory.mktemp("g4moe") / "m", "gemma4-moe")
 
 
-def test_config_reads_the_experts_and_refuses_what_is_missing(model_dir):
+def test_config_reads_the_experts_and_refuses_what_it_cannot_run(model_dir):
     c = json.loads((model_dir / "config.json").read_text())
     assert ModelConfig.from_dict(c).moe == MoEConfig(EXPERTS, TOP_K, WIDTH, True, 1, (), 0)
     # without enable_moe_block transformers builds no experts, whatever num_experts says
     assert ModelConfig.from_dict(dict(c, enable_moe_block=False)).moe is None
+    # the multimodal checkpoints' "vision" is bidirectional within image tokens only: text stays causal
+    assert ModelConfig.from_dict(dict(c, use_bidirectional_attention="vision")) == ModelConfig.from_dict(c)
     bad = [
         (dict(num_experts=None), "needs num_experts and moe_intermediate_size"),
         (dict(moe_intermediate_size=0), "needs num_experts and moe_intermediate_size"),
         (dict(top_k_experts=8), "top_k_experts=8 must be between 1 and num_experts=7"),
         (dict(top_k_experts=None), "top_k_experts=None"),
+        (dict(use_bidirectional_attention="all"), "not a causal text model"),
     ]
     for change, match in bad:
         with pytest.raises(ValueError, match=match):

@@ -37,8 +37,10 @@ class Gemma4Config(NamedTuple):
 def gemma4_fields(c: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields of a Gemma 4 text config (as ``save_pretrained`` writes it: per-layer
     overrides in ``per_layer_config``, or the published ``global_head_dim`` keys)."""
-    if c.get("use_bidirectional_attention"):
-        raise ValueError("Gemma 4 with use_bidirectional_attention is not a causal text model here")
+    # "vision" (the larger multimodal checkpoints) attends bidirectionally only within an image's tokens,
+    # which a text-only runtime never has: causal over text, as transformers masks text-only inputs
+    if c.get("use_bidirectional_attention") not in (None, "vision"):
+        raise ValueError("Gemma 4 with use_bidirectional_attention='all' is not a causal text model")
     n = c["num_hidden_layers"]
     types = list(c.get("layer_types") or [])
     if not types:
