@@ -57,6 +57,10 @@ def make_tiny_model(
                 p.add_(torch.randn_like(p) * 0.1)
             elif name.endswith(("mlp.gate.weight", "mlp.router.weight")):  # MoE router: decisive picks,
                 p.mul_(25.0)  # no near-ties to flip
+            elif name.endswith("router.proj.weight"):  # Gemma 4's (input normed to ~1): logits of std ~1,
+                p.mul_(10.0)  # picks still decisive, weights not one-hot (the renormalisation tested)
+            elif name.endswith(("router.scale", "router.per_expert_scale")):  # Gemma 4's (ones at init)
+                p.uniform_(0.5, 1.5)
             elif name.endswith("self_attn.sinks"):  # gpt-oss: sinks of O(1), so they take real weight
                 p.mul_(20.0)
         for name, b in model.named_buffers():  # Gemma 4's per-layer output scale (ones at init)
@@ -155,6 +159,17 @@ WINDOW_SHAPES = {
         rope_parameters={"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
                                             "rope_theta": 5000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}},
+    )),
+    # MoE Gemma 4 (the 26B-A4B's layout: router + experts beside every layer's dense MLP, keys as values on
+    # the full layers, no PLE, no KV-shared layers: transformers' forward fails on those without PLE):
+    # 7 experts of width 20, top-3, a dense MLP of 36
+    "gemma4-moe": ("gemma4_text", dict(
+        num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=12, global_head_dim=20,
+        num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size=44, intermediate_size=36,
+        sliding_window=7, hidden_size_per_layer_input=0, final_logit_softcapping=30.0,
+        enable_moe_block=True, num_experts=7, top_k_experts=3, moe_intermediate_size=20,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                     "full_attention"],
     )),
     "gemma4-plain": ("gemma4_text", dict(
         num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=8, global_head_dim=16,

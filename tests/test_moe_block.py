@@ -179,3 +179,21 @@ def test_gathered_rows_equal_grouped_gemms_and_do_not_depend_on_the_batch(monkey
             assert got.dtype == dtype and (got - ref).abs().max().item() < tol, n
         alone = [ours.forward(x[i : i + 1]) for i in range(moe.GATHER_MAX_TOKENS)]
         assert torch.equal(torch.cat(alone), ours.forward(x[: moe.GATHER_MAX_TOKENS]))
+
+
+def test_odd_widths_in_bf16_take_the_loop_not_grouped_mm():
+    """``F.grouped_mm`` raises on row strides that are not multiples of 16 bytes (hidden 44 in bf16: 88
+    bytes, the gemma4-moe test shape); such experts run the per-expert loop, equal to fp32's grouped
+    GEMMs within bf16 rounding."""
+    torch.manual_seed(4)
+    experts = Experts(5, 44, 20)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    x = torch.randn(9, 44)
+    top_w, top_i = torch.randn(9, 5).softmax(-1).topk(2, dim=-1)
+    with torch.no_grad():
+        ref = experts.forward(x, top_i, top_w)
+        got = experts.to(torch.bfloat16).forward(x.bfloat16(), top_i, top_w.bfloat16())
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - ref).abs().max().item() < ref.abs().max().item() / 32

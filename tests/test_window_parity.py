@@ -1,4 +1,4 @@
-"""Sliding-window models (Gemma 3, Gemma 4, Mistral, Ministral) against transformers, fp32.
+"""Sliding-window models (Gemma 3, Gemma 4 dense and MoE, Mistral, Ministral) against transformers, fp32.
 
 Logits within 1e-4 at lengths below, at, just past and 3x+ the window; greedy 64 tokens identical to
 ``generate``; chunked prefill == unchunked across the window boundary; batched == alone; a multi-turn
@@ -62,7 +62,7 @@ def test_greedy_64_matches_generate(models, shape, backend):
     assert_greedy_matches_generate(eng, load_hf(models[shape]), prompts, max_new=64)
 
 
-@pytest.mark.parametrize("shape", ["gemma3-odd", "gemma4-odd", "mistral"])
+@pytest.mark.parametrize("shape", ["gemma3-odd", "gemma4-odd", "gemma4-moe", "mistral"])
 def test_chunked_prefill_identical_to_unchunked(models, shape):
     """Chunks of 1, 3, W - 1, W + 1 put chunk boundaries at every offset of the window."""
     w = window_of(shape)
@@ -79,7 +79,8 @@ def test_chunked_prefill_identical_to_unchunked(models, shape):
         eng.check_integrity()
 
 
-@pytest.mark.parametrize("shape", ["gemma3-odd", "gemma4-odd", "ministral"])
+# gemma4-moe: its experts run per row (embedding_bag) up to 4 rows and as grouped GEMMs over a batch
+@pytest.mark.parametrize("shape", ["gemma3-odd", "gemma4-odd", "gemma4-moe", "ministral"])
 def test_batched_identical_to_alone(models, shape):
     gen = torch.Generator().manual_seed(4)
     prompts = [random_ids(gen, n) for n in (3, 40, 97, 9, 25)]

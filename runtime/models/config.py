@@ -91,6 +91,8 @@ class ModelConfig(NamedTuple):
             extra = gemma4_fields(c)
             scaling, theta = extra.pop("rope_scaling"), extra.pop("rope_theta")
             windows = extra.pop("windows")
+        # Gemma 4 names its experts its own way (enable_moe_block, top_k_experts): gemma4_fields reads them
+        moe = extra.pop("moe") if "moe" in extra else MoEConfig.from_dict(c)
         return cls(
             model_type=mt,
             vocab_size=c["vocab_size"],
@@ -110,7 +112,7 @@ class ModelConfig(NamedTuple):
             sliding_window=max((w for w in windows if w is not None), default=None),
             eos_token_ids=eos_ids,
             bos_token_id=c.get("bos_token_id"),
-            moe=MoEConfig.from_dict(c),
+            moe=moe,
             windows=windows,
             **extra,
         )

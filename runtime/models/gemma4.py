@@ -1,4 +1,4 @@
-"""Gemma 4 text decoder over the paged KV pool (``transformers.models.gemma4``: Gemma4ForCausalLM, dense).
+"""Gemma 4 text decoder (dense or MoE) over the paged KV pool (``transformers`` Gemma4ForCausalLM).
 
 Against Gemma 3 (``gemma3.py``, whose embedding scale, GeGLU, two rope tables, sandwich norms and
 softcap it keeps), each as transformers computes it:
@@ -11,10 +11,17 @@ softcap it keeps), each as transformers computes it:
 * per-layer input embeddings (PLE): a second token table plus a projection of the embedding give each
   layer a small vector that gates a residual branch after its MLP; every layer ends with a learned scalar;
 * the last ``num_kv_shared_layers`` layers compute no KV: they attend over the KV of the last earlier
-  layer of their type (``ModelConfig.kv_source``), which the runner hands them as their ``kv``.
+  layer of their type (``ModelConfig.kv_source``), which the runner hands them as their ``kv``;
+* MoE Gemma 4 (``enable_moe_block``, the 26B-A4B) adds routed GeGLU experts (``moe.Experts``) beside
+  every layer's dense MLP, each branch with its own norms, summed before the post-feed-forward norm.
+  The router reads the attention residual itself (unscaled RMS norm, a learned scale and
+  ``hidden ** -0.5``), renormalises its top-k softmax and scales each pick by its expert's learned scale.
 """
 
 from __future__ import annotations
+
+import re
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +32,7 @@ from runtime.models.decoder import StepContext, cached_attention, embedding, pag
 from runtime.models.gemma3 import GeGLUMLP, GemmaCausalLM
 from runtime.models.layers import Fp32RMSNorm, apply_rope
 from runtime.models.linear import Linear
+from runtime.models.moe import Experts, SparseMoE, route
 
 
 class Gemma4Attention(nn.Module):
@@ -64,8 +72,62 @@ class Gemma4Attention(nn.Module):
         return self.o_proj.run(o.reshape(-1, self.nh * self.hd))
 
 
+class GeGLU(NamedTuple):
+    """The experts' activation over ``[rows, 2I]`` (gate | up): ``gelu(gate) * up``, the config's gelu."""
+
+    approximate: str  # "tanh" (gelu_pytorch_tanh) or "none"
+
+    def __call__(self, gu: torch.Tensor) -> torch.Tensor:
+        gate, up = gu.chunk(2, dim=-1)
+        return F.gelu(gate, approximate=self.approximate) * up
+
+
+class Gemma4Router(nn.Module):
+    """transformers' ``Gemma4TextRouter``: top-k experts and their weights for each row of the residual."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float) -> None:
+        super().__init__()
+        self.proj = Linear(hidden, num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(hidden))
+        self.per_expert_scale = nn.Parameter(torch.ones(num_experts))
+        self.top_k, self.eps, self.root = top_k, eps, hidden**-0.5
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [T, K] in h's dtype, experts [T, K])``."""
+        x = F.rms_norm(h.float(), (h.shape[-1],), None, self.eps).to(h.dtype) * self.scale * self.root
+        # softmax over the top-k logits == the renormalised top-k of the softmax; fp32 like the reference
+        top_w, top_i = route(self.proj.run(x).float(), self.top_k, True)
+        return (top_w * self.per_expert_scale.float()[top_i]).to(h.dtype), top_i
+
+
+class Gemma4MoE(SparseMoE):
+    """The router and the routed experts of one layer (``router.*``, ``experts.*`` in the checkpoint,
+    nested here by ``gemma4_weight``); a ``SparseMoE`` for what reads its shape (parameter counts)."""
+
+    def __init__(self, cfg: ModelConfig, activation: str) -> None:
+        nn.Module.__init__(self)  # not SparseMoE's: no ``gate`` Linear, no shared expert
+        moe = cfg.moe
+        assert moe is not None
+        self.top_k, self.normalise = moe.top_k, True
+        self.shared_expert = self.shared_expert_gate = None
+        self.router = Gemma4Router(cfg.hidden_size, moe.num_experts, moe.top_k, cfg.rms_norm_eps)
+        glu = GeGLU(activation)
+        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.expert_intermediate_size, glu)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` (the normed input) through the experts ``residual`` (the un-normed one) routes it to."""
+        top_w, top_i = self.router.forward(x if residual is None else residual)
+        return self.experts.forward(x, top_i, top_w)
+
+
+def gemma4_weight(name: str) -> str:
+    """A checkpoint name in our module tree: the layer's ``router`` and ``experts`` live in its ``moe``."""
+    return re.sub(r"^(model\.layers\.\d+\.)(router|experts)\.", r"\1moe.\2.", name)
+
+
 class Gemma4DecoderLayer(nn.Module):
-    """Sandwich-normed attention and GeGLU MLP, then the per-layer-input branch and the layer scalar."""
+    """Sandwich-normed attention and GeGLU MLP (and beside it the experts, MoE Gemma 4), then the
+    per-layer-input branch and the layer scalar."""
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -80,6 +142,12 @@ class Gemma4DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = Fp32RMSNorm(hidden, eps)
         wide = 2 if g4.wide_mlp and self.self_attn.shared else 1
         self.mlp = GeGLUMLP(hidden, cfg.intermediate_size * wide, g.activation)
+        self.moe: Gemma4MoE | None = None
+        if cfg.moe is not None:  # every layer of a MoE Gemma 4 has the experts beside its dense MLP
+            self.moe = Gemma4MoE(cfg, self.mlp.approximate)
+            self.post_feedforward_layernorm_1 = Fp32RMSNorm(hidden, eps)
+            self.pre_feedforward_layernorm_2 = Fp32RMSNorm(hidden, eps)
+            self.post_feedforward_layernorm_2 = Fp32RMSNorm(hidden, eps)
         self.ple = g4.ple_dim > 0
         if self.ple:
             self.per_layer_input_gate = Linear(hidden, g4.ple_dim, bias=False)
@@ -97,6 +165,9 @@ class Gemma4DecoderLayer(nn.Module):
         a = self.self_attn.forward(self.input_layernorm.forward(h), ctx, kv)
         h = h + self.post_attention_layernorm.forward(a)
         m = self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
+        if self.moe is not None:
+            e = self.moe.forward(self.pre_feedforward_layernorm_2.forward(h), h)
+            m = self.post_feedforward_layernorm_1.forward(m) + self.post_feedforward_layernorm_2.forward(e)
         h = h + self.post_feedforward_layernorm.forward(m)
         if per_layer is not None:
             gate = F.gelu(self.per_layer_input_gate.run(h), approximate=self.mlp.approximate) * per_layer

@@ -1,15 +1,16 @@
 """Config facts of Gemma 4 text decoders (``transformers.models.gemma4``: Gemma4ForCausalLM) beyond what
 Gemma 3 already has (``window_config.GemmaConfig``): the full layers' own KV shape, keys reused as values,
-per-layer input embeddings and the last layers reading an earlier layer's KV."""
+per-layer input embeddings, the last layers reading an earlier layer's KV, and the MoE variant's experts."""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from runtime.models.moe_config import MoEConfig
 from runtime.models.window_config import GemmaConfig, _scaling, layer_windows
 
 GEMMA4 = {
-    "gemma4_text": "Gemma 4 (text)",
+    "gemma4_text": "Gemma 4 (text, dense and MoE)",
     "gemma4": "Gemma 4 (text model of the multimodal checkpoint)",
 }
 
@@ -36,12 +37,10 @@ class Gemma4Config(NamedTuple):
 def gemma4_fields(c: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields of a Gemma 4 text config (as ``save_pretrained`` writes it: per-layer
     overrides in ``per_layer_config``, or the published ``global_head_dim`` keys)."""
-    if c.get("use_bidirectional_attention"):
-        raise ValueError("Gemma 4 with use_bidirectional_attention is not a causal text model here")
-    if c.get("enable_moe_block"):
-        raise ValueError(
-            "Gemma 4 with MoE blocks (enable_moe_block) is not supported yet: dense Gemma 4 only"
-        )
+    # "vision" (the larger multimodal checkpoints) attends bidirectionally only within an image's tokens,
+    # which a text-only runtime never has: causal over text, as transformers masks text-only inputs
+    if c.get("use_bidirectional_attention") not in (None, "vision"):
+        raise ValueError("Gemma 4 with use_bidirectional_attention='all' is not a causal text model")
     n = c["num_hidden_layers"]
     types = list(c.get("layer_types") or [])
     if not types:
@@ -75,7 +74,33 @@ def gemma4_fields(c: dict[str, Any]) -> dict[str, Any]:
             ple_vocab=int(c.get("vocab_size_per_layer_input") or c["vocab_size"]),
             wide_mlp=bool(c.get("use_double_wide_mlp", False)),
         ),
+        "moe": gemma4_moe(c),
     }
+
+
+def gemma4_moe(c: dict[str, Any]) -> MoEConfig | None:
+    """The experts beside every layer's dense MLP where ``enable_moe_block`` (None without it, whatever
+    ``num_experts`` says: transformers builds no experts then).  Every layer has them, and the router
+    always renormalises its top-k (then scales each pick by its expert's learned scale)."""
+    if not c.get("enable_moe_block"):
+        return None
+    experts, top_k, width = (c.get(k) for k in ("num_experts", "top_k_experts", "moe_intermediate_size"))
+    if not (isinstance(experts, int) and experts > 0 and isinstance(width, int) and width > 0):
+        raise ValueError(
+            f"Gemma 4 with enable_moe_block needs num_experts and moe_intermediate_size >= 1 "
+            f"(got {experts}, {width})"
+        )
+    if not (isinstance(top_k, int) and 1 <= top_k <= experts):
+        raise ValueError(f"Gemma 4 top_k_experts={top_k} must be between 1 and num_experts={experts}")
+    return MoEConfig(
+        num_experts=experts,
+        top_k=top_k,
+        expert_intermediate_size=width,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=(),
+        shared_expert_intermediate_size=0,  # the dense MLP runs beside the experts, ungated
+    )
 
 
 def _full_shape(c: dict[str, Any], types: list[str]) -> tuple[int, int]:

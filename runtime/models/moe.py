@@ -1,4 +1,5 @@
-"""Sparse mixture-of-experts feed-forward: a softmax top-k router over SwiGLU experts.
+"""Sparse mixture-of-experts feed-forward: a softmax top-k router over SwiGLU experts (gpt-oss and
+Gemma 4 bring their own routers and activations).
 
 Qwen3-MoE has routed experts only; Qwen3-Next and Qwen3.5-MoE add one shared expert whose output
 is scaled by a sigmoid gate.  Expert weights are stored fused, ``gate_up_proj [E, 2I, H]`` and
@@ -7,10 +8,11 @@ one tensor.
 
 Execution groups the ``T * top_k`` token-expert assignments by expert (a stable sort), multiplies
 each *active* expert's contiguous rows by its matrices (a grouped GEMM: ``F.grouped_mm`` on CPU, our
-Triton kernel on CUDA, a Python loop on torch releases without it) and scatter-adds the weighted
-results back to their tokens.  Decode therefore reads only the weights of experts some token picked,
-and a batch of streams reads each picked expert once for all the rows routed to it.  On CPU a batch of
-at most ``GATHER_MAX_TOKENS`` rows (decode of one to a few streams) skips the sort and the scatter:
+Triton kernel on CUDA, a Python loop on torch releases without it or for widths whose rows it cannot
+stride) and scatter-adds the weighted results back to their tokens.  Decode therefore reads only the
+weights of experts some token picked, and a batch of streams reads each picked expert once for all the
+rows routed to it.  On CPU a batch of at most ``GATHER_MAX_TOKENS`` rows (decode of one to a few
+streams) skips the sort and the scatter:
 ``moe_gather.gathered_swiglu`` runs every (token, expert) pair as a weighted sum of the expert's rows,
 2-2.7x faster than the per-expert GEMVs for one token of 32 small experts (figures there).
 """
@@ -120,7 +122,7 @@ class Experts(nn.Module):
 
             counts = expert_counts(g.expert, self.num_experts)
             ys = grouped_swiglu(xs, self.gate_up_proj, self.down_proj, counts)
-        elif hasattr(F, "grouped_mm"):
+        elif hasattr(F, "grouped_mm") and self._strides_fit(x):
             # torch's grouped GEMM: on CPU one loop in C++ over the active experts, no per-expert dispatch
             offs = torch.cumsum(expert_counts(g.expert, self.num_experts), 0).to(torch.int32)
             gu = self._bias(F.grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs), g.expert, 0)
@@ -131,6 +133,11 @@ class Experts(nn.Module):
             ids, counts = torch.unique_consecutive(g.expert, return_counts=True)
             ys = self._swiglu_rows(list(xs.split(counts.tolist())), ids.tolist(), g.expert)
         return torch.zeros_like(x).index_add_(0, g.token, ys * g.weight.unsqueeze(1))
+
+    def _strides_fit(self, x: torch.Tensor) -> bool:
+        """Whether ``F.grouped_mm`` takes these rows: it raises unless every row stride is a multiple of
+        16 bytes, which odd widths in bf16 (hidden 44: 88 bytes) are not; those take the loop."""
+        return all(n * x.element_size() % 16 == 0 for n in (self.hidden, self.inter))
 
     def gathers_rows(self) -> bool:
         """Whether :func:`gathered_swiglu` can read the experts: on CPU, after :meth:`pack_for_cpu`."""

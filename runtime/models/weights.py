@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from runtime.models.decoder import CausalLM
+from runtime.models.gemma4 import gemma4_weight
 from runtime.models.gpt_oss import gpt_oss_weight
 from runtime.models.hybrid_weights import map_hybrid_weight
 
@@ -70,6 +71,8 @@ def _load_one(model: CausalLM, params: dict, name: str, w: torch.Tensor, seen: s
         if _VISION.match(name):
             return
         name = name.replace("model.language_model.", "model.", 1)
+    if cfg.gemma4 is not None:  # MoE Gemma 4's router and experts sit in our layer's ``moe``
+        name = gemma4_weight(name)
     if cfg.is_hybrid:  # its own name map (fused linear-attention projections, gated q_proj)
         for key, rows, part in map_hybrid_weight(cfg, name, w):
             if key == "lm_head.weight" and cfg.tie_word_embeddings:
