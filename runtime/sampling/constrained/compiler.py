@@ -65,6 +65,7 @@ class GrammarCompiler:
         self._hf_tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
         self.timeout_s, self.per_tenant = timeout_s, per_tenant
         self._tokenizer: Any = None
+        self._tokenizer_error: str | None = None  # llguidance refused the tokenizer: each grammar's 400
         self._closers: list[torch.Tensor] | None = None
         self._cache: OrderedDict[tuple[Hashable, Grammar], Any] = OrderedDict()
         self._running: Counter[Hashable] = Counter()  # compiles in flight per tenant, abandoned included
@@ -80,7 +81,7 @@ class GrammarCompiler:
     def _llg_tokenizer(self) -> Any:
         """The llguidance tokenizer, built once; a GrammarError (a 400) where llguidance refuses it."""
         with self._tokenizer_lock:
-            if self._tokenizer is None:
+            if self._tokenizer is None and self._tokenizer_error is None:
                 import llguidance.hf
 
                 try:
@@ -88,9 +89,9 @@ class GrammarCompiler:
                         self._hf_tokenizer, n_vocab=self.vocab_size, eos_token=sorted(self.eos_ids)
                     )
                 except Exception as e:  # llguidance raises plain exceptions for tokenizers it cannot take
-                    self._tokenizer = f"constrained decoding is unavailable for this model's tokenizer: {_first_line(str(e))}"
-            if isinstance(self._tokenizer, str):  # the refusal, said again on each grammar request
-                raise GrammarError(self._tokenizer)
+                    self._tokenizer_error = f"constrained decoding is unavailable for this model's tokenizer: {_first_line(str(e))}"
+            if self._tokenizer_error is not None:  # the refusal, said again on each grammar request
+                raise GrammarError(self._tokenizer_error)
             return self._tokenizer
 
     def warm(self) -> None:
