@@ -9,7 +9,8 @@ then while the attacker (tenant B) runs, on threads of its own: new ``response_f
 3,000 optional properties (each a multi-second compile), ``/v1/messages`` with four 1-hour
 ``cache_control`` blocks and a fresh ``metadata.user_id`` each (pins) and with 501 of them (refused),
 6 MB bodies and 100,000-deep JSON.  A poller reads ``/health`` every 50 ms throughout.  Reported: the
-victim's p50 / p99 latency in both phases, ``/health``'s worst wait in both, and what the attacker
+victim's p50 / p99 latency in both phases (and any victim request refused: the goal then fails),
+``/health``'s worst wait in both, and what the attacker
 got back (statuses).  Goals: victim p99 <= 2x its baseline p99 + 0.5 s; ``/health`` worst < 0.5 s.
 The embedded model (SmolLM2-135M) in fp32 on CPU, torch's default threads in the server process.
 """
@@ -56,15 +57,18 @@ class Poller(threading.Thread):
             time.sleep(0.05)
 
 
-def victim(url: str, n: int) -> list[float]:
+def victim(url: str, n: int, failed: Counter) -> list[float]:
+    """``n`` one-token chats one after another: their latencies; a refused one counts in ``failed``
+    (status and error code) and goes on, so the run says how many rather than ending there."""
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
     out = []
     with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {KEYS['victim']}"}) as c:
         for _ in range(n):
             t0 = time.perf_counter()
             r = c.post(f"{url}/v1/chat/completions", json=body)
-            r.raise_for_status()
             out.append(time.perf_counter() - t0)
+            if r.status_code != 200:
+                failed[f"{r.status_code} {r.json().get('error', {}).get('code')}"] += 1
     return out
 
 
@@ -135,7 +139,8 @@ def run(args: argparse.Namespace) -> dict:
     poller = Poller(srv.url)
     poller.start()
     try:
-        victim(srv.url, 3)  # warm-up
+        failed: Counter = Counter()
+        victim(srv.url, 3, failed)  # warm-up
         # a long prompt's first prefill has a one-time set-up (~90 s on a loaded 2-core machine) that
         # is no tenant's doing: it must not land in the attack phase
         operator = {"Authorization": f"Bearer {KEYS['operator']}"}
@@ -143,13 +148,13 @@ def run(args: argparse.Namespace) -> dict:
             _pins(c, srv.url, 4)
         poller.reset()
         progress(f"baseline: {n} victim requests")
-        base = victim(srv.url, n)
+        base = victim(srv.url, n, failed)
         base_health = poller.reset()
         stop, seen = threading.Event(), Counter()
         threads = attacker(srv.url, stop, seen, set(args.attacks.split(",")))
         time.sleep(3.0)  # the attack under way
         progress(f"under attack: {n} victim requests")
-        hit = victim(srv.url, n)
+        hit = victim(srv.url, n, failed)
         hit_health = poller.reset()
         stop.set()
         for t in threads:
@@ -164,8 +169,9 @@ def run(args: argparse.Namespace) -> dict:
         "load_average_at_end": os.getloadavg(),
         "victim_baseline": b, "victim_under_attack": a,
         "health_worst_s": {"baseline": round(base_health, 4), "under_attack": round(hit_health, 4)},
-        "health_non_200": dict(poller.bad), "attacker_statuses": dict(seen),
-        "goals": {"victim_p99_limit_s": round(goal_p99, 4), "victim_p99_met": a["p99_s"] <= goal_p99,
+        "health_non_200": dict(poller.bad), "attacker_statuses": dict(seen), "victim_refused": dict(failed),
+        "goals": {"victim_p99_limit_s": round(goal_p99, 4),
+                  "victim_p99_met": a["p99_s"] <= goal_p99 and not failed,
                   "health_worst_met": max(base_health, hit_health) < 0.5},
     }  # fmt: skip
 
