@@ -266,12 +266,15 @@ def _schedule(
             nu, d, pid = heapq.heappop(page_heap)
             if pages.get(pid) != -nu:
                 continue  # stale entry
-            if pid in held:
+            if -nu <= r:  # a use forecast for a request whose hit stopped short of it: the next one
+                keep_page(pid, r)
+            elif pid in held or kids.get(pid):
                 skipped.append((nu, d, pid))
-                continue
-            drop_page(pid, held)
+            else:
+                drop_page(pid, held)
         for item in skipped:
             heapq.heappush(page_heap, item)
+        assert len(pages) + resident - hit <= num_pages, "a trace request does not fit the pool"
         for pid in ids[hit:]:
             if pid not in pages:
                 keep_page(pid, r)
@@ -280,7 +283,11 @@ def _schedule(
                 keep_snap(ids[n // page_size - 1], r)
         while len(snaps) > snapshots and snap_heap:
             nu, _, sid = heapq.heappop(snap_heap)
-            if snaps.get(sid) == -nu:
+            if snaps.get(sid) != -nu:
+                continue  # stale entry
+            if -nu <= r:
+                keep_snap(sid, r)
+            else:
                 del snaps[sid]
                 drop_page(sid, set())  # a leaf's pages past the snapshot below it are dead now
     return hits
