@@ -21,7 +21,9 @@ real scheduler, cache manager, radix tree and ``NodeStates`` with that ``HybridS
 engine's window-model cache without the model (``tests/test_window_belady.py`` checks it against an
 Engine on a tiny random Gemma 3, request by request).
 
-**The reference** (``belady_window``) is a Belady-style offline schedule of both resources.  A
+**The reference** (``belady_window``) is a Belady-style offline schedule of both resources, aiming
+at the most cached prompt tokens over the trace (the token hit rate) with the pages within
+``num_pages`` beside the running request's own and the snapshots within ``snapshots``.  A
 request's hit is the longest whole-page prefix of ``prompt[:-1]`` whose pages are all resident and
 that ends at a resident snapshot (the tree's rule).  Uses are forecast from the whole trace: a
 request's *potential* hit is the deepest point on its path where a snapshot could be (placed by an
