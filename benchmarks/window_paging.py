@@ -16,7 +16,14 @@ its KV stays in pool pages).  Token counts do not depend on the weights' values.
   tool result of 60-900 tokens (some longer than the window) + the generation prompt; ``ideal`` is
   what was never computed before (prompt - previous tokens + 1: the previous request never computes
   its last sampled token).  With the cache off every turn would prefill its whole prompt (``prompt``);
-* same turn: a prompt computed, then the same prompt with a tool result appended (vLLM #57610).
+* same turn: a prompt computed, then the same prompt with a tool result appended (vLLM #57610);
+* llama.cpp (optional, ``--llamacpp-python`` with ``--llamacpp-module`` and/or ``--llamacpp-lib``; setup in
+  ``benchmarks/README.md``): the ``gemma3`` checkpoint converted by llama.cpp's ``convert_hf_to_gguf.py``
+  (``--llamacpp-src``), the gemma3 session's and same turn's requests replayed on the same token ids the
+  way llama-server keeps a slot's context with its default settings: tokens evaluated per request, and
+  whether it fell back to re-processing the whole prompt.  ``--llamacpp-module``: the ``llama-cpp-cffi``
+  build (``llamacpp_session_side.py``); ``--llamacpp-lib``: llama.cpp 0.5.0's ``libllama``
+  (``llamacpp_swa_side.py``), with the server's default 4 slots and with ``-np 1``.
 """
 
 from __future__ import annotations
