@@ -16,13 +16,24 @@ its KV stays in pool pages).  Token counts do not depend on the weights' values.
   tool result of 60-900 tokens (some longer than the window) + the generation prompt; ``ideal`` is
   what was never computed before (prompt - previous tokens + 1: the previous request never computes
   its last sampled token).  With the cache off every turn would prefill its whole prompt (``prompt``);
-* same turn: a prompt computed, then the same prompt with a tool result appended (vLLM #57610).
+* same turn: a prompt computed, then the same prompt with a tool result appended (vLLM #57610);
+* llama.cpp (optional, ``--llamacpp-python`` with ``--llamacpp-module`` and/or ``--llamacpp-lib``; setup in
+  ``benchmarks/README.md``): the ``gemma3`` checkpoint converted by llama.cpp's ``convert_hf_to_gguf.py``
+  (``--llamacpp-src``), the gemma3 session's and same turn's requests replayed on the same token ids the
+  way llama-server keeps a slot's context with its default settings: tokens evaluated per request, and
+  whether it fell back to re-processing the whole prompt.  ``--llamacpp-module``: the ``llama-cpp-cffi``
+  build (``llamacpp_session_side.py``); ``--llamacpp-lib``: llama.cpp 0.5.0's ``libllama``
+  (``llamacpp_swa_side.py``), with the server's default 4 slots and with ``-np 1``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,8 +125,9 @@ def memory_at(name: str, context: int) -> dict:
     }  # fmt: skip
 
 
-def session(name: str, turns: int, seed: int, **kw) -> list[dict]:
-    """The 10-turn tool session on one engine: per turn prompt, cached, prefilled, ideal."""
+def session(name: str, turns: int, seed: int, log: list | None = None, **kw) -> list[dict]:
+    """The 10-turn tool session on one engine: per turn prompt, cached, prefilled, ideal; each request's
+    prompt and reply ids appended to ``log`` (for llama.cpp's replay)."""
     from benchmarks.common import synthetic_prompt
 
     eng = engine(name, **kw)
@@ -129,23 +141,73 @@ def session(name: str, turns: int, seed: int, **kw) -> list[dict]:
         ideal = len(prompt) - computed
         rows.append(dict(turn=t, prompt=len(prompt), cached=req.cached_tokens, prefilled=req.prefilled_tokens,
                          ideal=ideal, snapshot_cut=req.snapshot_cut))  # fmt: skip
+        if log is not None:
+            log.append({"prompt": prompt, "reply": req.output_ids})
         tool = synthetic_prompt(int(torch.randint(60, 900, (1,), generator=g)), seed * 100 + t)
         computed = len(req.tokens) - 1
         prompt = list(req.tokens) + enc(GLUE_OPEN) + tool + enc(GLUE_CLOSE)
     return rows
 
 
-def same_turn(name: str) -> dict:
+def same_turn(name: str, log: list | None = None) -> dict:
     """A prompt computed, then the same prompt with a tool result appended before any output is kept."""
     from benchmarks.common import synthetic_prompt
 
     eng = engine(name)
     first = synthetic_prompt(1500, 7)
-    run_one(eng, first, 4)
+    r0 = run_one(eng, first, 4)
     longer = first + synthetic_prompt(300, 8)
     req = run_one(eng, longer, 4)
+    if log is not None:
+        log += [{"prompt": r.prompt_ids, "reply": r.output_ids} for r in (r0, req)]
     return dict(model=name, first=len(first), prompt=len(longer), cached=req.cached_tokens,
                 prefilled=req.prefilled_tokens, ideal=len(longer) - len(first))  # fmt: skip
+
+
+def gguf_for(args: argparse.Namespace, name: str) -> Path:
+    """``name``'s checkpoint as an f32 GGUF, converted once by llama.cpp's own ``convert_hf_to_gguf.py``
+    (from ``--llamacpp-src``): Gemma 3 with no ``tokenizer.model`` takes the tokenizer.json path, a GPT-2
+    BPE vocabulary with SmolLM's pre-tokenizer, so llama.cpp and kvreuse share the token ids."""
+    from runtime.loading.model_source import cache_dir
+
+    out = Path(args.llamacpp_gguf or cache_dir() / "bench" / f"window-{name}-f32.gguf")  # not in the HF dir
+    if not out.is_file():
+        src = Path(args.llamacpp_src)
+        env = dict(os.environ, PYTHONPATH=str(src / "gguf-py"))
+        cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(model_path(name)), "--outtype", "f32"]
+        subprocess.run([*cmd, "--outfile", str(out)], env=env, check=True, capture_output=True)
+    return out
+
+
+def side(args: argparse.Namespace, script: str, where: str, job: dict) -> dict:
+    """One llama.cpp side script (``benchmarks/<script>``) run on ``job``; its KV cache sizes from the log."""
+    env = dict(os.environ, LD_PRELOAD=args.llamacpp_preload) if args.llamacpp_preload else None
+    r = subprocess.run([args.llamacpp_python, str(Path(__file__).with_name(script)), where], input=json.dumps(job),
+                       capture_output=True, text=True, env=env, check=True)  # fmt: skip
+    res = json.loads(r.stdout)
+    # per context: the old build's "KV self size = X MiB", 0.5.0's "size = X MiB ( N cells, L layers"
+    kv = re.findall(
+        r"KV self size\s*=\s*([\d.]+) MiB|kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers",
+        r.stderr,
+    )
+    res["kv_caches"] = [
+        {"mib": float(a or b), "cells": int(c or 0), "layers": int(d or 0)} for a, b, c, d in kv
+    ]
+    return res
+
+
+def llamacpp(args: argparse.Namespace, name: str, sessions: dict[str, list[dict]]) -> dict:
+    """Replay the logged requests in llama.cpp: the cffi build (``llamacpp_session_side.py``) and/or
+    0.5.0's libllama (``llamacpp_swa_side.py``) with the server's default 4 slots and with ``-np 1``."""
+    job = {"gguf": str(gguf_for(args, name)), "threads": torch.get_num_threads(), "sessions": sessions}
+    out = {}
+    if args.llamacpp_module:
+        out["cffi"] = side(args, "llamacpp_session_side.py", args.llamacpp_module, job)
+    for slots in (4, 1) if args.llamacpp_lib else ():
+        out[f"v0.5.0/slots{slots}"] = side(
+            args, "llamacpp_swa_side.py", args.llamacpp_lib, {**job, "slots": slots}
+        )
+    return out
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -164,24 +226,50 @@ def run(args: argparse.Namespace) -> dict:
     print(f"gemma3 / full-attention twin, KV bytes per context token: {out['gemma3_vs_twin_bytes']:.3f}")
     print(f"gemma4 / full-attention twin, KV bytes per context token: {out['gemma4_vs_twin_bytes']:.3f}")
     out["sessions"] = {}
+    logs: dict[str, list[dict]] = {"session": [], "same_turn": []}
     for name in ("gemma3", "gemma4", "ministral", "mistral"):
         for label, kw in (("cache", {}),):  # cache off prefills every prompt whole: the prompt column
             progress(f"session {name} {label}")
-            rows = session(name, turns, seed=3, **kw)
+            rows = session(name, turns, seed=3, log=logs["session"] if name == "gemma3" else None, **kw)
             out["sessions"][f"{name}/{label}"] = rows
             print(f"{name}, prefix cache {label}")
             print(format_table(["turn", "prompt", "cached", "prefilled", "ideal", "cut"],
                                [[r["turn"], r["prompt"], r["cached"], r["prefilled"], r["ideal"], r["snapshot_cut"]]
                                 for r in rows]))  # fmt: skip
-    out["same_turn"] = [same_turn(n) for n in ("gemma3", "gemma4", "ministral", "mistral")]
+    models = ("gemma3", "gemma4", "ministral", "mistral")
+    out["same_turn"] = [same_turn(n, logs["same_turn"] if n == "gemma3" else None) for n in models]
     print(format_table(["model", "first", "prompt", "cached", "prefilled", "ideal"],
                        [[r["model"], r["first"], r["prompt"], r["cached"], r["prefilled"], r["ideal"]]
                         for r in out["same_turn"]]))  # fmt: skip
+    if args.llamacpp_python and (args.llamacpp_module or args.llamacpp_lib):
+        progress("llama.cpp replay of the gemma3 session and same turn")
+        out["llamacpp"] = lcp = llamacpp(args, "gemma3", logs)
+        ours, keys = out["sessions"]["gemma3/cache"], list(lcp)
+        print("gemma3 session: kvreuse prefilled, llama.cpp evaluated (server defaults; * = full re-process)")
+        cols = [
+            [f"{x['evaluated']}{'*' if x['fallback'] else ''}" for x in lcp[k]["sessions"]["session"]]
+            for k in keys
+        ]
+        print(format_table(["turn", "prompt", "kvreuse", *keys, "ideal"],
+                           [[r["turn"], r["prompt"], r["prefilled"], *(c[i] for c in cols), r["ideal"]]
+                            for i, r in enumerate(ours)]))  # fmt: skip
+        for k in keys:
+            x = lcp[k]["sessions"]["same_turn"][1]
+            print(f"same turn, {k}: evaluated {x['evaluated']} of {x['prompt']} (fallback {x['fallback']})")
     return out
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return base_parser("window_paging", __doc__.split("\n")[0]).parse_args(argv)
+    p = base_parser("window_paging", __doc__.split("\n")[0])
+    p.add_argument("--llamacpp-python", default=None, help="interpreter with numpy + cffi for llama.cpp")
+    p.add_argument("--llamacpp-module", default=None, help="folder holding the _llama_cpp_cpu CFFI module")
+    p.add_argument("--llamacpp-preload", default=None, help="LD_PRELOAD for that module (a libstdc++ shim)")
+    p.add_argument("--llamacpp-lib", default=None, help="folder with llama.cpp 0.5.0's libllama/libggml")
+    p.add_argument("--llamacpp-src", default=None, help="llama.cpp tree with convert_hf_to_gguf.py, gguf-py")
+    p.add_argument(
+        "--llamacpp-gguf", default=None, help="the converted GGUF (made from --llamacpp-src if absent)"
+    )
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
