@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.belady import belady, replay
 from benchmarks.eviction_traces import PAGE, engine_check, hit_rate, traces
-from runtime.cache.eviction import POLICIES, make_policy
+from runtime.cache.eviction import POLICIES, EvictionPolicy, make_policy
 from runtime.cache.page_allocator import PageAllocator
 from runtime.cache.radix_cache import RadixCache
 from tests.radix_checks import check_structure, insert_fresh, seq
@@ -89,3 +89,41 @@ def test_with_states_leaves_no_match_can_end_at_go_first():
     insert_fresh(plain, seq(4, 200))
     plain.evict(1)
     assert plain.match(seq(4, 100)).cached_len == 0 and plain.match(seq(4, 200)).cached_len == 4
+
+
+class _ByFirstToken(EvictionPolicy):
+    """An order no recency gives: the leaf whose first token is smallest goes first."""
+
+    name, trim = "by-first-token", False
+
+    def priority(self, node, now: int) -> tuple:
+        return (node.key[0],)
+
+
+def test_states_leave_their_budget_in_the_policys_order():
+    """A short state budget frees the state of the node the eviction policy ranks lowest, not the least
+    recently stored one: in LRU order 8 conversations over 7 snapshots never find theirs
+    (benchmarks/eviction_traces_window.py)."""
+    from runtime.cache.node_states import NodeStates
+    from tests.test_radix_cache_model import State
+
+    tree = RadixCache(1, PageAllocator(16), _ByFirstToken(), NodeStates(2 * State(()).nbytes))
+    for first in (300, 100, 200):  # the third state needs room: 100's goes, though 300's is older
+        ids = seq(4, first)
+        tree.insert(ids, tree.allocator.alloc(4), extra=[(4, State(tuple(ids)))])
+    assert [tree.match(seq(4, f)).cached_len for f in (300, 100, 200)] == [4, 0, 4]
+
+
+def test_a_trimming_policy_evicts_a_leaf_holding_a_state_whole():
+    """The state sits at the leaf's end: trimming its tail would drop the state and leave pages that
+    resume nowhere, so the whole leaf goes (before: 2 pages freed, 6 left as a tombstone)."""
+    from runtime.cache.node_states import NodeStates
+    from tests.test_radix_cache_model import State
+
+    tree = RadixCache(1, PageAllocator(16), "lru-tail", NodeStates(10 * State(()).nbytes))
+    ids = seq(8, 100)
+    tree.insert(ids, tree.allocator.alloc(8), extra=[(8, State(tuple(ids)))])
+    assert tree.evict(2) == 8 and tree.total_pages == 0
+    plain = _tree("lru-tail")  # no state at the end: the tail alone goes
+    insert_fresh(plain, seq(8, 100))
+    assert plain.evict(2) == 2 and plain.total_pages == 6

@@ -73,6 +73,7 @@ class RadixCache(NoTiers, RadixTree):
         # per-node extra state; with a store, matches end where a state is (a dense model's null store:
         # every page boundary resumes)
         self.states = states if states is not None else NoNodeStates()
+        self.states.rank = lambda node: self.policy.priority(node, self._clock)
 
     @property
     def total_pages(self) -> int:
@@ -200,7 +201,8 @@ class RadixCache(NoTiers, RadixTree):
     def evict(self, n_pages: int) -> int:
         """Free at least ``n_pages`` pages if possible, in policy order; returns pages freed.
 
-        With a trimming policy exactly ``n_pages`` are freed when that many are evictable.  With a state
+        With a trimming policy exactly ``n_pages`` are freed when that many are evictable, unless the
+        last victim holds a state (at its end: trimmed, it would resume nowhere), which goes whole.  With a state
         store, leaves no match can end at go first, whatever the policy says: no state at their end
         (never taken, or evicted from its budget), their pages only ever extend a KV match that is then
         cut back (a hybrid's or window model's tombstones).
@@ -216,7 +218,8 @@ class RadixCache(NoTiers, RadixTree):
                 heapq.heappush(heap, (*key(leaf), leaf))
                 continue
             want = n_pages - freed
-            if policy.trim and want < len(leaf.pages):
+            # a leaf's state sits at its end: trimmed, the rest could resume nowhere (a tombstone)
+            if policy.trim and want < len(leaf.pages) and leaf.extra is None:
                 self._split(leaf, len(leaf.pages) - want)  # ``leaf`` is now just its tail
             parent = leaf.parent
             assert parent is not None
