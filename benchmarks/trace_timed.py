@@ -75,12 +75,35 @@ def prefill_rate(server: ServerProcess, model: str, tokens: int = 512) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
+TOKENIZER_REPO = "kvreuse/embedded-tokenizer"
+
+
+def tokenizer_cache(root: Path) -> Path:
+    """The embedded model's tokenizer laid out as an offline Hugging Face cache holding
+    ``TOKENIZER_REPO``; returns the cache folder (``HF_HUB_CACHE``).  AIPerf 0.13 builds a trace's
+    prompts in worker processes that load the tokenizer in offline mode as a cached hub repo: a local
+    folder fails there (``HFValidationError``, a ``BrokenProcessPool`` once a slice has 10 requests)."""
+    hub = root / "hub"
+    repo = hub / f"models--{TOKENIZER_REPO.replace('/', '--')}"
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in embedded_model_dir().iterdir():
+        if f.suffix != ".safetensors" and not (snap / f.name).exists():
+            shutil.copy(f, snap / f.name)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    return hub
+
+
 def run_aiperf(aiperf: str, server: ServerProcess, model: str, trace: Path, block: int, out: Path) -> dict:
     cmd = [aiperf, "profile", "--model", model, "--url", server.url, "--endpoint-type", "completions",
            "--streaming", "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace", "--fixed-schedule",
-           "--isl-block-size", str(block), "--tokenizer", str(embedded_model_dir()), "--ui", "none",
+           "--isl-block-size", str(block), "--tokenizer", TOKENIZER_REPO, "--ui", "none",
            "--artifact-dir", str(out), "--no-server-metrics", "--no-gpu-telemetry"]  # fmt: skip
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    env = dict(os.environ, HF_HUB_CACHE=str(tokenizer_cache(out.parent)), HF_HUB_OFFLINE="1")
+    done = subprocess.run(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800, env=env
+    )
     if done.returncode != 0:
         raise RuntimeError(f"aiperf exited with {done.returncode}:\n{done.stdout[-4000:]}")
     d = json.loads((out / "profile_export_aiperf.json").read_text())
@@ -108,7 +131,9 @@ def run(args: argparse.Namespace) -> dict:
         for mode in ("off", "radix"):
             server = serve(mode, tmp_p / f"{mode}.log")
             try:
-                if "duration_s" not in out:  # the time scale, from the cache-off server's prefill rate
+                if (
+                    "replay_duration_s" not in out
+                ):  # one time scale for both modes, from the cache-off server's prefill rate
                     rate = prefill_rate(server, "smollm2")
                     out["prefill_tokens_per_s"] = rate
                     out["replay_duration_s"] = args.load * prompt_tokens / rate
