@@ -67,12 +67,12 @@ def speculative_mode(runner: ModelRunner, cfg: EngineConfig) -> str:
 
 def check_state_support(runner: ModelRunner, cfg: EngineConfig) -> None:
     """Refuse (EngineError) what a model with state slots cannot do yet."""
-    if cfg.speculative not in ("off", "auto") and runner.state_pool is not None:
-        raise EngineError(
-            "--speculative does not work with hybrid models yet: a rejected draft would need the "
-            "linear-attention state rolled back"
-        )
     windowed = isinstance(runner.state_pool, WindowPool)
+    if cfg.speculative not in ("off", "auto") and windowed:
+        raise EngineError(
+            "--speculative does not work with window-paged models yet: their window rings have no "
+            "rollback for a rejected draft (--no-window-paging keeps the window layers' KV in pages)"
+        )
     if cfg.tiered and runner.state_pool is not None and (cfg.kv_shared_store or not windowed):
         raise EngineError(
             "--kv-shared-store does not keep hybrid or sliding-window models' snapshots yet, nor "
