@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.cache import hybrid_states
 from runtime.engine.engine import Engine, EngineError
+from runtime.models.gated_deltanet import replay
+from runtime.request import PUBLIC
 from runtime.sampling.params import SamplingParams
 from tests.engine_drive import assert_no_request_pages, random_ids, run_checked, tiny_engine
 from tests.helpers import make_tiny_hybrid, make_tiny_windowed
@@ -91,22 +94,38 @@ def test_greedy_output_identical_with_and_without_speculation(hybrids, shape, mo
     assert sum(r.drafted_tokens - r.accepted_tokens for r in alone) > 0
 
 
-def test_next_turn_hits_the_snapshot_a_speculating_request_left(hybrids):
-    """Page size 4: verify chunks cross page boundaries, so the held decode snapshot is rebuilt inside
-    the accepted part.  The next turn's cache hit then computes what a cache-less engine computes,
-    and speculation after the hit still gives the plain engine's tokens."""
+def test_snapshots_left_by_speculation_equal_plain_decodes_and_serve_the_next_turn(hybrids, monkeypatch):
+    """Page size 4: verify chunks cross page boundaries, so the decode snapshot a request leaves is often
+    rebuilt inside an accepted draft.  Each one equals what plain decoding left (same position, same
+    state), and the next turn's cache hit computes what a cache-less engine computes, speculation after
+    the hit still giving the plain engine's tokens."""
+    inside: list[int] = []  # snapshot offsets inside accepted drafts (the replay's cuts)
+
+    def spy(inp, which, lengths, cuts):
+        inside.extend(c for cs in cuts for c in cs)
+        return replay(inp, which, lengths, cuts)
+
+    monkeypatch.setattr(hybrid_states, "replay", spy)
     d = hybrids["gqa-3to1-untied"]
-    prompts, params = _copying(4, 2)
-    prompt, first = prompts[1], params[1]
     off, on = (
         tiny_engine(d, page_size=4),
         tiny_engine(d, page_size=4, speculative="ngram", record_logits=True),
     )
+    prompts, params = _copying(4, 5)
+    for i in (0, 1, 3, 4):  # requests that end inside a copied run, after a rejection at the edit
+        reply = params[i].forced_tokens
+        sp = SamplingParams(max_tokens=len(reply), forced_tokens=reply, ignore_eos=True)
+        a, b = _run(off, [prompts[i]], [sp])[0], _run(on, [prompts[i]], [sp])[0]
+        assert a.output_ids == b.output_ids and 0 < b.accepted_tokens < b.drafted_tokens
+        ma, mb = (e.cache.prefix.match(prompts[i] + reply, PUBLIC) for e in (off, on))
+        assert mb.cached_len == ma.cached_len > len(prompts[i]) and mb.state is not None
+        assert (ma.state.rec - mb.state.rec).abs().max().item() <= 1e-5
+        assert (ma.state.conv - mb.state.conv).abs().max().item() <= 1e-5
+    assert inside, "no snapshot was rebuilt inside an accepted draft: the test proves less than it says"
     cold = tiny_engine(d, page_size=4, prefix_cache="off", record_logits=True)
-    a, b = _run(off, [prompt], [first])[0], _run(on, [prompt], [first])[0]
-    assert a.output_ids == b.output_ids and 0 < b.accepted_tokens < b.drafted_tokens
     gen = torch.Generator().manual_seed(8)
-    nxt = prompt + b.output_ids + random_ids(gen, 5) + prompt[5:9]
+    prompt = prompts[1]
+    nxt = prompt + params[1].forced_tokens + random_ids(gen, 5) + prompt[5:9]
     second = SamplingParams(max_tokens=40, forced_tokens=prompt[9:35], ignore_eos=True)
     a2, b2, c2 = (_run(e, [nxt], [second])[0] for e in (off, on, cold))
     assert b2.cached_tokens == a2.cached_tokens > len(prompt)
