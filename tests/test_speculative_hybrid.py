@@ -158,6 +158,32 @@ def test_temperature_sampling_distribution_unchanged(hybrids):
     assert two_sample_pvalue(*counts) > 1e-3
 
 
+def test_stop_inside_an_accepted_draft_and_abort_while_speculating(hybrids):
+    """A stop token inside an accepted draft ends the request where plain decoding does (its slot and
+    snapshot within what it kept); an abort mid-speculation frees its slot and pages; the rest of the
+    batch continues unchanged."""
+    d = hybrids["odd-heads-1to1-tied"]
+    gen = torch.Generator().manual_seed(9)
+    text = random_ids(gen, 80)
+    prompt = text + random_ids(gen, 4) + text[:3]
+    reply = text[3:73]
+    stop = SamplingParams(max_tokens=70, forced_tokens=reply, ignore_eos=True, stop_token_ids=[reply[40]])
+    free = SamplingParams(max_tokens=70, forced_tokens=reply[:30], ignore_eos=True)
+    ref = _run(tiny_engine(d, page_size=4), [prompt] * 3, [stop, free, free])
+    eng = tiny_engine(d, page_size=4, speculative="ngram")
+    reqs = [eng.make_request(prompt, sp) for sp in (stop, free, free)]
+
+    def abort_second(e: Engine, outs) -> None:
+        if reqs[1].accepted_tokens > 0 and reqs[1].finish_reason is None:
+            e.abort(reqs[1].request_id)
+
+    run_checked(eng, reqs, on_step=abort_second)
+    assert_no_request_pages(eng)
+    assert reqs[1].finish_reason == "abort"
+    assert reqs[0].finish_reason == ref[0].finish_reason == "stop" and reqs[0].accepted_tokens > 0
+    assert reqs[0].output_ids == ref[0].output_ids and reqs[2].output_ids == ref[2].output_ids
+
+
 def test_window_paged_models_are_refused_clearly(tmp_path):
     d = make_tiny_windowed(tmp_path / "w", "gemma3-odd")
     with pytest.raises(EngineError, match="window-paged models"):
