@@ -142,7 +142,7 @@ class HybridStates:
         tokens stand.  Roll its slot back to its last accepted token where a draft was rejected (the
         forward left the state after the whole chunk), and hold the state at the last page boundary
         it reached, as a decode step would."""
-        stash = self._stash
+        stash, self._stash = self._stash, None  # its tensors are this step's only
         which, lengths, cuts, plan = [], [], [], []
         for req, a in accepted.items():
             j, start, total = self._verifying.pop(req)
