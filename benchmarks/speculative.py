@@ -3,7 +3,9 @@
 ``benchmarks/speculative_workloads.py`` (replies scripted by forced decoding: see there), at batch 1
 and 8, with the mean tokens each decode step emitted.
 
-Run from the repository root: ``python -m benchmarks.speculative [--quick] [--threads N] [--dtype D]``.
+Run from the repository root: ``python -m benchmarks.speculative [--quick] [--threads N] [--dtype D]``;
+``--model`` takes another checkpoint, e.g. a hybrid's (``--model $(python -m benchmarks.random_hybrid)``:
+random Qwen3.5 weights with SmolLM2's tokenizer; the replies are scripted, so acceptance is the same).
 
 Every round uses new variants of the workloads (other seeds) under a new tenant namespace, so neither
 the prefix cache nor the ``suffix`` history holds the reply being timed; each round first runs the
@@ -39,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--dtype", default=None, help="model dtype (default: this CPU's, bf16 with AVX512-BF16 else fp32)"
     )
+    p.add_argument("--model", default=None, help="model (default: the embedded SmolLM2-135M)")
     p.add_argument(
         "--quantize",
         default="none",
@@ -123,7 +126,7 @@ def llamacpp(args: argparse.Namespace, eng: Engine, workload: str, n: int, max_r
 def run(args: argparse.Namespace) -> dict:
     n = reps(args, 3)
     max_reply = args.max_reply or (120 if args.quick else 400)
-    engines = {m: Engine(dtype=args.dtype, speculative=m, kv_cache_memory="1G", max_running=8,
+    engines = {m: Engine(args.model, dtype=args.dtype, speculative=m, kv_cache_memory="1G", max_running=8,
                          quantize=args.quantize) for m in MODES}  # fmt: skip
     args.dtype = str(engines["off"].dtype).removeprefix("torch.")
     results, rows = [], []
@@ -183,7 +186,8 @@ def run(args: argparse.Namespace) -> dict:
         )
     print(table)
     scripted = "every reply forced (SamplingParams.forced_tokens): the 135M model would not write them"
-    return dict(dtype=args.dtype, quantize=args.quantize, max_reply=max_reply, scripted=scripted,
+    return dict(model=engines["off"].model_name, dtype=args.dtype, quantize=args.quantize, max_reply=max_reply,
+                scripted=scripted,
                 results=results, table=table)  # fmt: skip
 
 

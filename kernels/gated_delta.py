@@ -10,7 +10,10 @@ Layout (one flat varlen batch, like the attention kernels)::
 Each query/key head serves ``v_heads // k_heads`` consecutive value heads (grouped value attention).
 q and k are L2-normalised inside (``use_qk_l2norm_in_kernel`` in fla), q scaled by ``k_dim ** -0.5``.
 The chunked prefill follows transformers' ``torch_chunk_gated_delta_rule`` step for step (64-token
-chunks from each sequence's first token), so logits match it to fp32 rounding.
+chunks from each sequence's first token), so logits match it to fp32 rounding.  Sequences of one
+chunk or less (a speculative draft's verify rows, short prompt tails) run together in one call,
+padded with zeros (which change no state) only to a multiple of 16 rather than 64: a batch-8 verify
+step spent most of its time in the per-sequence, 64-padded calls (benchmarks/speculative.py).
 """
 
 from __future__ import annotations
@@ -41,17 +44,19 @@ def _chunk_one(
     g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
+    size: int = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence, heads first: q/k [H, L, Dk], v [H, L, Dv], g/beta [H, L], state [H, Dk, Dv]."""
+    """One sequence, heads first: q/k [H, L, Dk], v [H, L, Dv], g/beta [H, L], state [H, Dk, Dv]
+    (or several of equal padded length, their heads stacked); ``size``: the chunk length."""
     length = q.shape[1]
-    pad = (CHUNK - length % CHUNK) % CHUNK
+    pad = (size - length % size) % size
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
     h = q.shape[0]
-    q, k, v = (x.reshape(h, -1, CHUNK, x.shape[-1]) for x in (q, k, v))
-    g, beta = g.reshape(h, -1, CHUNK), beta.reshape(h, -1, CHUNK)
+    q, k, v = (x.reshape(h, -1, size, x.shape[-1]) for x in (q, k, v))
+    g, beta = g.reshape(h, -1, size), beta.reshape(h, -1, size)
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
-    upper = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    upper = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
     cum = g.cumsum(-1)
     decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(upper, float("-inf")).exp()
     ut = (k_beta @ k.transpose(-1, -2)) * decay
@@ -84,10 +89,15 @@ def chunk_gated_delta_rule(
     vf, gf, bf = v.float(), g.float(), beta.float()
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     final = torch.empty_like(initial_state, dtype=torch.float32)
+    short = [i for i in range(len(cu_seqlens) - 1) if 0 < cu_seqlens[i + 1] - cu_seqlens[i] <= CHUNK]
+    if len(short) > 1:
+        _short_together(qf, kf, vf, gf, bf, cu_seqlens, initial_state, short, out, final)
     for i in range(len(cu_seqlens) - 1):
         s, e = cu_seqlens[i], cu_seqlens[i + 1]
         if e == s:
             final[i] = initial_state[i]
+            continue
+        if len(short) > 1 and e - s <= CHUNK:
             continue
         o, st = _chunk_one(
             qf[s:e].transpose(0, 1), kf[s:e].transpose(0, 1), vf[s:e].transpose(0, 1),
@@ -95,6 +105,29 @@ def chunk_gated_delta_rule(
         )  # fmt: skip
         out[s:e], final[i] = o.transpose(0, 1), st
     return out.to(v.dtype), final
+
+
+def _short_together(qf, kf, vf, gf, bf, cu_seqlens, initial_state, short, out, final) -> None:
+    """Sequences ``short`` (each one chunk or less) in one ``_chunk_one`` call: zero-padded to a common
+    length, a multiple of 16, their heads stacked; writes their rows of ``out`` and ``final``."""
+    lens = [cu_seqlens[i + 1] - cu_seqlens[i] for i in short]
+    size = min(CHUNK, -(-max(lens) // 16) * 16)
+    h = vf.shape[1]
+
+    def stack(x: torch.Tensor) -> torch.Tensor:  # [T, H, ...] -> [n * H, size, ...]
+        parts = [x[cu_seqlens[i] : cu_seqlens[i + 1]] for i in short]
+        padded = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)  # [n, longest, H, ...]
+        padded = F.pad(padded, (0, 0) * (x.dim() - 2) + (0, 0, 0, size - padded.shape[1]))
+        return padded.transpose(1, 2).flatten(0, 1)
+
+    q, k, v, g, b = (stack(x) for x in (qf, kf, vf, gf, bf))
+    state = initial_state[short].float().flatten(0, 1)
+    o, st = _chunk_one(q, k, v, g, b, state, size)
+    o = o.unflatten(0, (len(short), h))
+    st = st.unflatten(0, (len(short), h))
+    for j, (i, n) in enumerate(zip(short, lens)):
+        out[cu_seqlens[i] : cu_seqlens[i + 1]] = o[j, :, :n].transpose(0, 1)
+        final[i] = st[j]
 
 
 def recurrent_gated_delta_step(

@@ -10,7 +10,7 @@ returns to the front of the queue with its output so far, and is later re-prefil
 the cache).  ``commit()`` applies the step's result: progress, page insertion and sampled
 tokens.  A decoding request may also verify a draft (``runtime/speculative``): its chunk is its
 last token plus the drafted ones, and ``commit`` keeps the accepted part and frees the pages of the
-rest.  ``finish()`` ends a request (a stop, ``length``, an abort, an error)
+rest (and rolls a hybrid's linear-attention state back to the last accepted token).  ``finish()`` ends a request (a stop, ``length``, an abort, an error)
 and releases its pages; whether a token ends a request is ``Request.stop_reason``'s call.
 """
 
@@ -230,7 +230,10 @@ class Scheduler:
             else [c.sample for c in batch],
             params=[r.params for r in sampled],
             generators=[r.generator for r in sampled],
-            states=self.cache.states.step_input([(c.req, c.start, c.length) for c in batch]),
+            states=self.cache.states.step_input(
+                [(c.req, c.start, c.length) for c in batch],
+                [len(c.draft) for c in batch] if drafting else None,
+            ),
             matchers=[r.matcher for r in sampled],
             drafts=[list(c.draft) for c in batch if c.sample] if drafting else None,
         )
@@ -329,6 +332,7 @@ class Scheduler:
             self.clock.observe(self._scheduled[0], now - self._scheduled[1])
             self._scheduled = None
         out: list[Sampled] = []
+        verified: dict[Request, int] = {}  # drafted tokens accepted, per request that verified a draft
         row = 0
         for c in batch.chunks:
             req = c.req
@@ -357,7 +361,10 @@ class Scheduler:
                 self._accepted += accepted
                 self.drafter.observe(req, len(c.draft), accepted)
                 self.cache.trim(req)
+                verified[req] = accepted
             out.append(Sampled(req, toks))
+        if verified:  # a hybrid's linear-attention state back to each one's last accepted token
+            self.cache.states.settle(verified)
         return out
 
     def _append(self, req: Request, draft: tuple[int, ...], targets: list) -> list[int]:

@@ -1,17 +1,18 @@
 """Speculative decoding in the engine: greedy output identical to decoding without it (fp32, token for
 token, alone and in mixed batches with chunked prefill alongside), pages checked after every step,
-stops inside an accepted draft, logprobs, grammar rows, cancellation, tenants, hybrids refused."""
+stops inside an accepted draft, logprobs, grammar rows, cancellation, tenants (hybrids:
+tests/test_speculative_hybrid.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.engine.engine import Engine, EngineError
+from runtime.engine.engine import Engine
 from runtime.request import CacheScope
 from runtime.sampling.params import SamplingParams
 from tests.engine_drive import assert_no_request_pages, greedy, random_ids, run_checked, tiny_engine
-from tests.helpers import make_tiny_hybrid
+from tests.helpers import make_tiny_hybrid, make_tiny_windowed
 
 
 def _repetitive_prompts(seed: int, n: int) -> list[list[int]]:
@@ -139,12 +140,6 @@ def test_suffix_drafts_from_the_same_tenant_only(tiny_models):
     assert other.output_ids == same.output_ids == reply[4:44]
 
 
-def test_hybrid_models_are_refused_clearly(tmp_path):
-    d = make_tiny_hybrid(tmp_path / "hy", "gqa-3to1-untied")
-    with pytest.raises(EngineError, match="hybrid models"):
-        tiny_engine(d, speculative="ngram")
-
-
 def test_unknown_mode_is_a_clear_error(tiny_models):
     with pytest.raises(ValueError, match="speculative must be one of off, ngram, suffix"):
         tiny_engine(tiny_models[("llama", False)], speculative="eagle")
@@ -165,8 +160,8 @@ def test_tensor_parallel_ranks_verify_the_same_drafts(tiny_models):
 
 
 def test_auto_drafts_from_the_suffix_history_where_the_model_allows(tiny_models, tmp_path):
-    """``auto`` (``kvreuse serve``'s default) is ``suffix`` on a dense model and ``off`` on a hybrid,
-    which cannot roll a rejected draft back, instead of refusing to start."""
+    """``auto`` (``kvreuse serve``'s default) is ``suffix`` on a dense model and on a hybrid (which rolls
+    a rejected draft's state back), ``off`` on a window-paged model instead of refusing to start."""
     import argparse
 
     from runtime.engine.args import add_engine_args
@@ -181,4 +176,6 @@ def test_auto_drafts_from_the_suffix_history_where_the_model_allows(tiny_models,
     reqs = _outputs(dense, prompts, [greedy(12)] * 3)
     assert sum(r.accepted_tokens for r in reqs) > 0
     hybrid = tiny_engine(make_tiny_hybrid(tmp_path / "hy", "gqa-3to1-untied"), speculative="auto")
-    assert isinstance(hybrid.scheduler.drafter, NoDrafts)
+    assert isinstance(hybrid.scheduler.drafter, SuffixLookup)
+    windowed = tiny_engine(make_tiny_windowed(tmp_path / "w", "gemma3-odd"), speculative="auto")
+    assert isinstance(windowed.scheduler.drafter, NoDrafts)

@@ -11,7 +11,10 @@ Where snapshots are taken (always at page boundaries, where the tree's KV pages 
   point where two prompts are known to diverge (a later prompt diverging there resumes from it);
 * the last page boundary a request reached when it ends or is retracted: the end of its output.
   During decode the state at each page boundary replaces the request's held one, which is offered
-  only when the request leaves (a snapshot per decoded page would flood the budget).
+  only when the request leaves (a snapshot per decoded page would flood the budget).  A step that
+  verifies a speculative draft takes none when it runs: once the accepted count is known, ``settle``
+  rolls the slot back to the last accepted token (``runtime/models/gated_deltanet.py``'s ``replay``)
+  and holds the state at the last page boundary up to it, so no snapshot lies past an accepted token.
 
 A match is the longest prefix that has both its KV pages in the tree and a snapshot at its end
 (the prefix cache's rule, ``MatchResult.state`` / ``cut_len``); the KV beyond it is recomputed.
@@ -20,6 +23,7 @@ A match is the longest prefix that has both its KV pages in the tree and a snaps
 
 from __future__ import annotations
 
+from runtime.models.gated_deltanet import VerifyStash, replay
 from runtime.request import Request
 from runtime.runner.state_pool import Snapshot, StateInput, StatePool
 
@@ -36,8 +40,13 @@ class NoStates:
     def release(self, req: Request) -> None:
         pass
 
-    def step_input(self, chunks: list[tuple[Request, int, int]]) -> StateInput | None:
+    def step_input(
+        self, chunks: list[tuple[Request, int, int]], drafted: list[int] | None = None
+    ) -> StateInput | None:
         return None
+
+    def settle(self, accepted: dict[Request, int]) -> None:
+        pass
 
     def check(self, live: set[Request]) -> None:
         pass
@@ -55,6 +64,9 @@ class HybridStates:
         self._pending: dict[Request, list[tuple[int, Snapshot]]] = {}  # offered once their pages are in
         self._held: dict[Request, tuple[int, Snapshot]] = {}  # latest decode boundary, offered at release
         self._forks: dict[Request, int] = {}  # the end of a KV match that was cut back
+        # this step's verifying requests: (index among the stash's rows, chunk start, chunk length)
+        self._verifying: dict[Request, tuple[int, int, int]] = {}
+        self._stash: VerifyStash | None = None
 
     # -- the cache manager's side ---------------------------------------------------------
     def admit(self, req: Request, state: Snapshot | None, kv_len: int) -> None:
@@ -86,6 +98,7 @@ class HybridStates:
         self._pending.pop(req, None)
         self._held.pop(req, None)
         self._forks.pop(req, None)
+        self._verifying.pop(req, None)
         slot = self._slots.pop(req, None)
         if slot is not None:
             self.pool.free(slot)
@@ -94,12 +107,22 @@ class HybridStates:
         return self._slots[req]
 
     # -- a step's states ---------------------------------------------------------------------
-    def step_input(self, chunks: list[tuple[Request, int, int]]) -> StateInput:
-        """The runner's view of a step's ``(request, start, length)`` chunks: slots, and empty snapshots
-        for the states the policy keeps (filled by the forward; pending or held from now on)."""
+    def step_input(
+        self, chunks: list[tuple[Request, int, int]], drafted: list[int] | None = None
+    ) -> StateInput:
+        """The runner's view of a step's ``(request, start, length)`` chunks (``drafted[i]``: tokens
+        drafted after chunk i, run in the same forward): slots, and empty snapshots for the states the
+        policy keeps (filled by the forward; pending or held from now on)."""
         pool = self.pool
         cuts, inside, ends = [], [], []
-        for req, start, length in chunks:
+        self._stash, self._verifying = VerifyStash([], {}), {}
+        for i, (req, start, length) in enumerate(chunks):
+            if drafted and drafted[i]:  # no snapshot yet: settle() takes it within the accepted part
+                self._verifying[req] = (len(self._stash.rows), start, length + drafted[i])
+                self._stash.rows.append(i)
+                cuts.append([])
+                ends.append(None)
+                continue
             decode = length == 1 and start >= req.num_prompt
             # the last boundary of a chunk: of every chunk where snapshots are cheap, else only the prompt's
             last = pool.chunk_end_snapshots or start + length >= req.num_prompt
@@ -111,9 +134,49 @@ class HybridStates:
             ends.append(snap := pool.empty_snapshot() if at_end else None)
             if snap is not None:
                 self._captured(req, start + length, snap, decode)
-        return StateInput(
-            [self._slots[r] for r, _, _ in chunks], [s == 0 for _, s, _ in chunks], cuts, inside, ends
+        slots, fresh = [self._slots[r] for r, _, _ in chunks], [s == 0 for _, s, _ in chunks]
+        return StateInput(slots, fresh, cuts, inside, ends, self._stash if self._stash.rows else None)
+
+    def settle(self, accepted: dict[Request, int]) -> None:
+        """After a step that verified drafts: ``accepted[req]`` of each verifying request's drafted
+        tokens stand.  Roll its slot back to its last accepted token where a draft was rejected (the
+        forward left the state after the whole chunk), and hold the state at the last page boundary
+        it reached, as a decode step would."""
+        stash, self._stash = self._stash, None  # its tensors are this step's only
+        which, lengths, cuts, plan = [], [], [], []
+        for req, a in accepted.items():
+            j, start, total = self._verifying.pop(req)
+            end = start + 1 + a
+            n = end - end % self.page_size if self.keep else 0  # the boundary to hold, if reached now
+            n = n if n > start else 0
+            if end == start + total and n in (0, end):  # nothing rejected, no boundary inside
+                if n:
+                    self._captured(req, n, self.pool.snapshot(self._slots[req]), True)
+                continue
+            which.append(j)
+            lengths.append(end - start)
+            cuts.append([n - start] if 0 < n < end else [])
+            plan.append((req, n, end < start + total))
+        if not plan:
+            return
+        assert stash is not None and len(stash.layers) == self.pool.conv.shape[0], (
+            "a verify step kept no inputs"
         )
+        held = {req: self.pool.empty_snapshot() for req, n, _ in plan if n}
+        for layer, inp in stash.layers.items():
+            conv, rec, at = replay(inp, which, lengths, cuts)
+            caught = iter(at)
+            for x, (req, n, rejected) in enumerate(plan):
+                if rejected:
+                    self.pool.conv[layer, self._slots[req]] = conv[x]
+                    self.pool.rec[layer, self._slots[req]] = rec[x]
+                if n:
+                    c, r = next(caught) if cuts[x] else (conv[x], rec[x])
+                    held[req].conv[layer].copy_(c)
+                    held[req].rec[layer].copy_(r)
+        for req, n, _ in plan:
+            if n:
+                self._captured(req, n, held[req], True)
 
     def _cuts(
         self, start: int, length: int, decode: bool, fork: int, chunk_end: bool = True
@@ -145,5 +208,7 @@ class HybridStates:
     def check(self, live: set[Request]) -> None:
         if set(self._slots) - live:
             raise AssertionError("a state slot outlived its request")
+        if set(self._verifying) & live:
+            raise AssertionError("a verified draft's state was never settled (rolled back or kept)")
         if len(set(self._slots.values())) + self.pool.num_free != self.pool.num_slots:
             raise AssertionError(f"state slot leak: {len(self._slots)} used, {self.pool.num_free} free")

@@ -3,10 +3,23 @@
 A sequence's layer state is a recurrent matrix per value head (fp32) plus the last ``kernel - 1``
 inputs of the short causal convolution; both live in one slot of ``runtime/runner/state_pool.py`` and
 carry over from one chunk (or decode step) of the request to the next.
+
+A sequence that verifies a speculative draft runs its last token and the draft as one chunk; the
+forward leaves the state after the whole chunk in its slot and keeps (``VerifyStash``) the state it
+started from and this layer's inputs at those tokens, so that once the accepted count is known
+``replay`` rebuilds the state after the accepted prefix (``runtime/cache/hybrid_states.py``'s
+``settle``).  Replaying the inputs rather than keeping a state per drafted position: the kept start
+state is the copy the forward already makes (``index_select``), nothing is kept per position (a
+state is ``[Hv, Dk, Dv]`` fp32 per layer, and a draft has up to 16 positions), and nothing runs
+when the whole draft is accepted; a rejection costs one varlen call of the delta rule per layer
+over the accepted prefixes, no projections and no MLP (a layer's inputs at accepted tokens do not
+depend on what followed them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -17,6 +30,31 @@ from kernels.gated_delta import causal_conv1d, causal_conv1d_step
 from kernels.linear_attention import LinearAttnBackend, chunk_with_captures
 from runtime.models.hybrid_config import LinearAttnConfig
 from runtime.models.linear import Linear
+
+
+class VerifyInputs(NamedTuple):
+    """One linear layer at the tokens of a step's verifying sequences: the state they started from
+    (conv ``[N, C, K-1]``, rec ``[N, Hv, Dk, Dv]``), the conv's input ``mixed`` and the delta rule's
+    inputs, sequence j's at rows ``cu[j]:cu[j+1]``; ``chunk``: the kernel the forward ran."""
+
+    chunk: Callable
+    conv0: torch.Tensor
+    rec0: torch.Tensor
+    mixed: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    cu: list[int]
+
+
+class VerifyStash(NamedTuple):
+    """A step's sequences that verify a draft (``rows``: their indices in the batch) and, filled by the
+    forward, each linear layer's ``VerifyInputs`` (``layers[index]``)."""
+
+    rows: list[int]
+    layers: dict[int, VerifyInputs]
 
 
 class StateBatch(NamedTuple):
@@ -33,6 +71,7 @@ class StateBatch(NamedTuple):
     cu_seqlens: list[int]
     cuts: list[list[int]]
     captures: list[tuple[torch.Tensor, torch.Tensor]]
+    verify: VerifyStash | None = None
 
 
 class GatedRMSNorm(nn.Module):
@@ -84,6 +123,8 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(-1, lc.num_v_heads, lc.v_head_dim)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        if sb.verify is not None and sb.verify.rows:  # before the kernel, which may reuse rec0's memory
+            sb.verify.layers[self.index] = _stash(sb, conv0, rec0, mixed, q, k, v, g, beta)
         if is_decode:
             o, rec1 = sb.backend.step(q, k, v, g, beta, rec0)
         else:
@@ -113,3 +154,39 @@ class GatedDeltaNet(nn.Module):
                 conv[self.index].copy_(xp[:, c : c + width])
                 rec[self.index].copy_(caught[m])
                 m += 1
+
+
+def _stash(sb: StateBatch, conv0: torch.Tensor, rec0: torch.Tensor, *per_token: torch.Tensor) -> VerifyInputs:
+    """The verifying sequences' start states and ``mixed, q, k, v, g, beta`` at their tokens."""
+    assert sb.verify is not None
+    rows, cu = sb.verify.rows, sb.cu_seqlens
+    idx = torch.cat([torch.arange(cu[r], cu[r + 1]) for r in rows]).to(conv0.device)
+    sel = torch.tensor(rows, device=conv0.device)
+    lengths = [cu[r + 1] - cu[r] for r in rows]
+    return VerifyInputs(
+        sb.backend.chunk, conv0.index_select(0, sel), rec0.index_select(0, sel),
+        *(x.index_select(0, idx) for x in per_token), [0, *accumulate(lengths)],
+    )  # fmt: skip
+
+
+def replay(
+    inp: VerifyInputs, which: list[int], lengths: list[int], cuts: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The states of verifying sequences ``which`` after the first ``lengths[j]`` tokens of their
+    chunks (conv ``[n, C, K-1]``, rec ``[n, Hv, Dk, Dv]``), and (conv, rec) at each of ``cuts[j]``
+    (offsets inside those prefixes), in order."""
+    dev = inp.q.device
+    idx = torch.cat([torch.arange(inp.cu[j], inp.cu[j] + m) for j, m in zip(which, lengths)]).to(dev)
+    sel = torch.tensor(which, device=dev)
+    x = [t.index_select(0, idx) for t in (inp.q, inp.k, inp.v, inp.g, inp.beta)]
+    _, rec, caught = chunk_with_captures(
+        inp.chunk, *x, [0, *accumulate(lengths)], inp.rec0.index_select(0, sel), cuts
+    )
+    width = inp.conv0.shape[-1]
+    convs, at = [], []
+    for j, m, cs in zip(which, lengths, cuts):
+        s = inp.cu[j]
+        xp = torch.cat([inp.conv0[j], inp.mixed[s : s + m].t().to(inp.conv0.dtype)], dim=-1)  # [C, K-1+m]
+        convs.append(xp[:, m : m + width])
+        at += [xp[:, c : c + width] for c in cs]
+    return torch.stack(convs), rec, list(zip(at, caught))

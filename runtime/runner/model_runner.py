@@ -218,6 +218,7 @@ class ModelRunner:
             fb.cu_seqlens_q.tolist(),
             st.cuts,
             st.inside,
+            st.verify,
         )
         logits = self.model(fb, self.pool.layers, self.backend, pool.layers, sb)
         for slot, snap in zip(st.slots, st.ends):

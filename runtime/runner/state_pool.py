@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:  # runtime.runner.forward_batch imports this module, and the models import forward_batch
     from runtime.models.config import ModelConfig
+    from runtime.models.gated_deltanet import VerifyStash
 
 
 class Snapshot(NamedTuple):
@@ -30,13 +31,15 @@ class Snapshot(NamedTuple):
 class StateInput(NamedTuple):
     """A step's view of the state pool, per sequence: its slot, whether it starts from zero (token 0),
     offsets inside its chunk whose state to capture (into ``inside``, in order, all sequences), and
-    a snapshot to fill with its state after the chunk (or None)."""
+    a snapshot to fill with its state after the chunk (or None); ``verify``: the sequences whose
+    chunk ends with a speculative draft, whose inputs the forward keeps for a rollback."""
 
     slots: list[int]
     fresh: list[bool]
     cuts: list[list[int]]
     inside: list[Snapshot]
     ends: list[Snapshot | None]
+    verify: VerifyStash | None = None
 
 
 class StatePool:
