@@ -32,7 +32,7 @@ class EngineConfig:
     tenant_chunk_size: int = 128
     # ... and at most what fits a step of this many seconds, by the step times seen (StepClock): the
     # victim's wait is then about two such steps (the one running when it arrives, then its own)
-    tenant_step_s: float = 0.2
+    tenant_step_s: float = 0.15
     max_running: int = 64
     schedule_policy: str = "fcfs"  # or "lpm": longest cached prefix first
     max_model_len: int | None = None
