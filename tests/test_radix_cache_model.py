@@ -2,7 +2,7 @@
 
 Every eviction policy runs it; LRU order is checked for ``lru``, exact frees for trimming policies.
 With per-node states (a hybrid model's snapshots) the model also keeps which prefixes have a state,
-in LRU order within a budget, and a match must end at the longest matched prefix that has one.
+the least recently used going first within a budget, and a match must end at the longest matched prefix that has one.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class State(NamedTuple):
 
 class Harness:
     """Drives a RadixCache like an engine would and keeps the model: page-aligned prefix -> page id
-    (and, with ``max_states``, prefix -> state in LRU order, at most that many)."""
+    (and, with ``max_states``, prefix -> state, at most that many: the least recently used prefix's
+    state goes first, the tree's ``lru`` order, which ranks states too)."""
 
     def __init__(self, ps: int, policy: str = "lru", max_states: int | None = None) -> None:
         self.ps = ps
@@ -113,13 +114,13 @@ class Harness:
         removed = before.keys() - after.keys()
         assert freed == len(removed) and not removed & locked
         assert freed >= n if evictable >= n else freed == evictable
-        if self.tree.policy.trim:  # only the tail pages needed go
-            assert freed == min(n, evictable)
+        held = set(self.states) if self.max_states else set()
+        if self.tree.policy.trim:  # only the tail pages needed go, unless the last victim ends at a state
+            assert freed == min(n, evictable) or (freed > n and any(ends[p] in held for p in removed))
         assert all(self.tree.allocator.is_free(before[p]) for p in removed)
         if self.tree.policy.name == "lru":
             # nothing evicted was used more recently than a leaf that could have gone instead, within
             # each class: with states, leaves no match can end at (no state at their node's end) go first
-            held = set(self.states) if self.max_states else set()
             left = [path_tokens(leaf) for leaf in self.tree._evictable]
             gone_cls = {p: ends[p] in held for p in removed}
             for cls in (False, True):
@@ -167,8 +168,8 @@ class Harness:
                 if tokens[:n] in self.states:  # the same prefix's state is kept, now recently used
                     self.states.move_to_end(tokens[:n])
                     continue
-                while len(self.states) >= self.max_states:
-                    self.states.popitem(last=False)
+                while len(self.states) >= self.max_states:  # the least recently used prefix's state
+                    del self.states[min(self.states, key=lambda q: self.stamps.get(q, 0))]
                 self.states[tokens[:n]] = state
         if m is not None:
             self.tree.unlock(m.handle)
