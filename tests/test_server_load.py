@@ -56,10 +56,9 @@ async def _client(
         )
 
 
-async def _load(url: str) -> dict:
-    tally: dict = {"done": 0, "refused": 0, "cached": 0, "prompt": 0, "rows": []}
-    budget = [MAX_REQUESTS]
-    deadline = time.monotonic() + DURATION_S
+async def _load(url: str, seconds: float, tally: dict) -> dict:
+    budget = [MAX_REQUESTS // 2]
+    deadline = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=CLIENTS + 4)
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         await asyncio.gather(*(_client(k, http, url, deadline, budget, tally) for k in range(CLIENTS)))
@@ -72,9 +71,16 @@ def test_32_streaming_clients_for_60s(tmp_path):
     try:
         proc = psutil.Process(server.proc.pid)
         asyncio.run(_load_warmup(server.url))
-        rss_before = proc.memory_info().rss
+        rss_start = proc.memory_info().rss
         t0 = time.monotonic()
-        tally = asyncio.run(_load(server.url))
+        tally: dict = {"done": 0, "refused": 0, "cached": 0, "prompt": 0, "rows": []}
+        asyncio.run(_load(server.url, DURATION_S / 2, tally))
+        # growth is judged over the second half: the first fills the allocator's arenas and the
+        # kernels' per-shape caches (a server measured every ~500 requests: +168 MiB, then +37, +12,
+        # +19, +10; this test's second half +52 MiB once), so a bound of half the old whole-run one
+        rss_before = proc.memory_info().rss
+        done_before = tally["done"]
+        asyncio.run(_load(server.url, DURATION_S / 2, tally))
         elapsed = time.monotonic() - t0
         rss_after = proc.memory_info().rss
         kv = httpx.get(f"{server.url}/debug/kv", timeout=30).json()
@@ -82,8 +88,9 @@ def test_32_streaming_clients_for_60s(tmp_path):
         print(
             f"\nload: {tally['done']} completed, {tally['refused']} refused (503) in {elapsed:.1f}s; "
             f"cache hit {tally['cached'] / max(1, tally['prompt']):.0%}; "
-            f"RSS before {rss_before / 2**20:.0f} MiB, after {rss_after / 2**20:.0f} MiB "
-            f"({(rss_after - rss_before) / 2**20:+.1f} MiB); pages {kv['pages']}"
+            f"RSS at start {rss_start / 2**20:.0f} MiB, half-way {rss_before / 2**20:.0f} MiB, after "
+            f"{rss_after / 2**20:.0f} MiB ({(rss_after - rss_before) / 2**20:+.1f} MiB over the last "
+            f"{tally['done'] - done_before} requests); pages {kv['pages']}"
         )
         assert tally["done"] > 0
         # Accounting against an independent figure: every prompt starts with the same rendered system
@@ -101,7 +108,8 @@ def test_32_streaming_clients_for_60s(tmp_path):
         assert kv["pages"]["evictable_pages"] == kv["pages"]["tree_pages"]  # no request still locks a page
         assert kv["stats"]["running"] == 0 and kv["stats"]["waiting"] == 0
         assert health["in_flight"] == 0
-        assert rss_after - rss_before < 200 * 2**20  # stable: no growth with the request count
+        assert tally["done"] > done_before  # the second half served requests too
+        assert rss_after - rss_before < 100 * 2**20  # stable: no growth with the request count
         assert "Traceback" not in server.log()
     finally:
         server.stop()
