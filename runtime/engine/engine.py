@@ -100,14 +100,10 @@ class Engine:
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
-            self.cache,
-            cfg.chunk_size,
-            cfg.max_running,
-            cfg.schedule_policy,
-            make_drafter(model_states.speculative_mode(self.runner, cfg)),
-            cfg.tenant_chunk_size,
+            self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy,
+            make_drafter(model_states.speculative_mode(self.runner, cfg)), cfg.tenant_chunk_size,
             tenant_step_s=cfg.tenant_step_s,
-        )
+        )  # fmt: skip
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
