@@ -279,10 +279,13 @@ class Engine:
 
     def load(self) -> tuple[int, int, int, int]:
         """(running, waiting, used pages, total pages), read from any thread without waiting for a
-        step (a router polls it; a figure a step old is good enough, a stalled poll is not)."""
+        step (a router polls it; a figure a step old is good enough, a stalled poll is not).  Used
+        pages are those requests and pins hold: the cached pages nobody holds are free for the next
+        request, and a pool full of them is the steady state, not a full replica (a gateway that read
+        it as full stopped routing to every replica whose cache had filled)."""
         waiting = len(self.scheduler.waiting) + self._inbox.qsize()
         total = self.cache.allocator.num_pages
-        return len(self.scheduler.running), waiting, total - self.cache.allocator.num_free, total
+        return len(self.scheduler.running), waiting, total - self.cache.available(), total
 
     def stats(self) -> EngineStats:
         t = self._totals
