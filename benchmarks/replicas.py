@@ -44,6 +44,9 @@ from benchmarks.common import base_parser, median, model_dir, percentile, progre
 from benchmarks.ttft_multiturn import _text
 
 MODEL = "smol"
+SWEEP_CASES = ["single", "cache_aware_3", "manual_3", "round_robin_3"]
+ALL_CASES = ["single", "cache_aware_2", "manual_2", "round_robin_2", "cache_aware_3", "manual_3", "session_hash_3",
+             "round_robin_3"]  # fmt: skip
 
 
 def sessions(tokenizer, n: int, turns: int, system_tokens: int, turn_tokens: int) -> list[list[list[dict]]]:
@@ -135,6 +138,11 @@ def served(urls: list[str]) -> list[int]:
     return out
 
 
+def pool_tokens(url: str) -> int:
+    """The replica's KV pool in tokens (its ``/v1/loads``)."""
+    return httpx.get(url + "/v1/loads", timeout=10).json()["loads"][0]["max_total_num_tokens"]
+
+
 def reset(urls: list[str]) -> None:
     for u in urls:
         httpx.post(u + "/v1/cache/reset", json={}, timeout=120).raise_for_status()
@@ -162,20 +170,26 @@ def summary(records: list[dict], system_len: int = 0) -> dict:
             "ttft_p90_s": round(percentile(ttfts, 90), 4) if ttfts else None}  # fmt: skip
 
 
-def routing(cluster, convs, args) -> dict:
+def routing(cluster, convs, args, cases_run: list[str]) -> dict:
     from runtime.cluster.services import start_gateway
 
     out = {}
-    cases = [("single", 1, None), ("cache_aware_2", 2, "cache_aware"), ("round_robin_2", 2, "round_robin"),
-             ("cache_aware_3", 3, "cache_aware"), ("session_hash_3", 3, "consistent_hashing"),
-             ("round_robin_3", 3, "round_robin")]  # fmt: skip
-    for name, n, policy in cases:
+    # SMG's manual policy: a conversation's routing key (X-SMG-Routing-Key) pinned to one worker, a new
+    # key given to the worker with the fewest requests (exact session affinity, balanced)
+    manual = ["--assignment-mode", "min_load"]
+    cases = [("single", 1, None, []), ("cache_aware_2", 2, "cache_aware", []), ("manual_2", 2, "manual", manual),
+             ("round_robin_2", 2, "round_robin", []), ("cache_aware_3", 3, "cache_aware", []),
+             ("manual_3", 3, "manual", manual), ("session_hash_3", 3, "consistent_hashing", []),
+             ("round_robin_3", 3, "round_robin", [])]  # fmt: skip
+    for name, n, policy, extra in cases:
+        if name not in cases_run:
+            continue
         urls = cluster.urls[:n]
         reset(cluster.urls)
         gw, url = (
             (None, urls[0])
             if policy is None
-            else start_gateway(cluster.workdir, urls, policy, extra=args.gateway_args)
+            else start_gateway(cluster.workdir, urls, policy, extra=args.gateway_args + extra)
         )
         try:
             before = served(urls)
@@ -234,7 +248,8 @@ def failover(cluster, convs, args) -> dict:
             # under load: every session's turn 5 arrives at once on the two survivors; the cold figure is
             # each prompt alone afterwards, so the two are not comparable (see "restarted_replica")
             "ttft_median_s_under_load": round(median([r["ttft_s"] for r in ok5]), 4) if ok5 else None,
-            "cold_ttft_median_s_alone": round(median([c["ttft_s"] for c in cold if "error" not in c]), 4) if cold else None,
+            "cold_ttft_median_s_alone": round(median([c["ttft_s"] for c in cold if "error" not in c]), 4) if any("error" not in c for c in cold) else None,
+            "cold_errors": [c["error"] for c in cold if "error" in c],
             "cold_cached_tokens": [c.get("cached") for c in cold],
         },
         "moved_turns_6_8": summary([recs[s][t] for s in moved for t in range(5, args.turns)]),
@@ -289,7 +304,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["routing", "failover", "store"],
         default=["routing", "failover", "store"],
     )
-    p.add_argument("--think-s", type=float, default=0.5, help="most seconds a session waits before a turn")
+    p.add_argument("--think-s", type=float, default=4.0, help="most seconds a session waits before a turn")
+    p.add_argument(
+        "--pool-shares",
+        type=float,
+        nargs="+",
+        default=[0.35, 0.5, 0.0],
+        help="each replica's KV pool as a share of the sessions' working set, one cluster each (0: the serve "
+        "default, 1G: every session fits); the first share also runs the 2-replica and hashing cases",
+    )
+    p.add_argument("--cases", nargs="*", default=[], help="routing cases to run (default: see --pool-shares)")
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.turn_tokens, args.store_pages = 4, 6, 200, 60, 64
@@ -303,6 +327,7 @@ def run(args: argparse.Namespace) -> dict:
     from benchmarks.store_throughput import compare
     from runtime.cluster.cluster import Cluster
     from runtime.loading.tokenizer import load_tokenizer
+    from runtime.models.config import ModelConfig
 
     model = model_dir()
     threads = args.threads or 1
@@ -312,29 +337,45 @@ def run(args: argparse.Namespace) -> dict:
     convs = sessions(tok, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
     system = tok.apply_chat_template(convs[0][0][:1], tokenize=True, return_dict=True)["input_ids"]
     args.system_len = len(system) // 16 * 16  # the shared system prompt, page-rounded
+    finals = [tok.apply_chat_template(c[-1], tokenize=True, return_dict=True)["input_ids"] for c in convs]
+    working_set = args.system_len + sum(len(f) - args.system_len for f in finals)  # distinct prompt tokens
     work = Path(tempfile.mkdtemp(prefix="kvreuse-replicas-"))
     serve = ["--dtype", "float32", "--served-model-name", MODEL, "--no-ui", "--max-waiting", "256"]
     results: dict = {"dtype": "float32", "threads_per_replica": threads, "replicas": 3,
-                     "workload": {k: getattr(args, k) for k in ("sessions", "turns", "system_tokens", "turn_tokens")},
-                     "gateway": "smg launch " + " ".join(args.gateway_args)}  # fmt: skip
-    with Cluster(3, serve, store_memory="4gb", workdir=work, port=None) as cluster:
-        if "routing" in args.phases:
-            results["routing"] = routing(cluster, convs, args)
-        if "failover" in args.phases:
-            results["failover"] = failover(cluster, convs, args)
-        if "store" in args.phases:
-            results["store"] = compare(cluster.store_url, work, model, args.store_pages)
+                     "workload": {k: getattr(args, k) for k in ("sessions", "turns", "system_tokens", "turn_tokens", "think_s")},
+                     "working_set_tokens": working_set, "gateway": "smg launch " + " ".join(args.gateway_args),
+                     "routing": {}}  # fmt: skip
+    per_token = ModelConfig.from_dir(model).kv_bytes_per_token(4)
+    for i, share in enumerate(args.pool_shares):
+        # the regime routing is for: one replica's pool holds part of the sessions, not all of them
+        pool = ["--kv-cache-memory", str(int(share * working_set * per_token))] if share else []
+        cases = args.cases or (ALL_CASES if i == 0 else SWEEP_CASES)
+        with Cluster(3, serve + pool, store_memory="4gb", workdir=work, port=None) as cluster:
+            key = f"pool_share_{share}"
+            progress(f"{key}: {pool_tokens(cluster.urls[0])} pool tokens per replica")
+            if "routing" in args.phases:
+                results["routing"][key] = {"pool_tokens_per_replica": pool_tokens(cluster.urls[0]),
+                                           **routing(cluster, convs, args, cases)}  # fmt: skip
+            if i == 0 and "failover" in args.phases:
+                results["failover"] = failover(cluster, convs, args)
+            if i == 0 and "store" in args.phases:
+                results["store"] = compare(cluster.store_url, work, model, args.store_pages)
     if {"routing", "failover"} - set(args.phases):
         return results
-    r = results["routing"]
     f = results["failover"]["moved_turn5"]
+    ratios = {}
+    for key, r in results["routing"].items():
+        rr = r.get("round_robin_3")
+        for name, c in r.items() if rr else ():
+            if name.endswith("_3") and name != "round_robin_3":
+                ratios[f"{key}/{name}_over_round_robin_3"] = {
+                    k: round(c[k] / max(rr[k], 1e-9), 2) for k in ("hit_rate", "pool_hit_rate", "session_pool_hit_rate")}  # fmt: skip
+    errors = sum(c["errors"] for r in results["routing"].values() for c in r.values() if isinstance(c, dict))
     results["goals"] = {
-        "cache_aware_over_round_robin_pool_hit_rate_3": round(r["cache_aware_3"]["pool_hit_rate"] / max(r["round_robin_3"]["pool_hit_rate"], 1e-9), 2),
-        "cache_aware_over_round_robin_session_pool_hit_rate_3": round(r["cache_aware_3"]["session_pool_hit_rate"] / max(r["round_robin_3"]["session_pool_hit_rate"], 1e-9), 2),
-        "session_hash_over_round_robin_session_pool_hit_rate_3": round(r["session_hash_3"]["session_pool_hit_rate"] / max(r["round_robin_3"]["session_pool_hit_rate"], 1e-9), 2),
+        **ratios,
         "moved_session_min_shared_share": min(f["shared_share_of_previous_prompt"], default=None),
         "moved_session_min_cached_share": min(f["cached_share_of_previous_prompt"], default=None),
-        "errors_outside_the_kill": len(results["failover"]["errors"]) + sum(v["errors"] for v in r.values()),
+        "errors_outside_the_kill": len(results["failover"]["errors"]) + errors,
     }  # fmt: skip
     progress(f"goals: {results['goals']}")
     return results
