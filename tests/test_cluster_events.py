@@ -1,0 +1,179 @@
+"""``kvreuse cluster --routing events``: SMG over two gRPC workers, routing by their KV cache events.
+
+Real processes: two ``kvreuse serve --grpc-port`` replicas of a tiny model and ``smg launch`` with
+``grpc://`` workers.  The test subscribes to each replica's event stream itself (as the gateway
+does) and checks what it reports against the prompts it sent: the pages stored are the prompt's
+pages, a session's next turn goes where its pages are, evictions and a reset are reported, and a
+chat through the gateway gives the tokens the replica's own HTTP API gives.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import httpx
+import pytest
+from openai import OpenAI
+from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2_grpc
+
+from chat_templates.render import render
+from runtime.cluster.cluster import Cluster
+from runtime.server.templates import resolve_template
+from tests.helpers import make_tiny_model, metric_value
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+PS = 16
+
+
+class Subscriber:
+    """One replica's ``SubscribeKvEvents`` read on a thread: live blocks by hash, and what was removed."""
+
+    def __init__(self, grpc_url: str) -> None:
+        self.channel = grpc.insecure_channel(grpc_url.removeprefix("grpc://"))
+        stub = vllm_engine_pb2_grpc.VllmEngineStub(self.channel)
+        self.call = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
+        self.live: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # hash -> parent, tokens
+        self.removed: list[int] = []
+        self.cleared = 0
+        self.errors: list[AssertionError] = []  # a broken invariant, raised on the reader thread
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for batch in self.call:
+                with self.lock:
+                    for ev in batch.events:
+                        self._apply(ev)
+        except grpc.RpcError:
+            pass  # cancelled at the end
+        except AssertionError as e:
+            self.errors.append(e)
+
+    def _apply(self, ev: common_pb2.KvCacheEvent) -> None:
+        kind = ev.WhichOneof("data")
+        if kind == "stored":
+            parent = ev.stored.parent_block_hash if ev.stored.HasField("parent_block_hash") else None
+            for b in ev.stored.blocks:
+                assert b.block_size == PS and len(b.token_ids) == PS
+                assert b.block_hash not in self.live, "a page stored twice"
+                self.live[b.block_hash] = (parent, tuple(b.token_ids))
+                parent = b.block_hash
+        elif kind == "removed":
+            for h in ev.removed.block_hashes:
+                assert h in self.live, "a page removed that was never stored"
+                del self.live[h]
+                self.removed.append(h)
+        else:
+            self.live.clear()
+            self.cleared += 1
+
+    def prefixes(self) -> set[tuple[int, ...]]:
+        """Every live block's whole prefix, rebuilt through its parents."""
+        with self.lock:
+            out = set()
+            for h in self.live:
+                toks: list[int] = []
+                node: int | None = h
+                while node is not None:
+                    parent, tokens = self.live[node]
+                    toks[:0] = tokens
+                    node = parent
+                out.add(tuple(toks))
+            return out
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.channel.close()
+
+
+def wait_for(cond, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out waiting for cache events"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    model = make_tiny_model(tmp_path_factory.mktemp("cl") / "m", vocab=49152)
+    serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
+             "--kv-cache-memory", "1M", "--no-ui"]  # fmt: skip
+    # no warm-up slice: with it the gateway sends some cache hits to an empty replica on purpose
+    gateway = ["--worker-warmup-secs", "0", "--worker-warmup-divert-every", "0"]
+    with Cluster(2, serve, shared_store="none", workdir=tmp_path_factory.mktemp("run"), gateway_args=gateway,
+                 routing="events") as c:  # fmt: skip
+        subs = [Subscriber(u) for u in c.worker_urls]
+        c.subs = subs
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model))
+        source = resolve_template(tok, None).source  # the HTTP route's prompt, made as it makes it
+        c.render = lambda messages: list(render(tok, messages, template=source).token_ids)
+        yield c
+        for s in subs:
+            s.close()
+
+
+def served(cluster) -> list[int]:
+    return [int(metric_value(httpx.get(u + "/metrics").text, "kvreuse_requests_total")) for u in cluster.urls]
+
+
+def test_a_session_goes_where_its_pages_are_and_they_are_the_prompts_pages(cluster):
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
+    for s in range(3):
+        system = {"role": "system", "content": f"Agent {s}: follow the repository rules. " * 12}
+        messages = [system, {"role": "user", "content": f"List the files in src/{s} and explain each one."}]
+        before = served(cluster)
+        first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+        ids = cluster.render(messages)
+        assert first.usage.prompt_tokens == len(ids)
+        pages = tuple(ids[: len(ids) // PS * PS])
+        wait_for(lambda p=pages: any(p in sub.prefixes() for sub in cluster.subs))
+        holders = [i for i, sub in enumerate(cluster.subs) if pages in sub.prefixes()]
+        after = served(cluster)
+        assert holders == [next(i for i in range(2) if after[i] > before[i])]  # where it ran, only there
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "Now the tests."}]  # fmt: skip
+        second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+        final = served(cluster)
+        assert final[holders[0]] == after[holders[0]] + 1, (s, before, after, final)
+        assert second.usage.prompt_tokens_details.cached_tokens >= len(pages)
+    assert not any(sub.errors for sub in cluster.subs)
+
+
+def test_evictions_and_a_reset_are_reported_to_the_gateway(cluster):
+    sub, url = cluster.subs[0], cluster.urls[0]
+    stored = set(sub.live)
+    for i in range(8):  # ~500-token prompts into a 128-page pool: the oldest prefixes are evicted
+        prompt = f"Document {i}. " + " ".join(f"w{i}x{j}" for j in range(100))
+        r = httpx.post(
+            url + "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+    wait_for(lambda: len(sub.removed) > 0)
+    assert set(sub.removed) & stored, "the first prefixes cached were among the evicted"
+    assert not set(sub.removed) & set(sub.live) and not sub.errors
+    labels = f'{{worker="{cluster.worker_urls[0]}",op="removed"}}'
+
+    def gateway_applied_removals() -> bool:
+        text = httpx.get(cluster.gateway.metrics_url).text
+        return labels in text and metric_value(text, "smg_kv_event_blocks_total", labels) > 0
+
+    wait_for(gateway_applied_removals)
+    httpx.post(url + "/v1/cache/reset", json={}).raise_for_status()
+    wait_for(lambda: sub.cleared >= 2)  # the first came with the subscription's snapshot
+    assert sub.live == {} and not sub.errors
+
+
+def test_a_chat_through_the_gateway_gives_the_replicas_own_tokens(cluster):
+    messages = [{"role": "user", "content": "Summarise the build log in one line, please."}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": 12, "temperature": 0}
+    via = httpx.post(cluster.url + "/v1/chat/completions", json=body, timeout=60).json()
+    direct = httpx.post(cluster.urls[1] + "/v1/chat/completions", json=body, timeout=60).json()
+    assert via["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert via["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"] == len(cluster.render(messages))
+    assert via["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"] == 12
