@@ -16,10 +16,11 @@ import grpc
 import httpx
 import pytest
 from openai import OpenAI
-from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2_grpc
+from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
 from chat_templates.render import render
 from runtime.cluster.cluster import Cluster
+from runtime.cluster.services import free_port, launch_replica, wait_replica
 from runtime.server.templates import resolve_template
 from tests.helpers import make_tiny_model, metric_value
 
@@ -36,6 +37,7 @@ class Subscriber:
         self.call = stub.SubscribeKvEvents(common_pb2.SubscribeKvEventsRequest())
         self.live: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # hash -> parent, tokens
         self.removed: list[int] = []
+        self.salts: dict[int, str | None] = {}  # hash -> the namespace it was stored in
         self.cleared = 0
         self.errors: list[AssertionError] = []  # a broken invariant, raised on the reader thread
         self.lock = threading.Lock()
@@ -61,6 +63,7 @@ class Subscriber:
                 assert b.block_size == PS and len(b.token_ids) == PS
                 assert b.block_hash not in self.live, "a page stored twice"
                 self.live[b.block_hash] = (parent, tuple(b.token_ids))
+                self.salts[b.block_hash] = ev.stored.cache_salt if ev.stored.HasField("cache_salt") else None
                 parent = b.block_hash
         elif kind == "removed":
             for h in ev.removed.block_hashes:
@@ -116,6 +119,11 @@ def cluster(tmp_path_factory):
         yield c
         for s in subs:
             s.close()
+
+
+def test_events_routing_refuses_api_keys_in_one_line():
+    with pytest.raises(ValueError, match="does not pass a client's key to gRPC workers"):
+        Cluster(2, ["--api-key", "k"], routing="events")
 
 
 def served(cluster) -> list[int]:
@@ -177,3 +185,34 @@ def test_a_chat_through_the_gateway_gives_the_replicas_own_tokens(cluster):
     assert via["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
     assert via["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"] == len(cluster.render(messages))
     assert via["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"] == 12
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
+    stream = client.chat.completions.create(**body, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == direct["choices"][0]["message"]["content"]  # deltas neither lost nor told twice
+
+
+def test_a_tenants_pages_carry_its_namespace_and_no_key_is_refused(cluster, tmp_path):
+    (tmp_path / "keys").write_text("k1 alice\n")
+    port = free_port()
+    svc, url = launch_replica(tmp_path, 9, cluster.serve_args + ["--api-key-file", str(tmp_path / "keys")],
+                              grpc_port=port)  # fmt: skip
+    try:
+        wait_replica(svc, url)
+        sub = Subscriber(f"grpc://127.0.0.1:{port}")
+        stub = vllm_engine_pb2_grpc.VllmEngineStub(sub.channel)
+        ids = list(range(100, 150))
+        req = vllm_engine_pb2.GenerateRequest(
+            request_id="t1", tokenized=vllm_engine_pb2.TokenizedInput(input_ids=ids), stream=True,
+            sampling_params=vllm_engine_pb2.SamplingParams(temperature=0, max_tokens=3),
+        )  # fmt: skip
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(req))
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        out = list(stub.Generate(req, metadata=[("authorization", "Bearer k1")]))
+        assert [o.WhichOneof("response") for o in out] == ["chunk"] * 3 + ["complete"]
+        assert out[-1].complete.finish_reason == "length" and out[-1].complete.prompt_tokens == 50
+        wait_for(lambda: tuple(ids[:48]) in sub.prefixes())
+        assert set(sub.salts.values()) == {"alice"} and not sub.errors
+        sub.close()
+    finally:
+        svc.stop()

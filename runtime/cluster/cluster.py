@@ -48,6 +48,11 @@ class Cluster:
             raise ValueError(f"--replicas must be >= 1, got {replicas}")
         if routing not in ROUTINGS:
             raise ValueError(f"--routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        if routing == "events" and {"--api-key", "--api-key-file", "--operator-key"} & set(serve_args):
+            # SMG sends no client credentials over gRPC: every request would be refused (UNAUTHENTICATED)
+            raise ValueError(
+                "--routing events cannot serve API keys: SMG does not pass a client's key to gRPC workers"
+            )
         self.routing = routing
         self.n, self.serve_args, self.policy, self.port = replicas, list(serve_args), policy, port
         self.shared_store, self.store_memory, self.gateway_args = shared_store, store_memory, gateway_args
