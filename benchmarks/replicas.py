@@ -11,7 +11,9 @@ reset caches (``/v1/cache/reset`` on each replica, which also empties the shared
   all share, then each its own user/assistant turns, append-only; one token generated: TTFT is what is
   measured), streamed through the gateway: a single replica (no gateway), then 2 and 3 replicas with
   SMG's ``cache_aware`` (its approximate text tree per replica) and ``round_robin`` policies, and at 3
-  replicas ``consistent_hashing`` on a session key (``X-SMG-Routing-Key``: exact session affinity).  Token hit rate (cached / prompt tokens), split
+  replicas ``consistent_hashing`` on a session key (``X-SMG-Routing-Key``: exact session affinity);
+  with ``--events``, ``cache_aware`` again at 2 and 3 replicas over their gRPC fronts, its index
+  built from their KV cache events (exact) instead of its own tree of the text.  Token hit rate (cached / prompt tokens), split
   into the replica's own pool and the shared tier; TTFT median / p90; requests per replica.
 * **failover**: 3 replicas, cache-aware; turns 1-4 of every session (turn 4 sent one session at a
   time, to see which replica holds each), the replica holding the most sessions SIGKILLed, turns 5-8.
@@ -169,13 +171,16 @@ def routing(cluster, convs, args) -> dict:
     cases = [("single", 1, None), ("cache_aware_2", 2, "cache_aware"), ("round_robin_2", 2, "round_robin"),
              ("cache_aware_3", 3, "cache_aware"), ("session_hash_3", 3, "consistent_hashing"),
              ("round_robin_3", 3, "round_robin")]  # fmt: skip
+    if args.events:  # the same policy over gRPC, its index built from the replicas' KV cache events
+        cases += [("events_cache_aware_2", 2, "cache_aware"), ("events_cache_aware_3", 3, "cache_aware")]
     for name, n, policy in cases:
         urls = cluster.urls[:n]
+        workers = (cluster.worker_urls if name.startswith("events_") else cluster.urls)[:n]
         reset(cluster.urls)
         gw, url = (
             (None, urls[0])
             if policy is None
-            else start_gateway(cluster.workdir, urls, policy, extra=args.gateway_args)
+            else start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args)
         )
         try:
             before = served(urls)
@@ -290,6 +295,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=["routing", "failover", "store"],
     )
     p.add_argument("--think-s", type=float, default=0.5, help="most seconds a session waits before a turn")
+    p.add_argument(
+        "--events", action="store_true",
+        help="replicas also serve SMG's gRPC engine service (kvreuse cluster --routing events), and the routing "
+        "phase adds cache_aware over grpc:// workers at 2 and 3 replicas, routed by their KV cache events",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.turn_tokens, args.store_pages = 4, 6, 200, 60, 64
@@ -317,7 +327,9 @@ def run(args: argparse.Namespace) -> dict:
     results: dict = {"dtype": "float32", "threads_per_replica": threads, "replicas": 3,
                      "workload": {k: getattr(args, k) for k in ("sessions", "turns", "system_tokens", "turn_tokens")},
                      "gateway": "smg launch " + " ".join(args.gateway_args)}  # fmt: skip
-    with Cluster(3, serve, store_memory="4gb", workdir=work, port=None) as cluster:
+    results["routing_index"] = "approx + events" if args.events else "approx"
+    with Cluster(3, serve, store_memory="4gb", workdir=work, port=None,
+                 routing="events" if args.events else "approx") as cluster:  # fmt: skip
         if "routing" in args.phases:
             results["routing"] = routing(cluster, convs, args)
         if "failover" in args.phases:
@@ -336,6 +348,12 @@ def run(args: argparse.Namespace) -> dict:
         "moved_session_min_cached_share": min(f["cached_share_of_previous_prompt"], default=None),
         "errors_outside_the_kill": len(results["failover"]["errors"]) + sum(v["errors"] for v in r.values()),
     }  # fmt: skip
+    if args.events:
+        results["goals"]["events_over_approx_session_pool_hit_rate_3"] = round(
+            r["events_cache_aware_3"]["session_pool_hit_rate"]
+            / max(r["cache_aware_3"]["session_pool_hit_rate"], 1e-9),
+            2,
+        )
     progress(f"goals: {results['goals']}")
     return results
 
