@@ -151,6 +151,9 @@ def test_a_session_goes_where_its_pages_are_and_they_are_the_prompts_pages(clust
         assert final[holders[0]] == after[holders[0]] + 1, (s, before, after, final)
         assert second.usage.prompt_tokens_details.cached_tokens >= len(pages)
     assert not any(sub.errors for sub in cluster.subs)
+    # routed by the index the events built, not by a fallback
+    text = httpx.get(cluster.gateway.metrics_url).text
+    assert metric_value(text, "smg_cache_aware_policy_branch_total", '{branch="event_hit"}') >= 3
 
 
 def test_evictions_and_a_reset_are_reported_to_the_gateway(cluster):
