@@ -219,3 +219,39 @@ def test_a_tenants_pages_carry_its_namespace_and_no_key_is_refused(cluster, tmp_
         sub.close()
     finally:
         svc.stop()
+
+
+def test_a_restarted_replica_is_taken_back_and_streams_its_events_again(cluster):
+    cluster.subs[1].close()
+    cluster.kill_replica(1)
+    cluster.restart_replica(1)  # the same ports; registered again under its grpc:// URL
+    sub = Subscriber(cluster.worker_urls[1])
+    try:
+        wait_for(lambda: sub.cleared == 1, 30)  # a fresh replica's snapshot: cleared, nothing cached
+        assert sub.live == {}
+
+        labels = f'{{worker="{cluster.worker_urls[1]}",reason="publisher_restart"}}'
+
+        def resynced() -> bool:  # the gateway subscribed again, saw a new publisher, dropped its old index
+            text = httpx.get(cluster.gateway.metrics_url).text
+            return labels in text and metric_value(text, "smg_kv_event_resyncs_total", labels) >= 1
+
+        wait_for(resynced, 30)
+        client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
+
+        def session(i: int) -> None:
+            messages = [{"role": "user", "content": f"Session {i}: " + "explain the failing test. " * 8}]
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=24, temperature=0)
+
+        # concurrent new sessions: nothing cached for them anywhere, so the gateway goes by load and
+        # the empty replica gets its share
+        threads = [threading.Thread(target=session, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert served(cluster)[1] > 0
+        wait_for(lambda: len(sub.live) >= 2)  # and what it ran, it reported
+        assert not sub.errors
+    finally:
+        sub.close()

@@ -159,7 +159,18 @@ def start_gateway(
 
     def ready() -> bool:  # every worker registered, so the first request has somewhere to go
         r = httpx.get(url + "/workers", timeout=2.0)
-        return r.status_code == 200 and len(r.json().get("workers", [])) >= len(worker_urls)
+        workers = r.json().get("workers", []) if r.status_code == 200 else []
+        if len(workers) < len(worker_urls):
+            return False
+        if not any(u.startswith("grpc://") for u in worker_urls):
+            return True
+        # gRPC workers: the gateway tokenizes, and loads their tokenizer after registering them (503s
+        # until then), so ready is when it tokenizes for their model
+        model = workers[0]["model_id"]
+        return (
+            httpx.post(url + "/v1/tokenize", json={"model": model, "prompt": "ok"}, timeout=2.0).status_code
+            == 200
+        )
 
     svc.wait_ready(ready, 60.0)
     return svc, url
