@@ -4,8 +4,8 @@ The gateway reaches it as ``grpc://host:port``; the HTTP routes (``/health``, ``
 OpenAI API) stay on ``--port``.  The tokenizer the gateway renders and tokenizes with is the model
 directory's tokenizer files plus the chat template this server renders with (as
 ``chat_template.jinja``), so a chat through the gateway becomes the prompt the HTTP route would make:
-written to a temporary directory named as ``tokenizer_path`` (a gateway on this host loads it from
-there) and sent zipped by ``GetTokenizer`` (one on another host).
+written to a directory under the cache directory named as ``tokenizer_path`` (a gateway on this host
+loads it from there) and sent zipped by ``GetTokenizer`` (one on another host).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
+from runtime.loading.model_source import cache_dir
 from runtime.server.grpc.kv_stream import KvEventHub
 from runtime.server.grpc.servicer import KvreuseVllmServicer
 from runtime.server.state import ServerState
@@ -49,6 +50,25 @@ def write_tokenizer_dir(model_dir: Path, chat_template: str, out: Path) -> None:
     (out / "chat_template.jinja").write_text(chat_template)
 
 
+def tokenizer_dir(model_dir: Path, chat_template: str) -> Path:
+    """That directory, under the cache directory by its content: written once, shared by every replica
+    of the model (a killed replica leaves nothing behind, a new one finds it)."""
+    h = hashlib.sha256(chat_template.encode())
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            h.update(name.encode() + b"\0" + (model_dir / name).read_bytes())
+    out = cache_dir() / "grpc-tokenizers" / h.hexdigest()[:16]
+    if not out.is_dir():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent))
+        write_tokenizer_dir(model_dir, chat_template, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:  # another replica wrote it first: the same content
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def tokenizer_zip(tokenizer_dir: Path) -> tuple[bytes, str]:
     """The gateway's tokenizer bundle and its SHA-256 (the shape of ``GetTokenizer``'s stream)."""
     buf = io.BytesIO()
@@ -65,8 +85,7 @@ async def grpc_worker(state: ServerState, host: str, port: int) -> AsyncIterator
     hub = KvEventHub(state.engine.page_size)
     if not hub.install(state.engine.cache.prefix):
         log.warning("the prefix cache keeps nothing (--prefix-cache): no KV events for the gateway")
-    tok_dir = Path(tempfile.mkdtemp(prefix="kvreuse-tokenizer-"))
-    write_tokenizer_dir(Path(state.engine.model_dir), state.template.source, tok_dir)
+    tok_dir = tokenizer_dir(Path(state.engine.model_dir), state.template.source)
     server = grpc.aio.server(options=[("grpc.max_send_message_length", 64 << 20)])
     servicer = KvreuseVllmServicer(state, hub, tok_dir, *tokenizer_zip(tok_dir))
     vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(servicer, server)
@@ -83,4 +102,3 @@ async def grpc_worker(state: ServerState, host: str, port: int) -> AsyncIterator
         yield server
     finally:
         await server.stop(grace=2.0)
-        shutil.rmtree(tok_dir, ignore_errors=True)
