@@ -79,34 +79,48 @@ def block_hash(parent: int, namespace: Hashable, tokens: tuple[int, ...]) -> int
 
 
 class PageEvents(CacheEvents):
-    """Turns the cache's node events into page events for ``sink`` (see the module docstring)."""
+    """Turns the cache's node events into page events for ``sink`` (see the module docstring).
+
+    The hash of each node's last page is kept by node uid, so a store costs the node's own pages, not
+    its whole prefix's: a node keeps its uid and its last page's prefix through a split (the upper
+    half is a new node), so an entry stays right until the node is evicted or the cache reset.
+    """
 
     def __init__(self, page_size: int, sink: Callable[[Event], None]) -> None:
         self.page_size, self.sink = page_size, sink
+        self._tails: dict[int, int] = {}  # node uid -> the chained hash of its last page
 
-    def _hashes(self, node: TreeNode) -> list[int]:
-        """The chained hash of every page from the root to the end of ``node``."""
-        path = []
-        n: TreeNode | None = node
-        while n is not None and n.parent is not None:  # the root holds no pages
-            path.append(n)
-            n = n.parent
-        hashes, h, ps = [], ROOT_HASH, self.page_size
-        for n in reversed(path):
-            for i in range(len(n.pages)):
-                h = block_hash(h, n.ns, n.key[i * ps : (i + 1) * ps])
-                hashes.append(h)
+    def _page_hashes(self, node: TreeNode, parent_hash: int) -> list[int]:
+        hashes, h, ps = [], parent_hash, self.page_size
+        for i in range(len(node.pages)):
+            h = block_hash(h, node.ns, node.key[i * ps : (i + 1) * ps])
+            hashes.append(h)
         return hashes
 
+    def _tail(self, node: TreeNode | None) -> int:
+        """The chained hash of the last page of ``node``'s prefix (``ROOT_HASH`` for the root)."""
+        path = []
+        while node is not None and node.parent is not None and node.uid not in self._tails:
+            path.append(node)
+            node = node.parent
+        h = ROOT_HASH if node is None or node.parent is None else self._tails[node.uid]
+        for n in reversed(path):
+            h = self._page_hashes(n, h)[-1]
+            self._tails[n.uid] = h
+        return h
+
     def stored(self, node: TreeNode) -> None:
-        hashes, ps = self._hashes(node), self.page_size
-        own = hashes[len(hashes) - len(node.pages) :]
-        parent = hashes[-len(node.pages) - 1] if len(hashes) > len(node.pages) else ROOT_HASH
-        blocks = [Block(h, tuple(node.key[i * ps : (i + 1) * ps])) for i, h in enumerate(own)]
+        parent = self._tail(node.parent)
+        hashes, ps = self._page_hashes(node, parent), self.page_size
+        self._tails[node.uid] = hashes[-1]
+        blocks = [Block(h, tuple(node.key[i * ps : (i + 1) * ps])) for i, h in enumerate(hashes)]
         self.sink(Stored(parent, blocks, node.ns))
 
     def removed(self, node: TreeNode) -> None:
-        self.sink(Removed(self._hashes(node)[-len(node.pages) :]))
+        hashes = self._page_hashes(node, self._tail(node.parent))
+        self._tails.pop(node.uid, None)
+        self.sink(Removed(hashes))
 
     def cleared(self) -> None:
+        self._tails.clear()
         self.sink(Cleared())
