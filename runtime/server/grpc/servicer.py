@@ -5,7 +5,8 @@ parameters; it runs on the same path an HTTP request does (admission, the caller
 session as its cache scope, ``Engine.make_request``, ``AsyncEngine.stream``) and its tokens go back
 as deltas.  Metadata ``authorization`` / ``x-api-key`` and ``x-session-id`` play the HTTP headers'
 parts.  Only what a text model behind the gateway needs is served: no n > 1, no logprobs, no
-structured-output constraints, no multimodal inputs (each refused with a one-line status).
+structured-output constraints, no multimodal inputs (each refused with a one-line status); penalties
+and ``min_p`` are ignored, as the HTTP API ignores fields it does not serve.
 """
 
 from __future__ import annotations
