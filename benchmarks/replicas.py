@@ -8,11 +8,15 @@ One ``kvreuse cluster`` of 3 replicas of the embedded model (fp32, CPU) and a Va
 reset caches (``/v1/cache/reset`` on each replica, which also empties the shared store).
 
 * **routing**: ``--sessions`` concurrent agent sessions of ``--turns`` turns (one system prompt they
-  all share, then each its own user/assistant turns, append-only; one token generated: TTFT is what is
-  measured), streamed through the gateway: a single replica (no gateway), then 2 and 3 replicas with
-  SMG's ``cache_aware`` (its approximate text tree per replica) and ``round_robin`` policies, and at 3
-  replicas ``consistent_hashing`` on a session key (``X-SMG-Routing-Key``: exact session affinity).  Token hit rate (cached / prompt tokens), split
-  into the replica's own pool and the shared tier; TTFT median / p90; requests per replica.
+  all share, then each its own user/assistant turns, append-only, a think time of up to ``--think-s``
+  before each; one token generated: TTFT is what is measured), streamed through the gateway, with each
+  replica's pool a share of the sessions' working set (``--pool-shares``; one cluster each): a single
+  replica (no gateway), then 2 and 3 replicas with SMG's ``cache_aware`` (its approximate text tree
+  per replica), ``events_cache_aware`` (the same policy over the replicas' gRPC fronts, its index
+  built from their KV cache events), ``manual`` (the session key ``X-SMG-Routing-Key`` pinned to a
+  worker, new keys to the least-loaded one), ``round_robin``, and at 3 replicas ``consistent_hashing``
+  on the session key.  Token hit rate (cached / prompt tokens), split into the replica's own pool and
+  the shared tier; TTFT median / p90; requests per replica.
 * **failover**: 3 replicas, cache-aware; turns 1-4 of every session (turn 4 sent one session at a
   time, to see which replica holds each), the replica holding the most sessions SIGKILLed, turns 5-8.
   For the moved sessions' turn 5: cached tokens by tier against the previous prompt, TTFT against a
@@ -44,9 +48,9 @@ from benchmarks.common import base_parser, median, model_dir, percentile, progre
 from benchmarks.ttft_multiturn import _text
 
 MODEL = "smol"
-SWEEP_CASES = ["single", "cache_aware_3", "manual_3", "round_robin_3"]
-ALL_CASES = ["single", "cache_aware_2", "manual_2", "round_robin_2", "cache_aware_3", "manual_3", "session_hash_3",
-             "round_robin_3"]  # fmt: skip
+SWEEP_CASES = ["single", "cache_aware_3", "events_cache_aware_3", "manual_3", "round_robin_3"]
+ALL_CASES = ["single", "cache_aware_2", "events_cache_aware_2", "manual_2", "round_robin_2", "cache_aware_3",
+             "events_cache_aware_3", "manual_3", "session_hash_3", "round_robin_3"]  # fmt: skip
 
 
 def sessions(tokenizer, n: int, turns: int, system_tokens: int, turn_tokens: int) -> list[list[list[dict]]]:
@@ -180,16 +184,19 @@ def routing(cluster, convs, args, cases_run: list[str]) -> dict:
     cases = [("single", 1, None, []), ("cache_aware_2", 2, "cache_aware", []), ("manual_2", 2, "manual", manual),
              ("round_robin_2", 2, "round_robin", []), ("cache_aware_3", 3, "cache_aware", []),
              ("manual_3", 3, "manual", manual), ("session_hash_3", 3, "consistent_hashing", []),
-             ("round_robin_3", 3, "round_robin", [])]  # fmt: skip
+             ("round_robin_3", 3, "round_robin", []),
+             # the same policy over the replicas' gRPC fronts, its index built from their KV cache events
+             ("events_cache_aware_2", 2, "cache_aware", []), ("events_cache_aware_3", 3, "cache_aware", [])]  # fmt: skip
     for name, n, policy, extra in cases:
         if name not in cases_run:
             continue
         urls = cluster.urls[:n]
+        workers = (cluster.worker_urls if name.startswith("events_") else cluster.urls)[:n]
         reset(cluster.urls)
         gw, url = (
             (None, urls[0])
             if policy is None
-            else start_gateway(cluster.workdir, urls, policy, extra=args.gateway_args + extra)
+            else start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra)
         )
         try:
             before = served(urls)
@@ -350,7 +357,9 @@ def run(args: argparse.Namespace) -> dict:
         # the regime routing is for: one replica's pool holds part of the sessions, not all of them
         pool = ["--kv-cache-memory", str(int(share * working_set * per_token))] if share else []
         cases = args.cases or (ALL_CASES if i == 0 else SWEEP_CASES)
-        with Cluster(3, serve + pool, store_memory="4gb", workdir=work, port=None) as cluster:
+        with Cluster(
+            3, serve + pool, store_memory="4gb", workdir=work, port=None, routing="events"
+        ) as cluster:
             key = f"pool_share_{share}"
             progress(f"{key}: {pool_tokens(cluster.urls[0])} pool tokens per replica")
             if "routing" in args.phases:

@@ -22,6 +22,8 @@ tree's pages mean:
   candidate leaves, never a walk of the whole tree.
 * Namespaces (``runtime/cache/radix_tree.py``): ``match``/``insert`` take the request's ``CacheScope``
   (its namespace and how many leading tokens are public), so tenants never match each other's prefixes.
+* ``events`` (``runtime/cache/events.py``) is told of every node inserted, every node evicted (before
+  it is detached) and every reset: a gateway's index of what this cache holds is built from them.
 * ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
   shared prefixes once); ``runtime/cache/pins.py`` gives pins owners, TTLs and a page budget.
 * Per-node extra state (``states``: a ``runtime.cache.node_states.NodeStates``; a hybrid model's
@@ -39,6 +41,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from runtime.cache.events import CacheEvents
 from runtime.cache.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
 from runtime.cache.node_states import NodeState, NodeStates, NoNodeStates
 from runtime.cache.page_allocator import PageAllocator
@@ -74,6 +77,7 @@ class RadixCache(NoTiers, RadixTree):
         # every page boundary resumes)
         self.states = states if states is not None else NoNodeStates()
         self.states.rank = lambda node: self.policy.priority(node, self._clock)
+        self.events = CacheEvents()  # told of every node added and evicted (``runtime/cache/events.py``)
 
     @property
     def total_pages(self) -> int:
@@ -169,6 +173,7 @@ class RadixCache(NoTiers, RadixTree):
             self._total_pages += len(leaf.pages)
             self._refresh(node)
             self._refresh(leaf)
+            self.events.stored(leaf)
             node, pos = leaf, end
         for n, state in extra:
             self._attach(tokens[:n], state, scope)
@@ -224,6 +229,7 @@ class RadixCache(NoTiers, RadixTree):
             parent = leaf.parent
             assert parent is not None
             self._before_evict(leaf)
+            self.events.removed(leaf)
             self.states.drop(leaf)
             del parent.children[(leaf.ns, leaf.key[: self.page_size])]
             self._evictable.discard(leaf)
@@ -254,6 +260,7 @@ class RadixCache(NoTiers, RadixTree):
             self.policy.removed(node)
             node.parent = None
         self.root.children.clear()
+        self.events.cleared()
         self.states.reset()
         self._evictable.clear()
         self._total_pages = 0

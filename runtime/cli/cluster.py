@@ -10,7 +10,10 @@
 Clients talk to the gateway (OpenAI API); it routes each request to the replica whose cache most
 likely holds its prefix (SMG's approximate radix tree per worker, balanced by the load each replica
 reports at ``/v1/loads``).  A replica that exits is started again on its port; meanwhile the gateway
-sends its sessions elsewhere and they read their prefixes from the shared tier.  Ctrl-C / SIGTERM
+sends its sessions elsewhere and they read their prefixes from the shared tier.  With ``--routing
+events`` each replica also serves SMG's gRPC engine service (``kvreuse serve --grpc-port``), the
+gateway is given ``grpc://`` workers and routes by the pages each replica reports it stores and
+evicts (its KV cache events), not by a guess.  Ctrl-C / SIGTERM
 stops everything.  Across hosts the same parts run one per host: see docs/scaling.md.
 """
 
@@ -22,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from runtime.cluster.cluster import Cluster
+from runtime.cluster.cluster import ROUTINGS, Cluster
 from runtime.cluster.services import ServiceError
 
 POLICIES = [
@@ -46,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="the gateway's port on 127.0.0.1 (default 8000)")
     p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="the gateway's routing policy")
     p.add_argument(
+        "--routing", choices=ROUTINGS, default="approx",
+        help="cache_aware's view of the replicas' caches: 'approx' (default), the gateway's own tree of the "
+        "text it sent, over HTTP; 'events', exact: each replica serves SMG's gRPC engine service and "
+        "streams its KV cache events (pages stored and evicted) into the gateway's index",
+    )  # fmt: skip
+    p.add_argument(
         "--shared-store",
         default="start",
         help="'start' (default): a Valkey server on a free port; a valkey:// URL: that server; 'none': no shared tier",
@@ -68,11 +77,11 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     cluster = Cluster(args.replicas, serve_args, args.policy, args.shared_store, args.store_memory,
-                      args.port, args.workdir)  # fmt: skip
+                      args.port, args.workdir, routing=args.routing)  # fmt: skip
     try:
         with cluster:
-            print(f"kvreuse cluster: gateway {cluster.url} ({args.policy}) over {cluster.n} replicas: "
-                  f"{' '.join(cluster.urls)}; shared KV store {cluster.store_url or 'none'}; logs in {cluster.workdir}",
+            print(f"kvreuse cluster: gateway {cluster.url} ({args.policy}, {args.routing} routing) over "
+                  f"{cluster.n} replicas: {' '.join(cluster.worker_urls)}; shared KV store {cluster.store_url or 'none'}; logs in {cluster.workdir}",
                   flush=True)  # fmt: skip
             while not stop.wait(1.0):
                 for i, svc in enumerate(cluster.replicas):

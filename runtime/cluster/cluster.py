@@ -9,6 +9,7 @@ from pathlib import Path
 
 from runtime.cluster.services import (
     Service,
+    free_port,
     launch_replica,
     register_worker,
     scratch_dir,
@@ -17,9 +18,19 @@ from runtime.cluster.services import (
     wait_replica,
 )
 
+ROUTINGS = ("approx", "events")
+
 
 class Cluster:
-    """The processes of one cluster; ``with Cluster(...) as c`` starts and stops them."""
+    """The processes of one cluster; ``with Cluster(...) as c`` starts and stops them.
+
+    ``routing``: ``approx``, the gateway reaches replicas over HTTP and routes by its own approximate
+    tree of the text it sent; ``events``, each replica also serves SMG's gRPC engine service
+    (``--grpc-port``), the gateway reaches it there (``grpc://``) and routes by an index built from
+    the KV cache events each replica streams (``runtime/server/grpc/``): what is cached, exactly.
+    ``urls`` are the replicas' HTTP addresses either way (health, metrics, the API directly);
+    ``worker_urls`` what the gateway was given.
+    """
 
     def __init__(
         self,
@@ -31,9 +42,18 @@ class Cluster:
         port: int | None = None,
         workdir: Path | None = None,
         gateway_args: list[str] | None = None,
+        routing: str = "approx",
     ) -> None:
         if replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {replicas}")
+        if routing not in ROUTINGS:
+            raise ValueError(f"--routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        if routing == "events" and {"--api-key", "--api-key-file", "--operator-key"} & set(serve_args):
+            # SMG sends no client credentials over gRPC: every request would be refused (UNAUTHENTICATED)
+            raise ValueError(
+                "--routing events cannot serve API keys: SMG does not pass a client's key to gRPC workers"
+            )
+        self.routing = routing
         self.n, self.serve_args, self.policy, self.port = replicas, list(serve_args), policy, port
         self.shared_store, self.store_memory, self.gateway_args = shared_store, store_memory, gateway_args
         self.workdir = workdir or scratch_dir()
@@ -41,6 +61,7 @@ class Cluster:
         self.store_url: str | None = None
         self.replicas: list[Service] = []
         self.urls: list[str] = []
+        self.worker_urls: list[str] = []
         self.gateway: Service | None = None
         self.url = ""
 
@@ -61,14 +82,23 @@ class Cluster:
         elif self.shared_store != "none":
             self.store_url = self.shared_store
         for i in range(self.n):
-            svc, url = launch_replica(self.workdir, i, self._replica_args())
+            grpc_port = free_port() if self.routing == "events" else None
+            svc, url = launch_replica(self.workdir, i, self._replica_args(), grpc_port=grpc_port)
             self.replicas.append(svc)
             self.urls.append(url)
+            self.worker_urls.append(f"grpc://127.0.0.1:{grpc_port}" if grpc_port else url)
         for svc, url in zip(self.replicas, self.urls):
             wait_replica(svc, url)
         self.gateway, self.url = start_gateway(
-            self.workdir, self.urls, self.policy, self.port, self.gateway_args
+            self.workdir, self.worker_urls, self.policy, self.port, self._gateway_args()
         )
+
+    def _gateway_args(self) -> list[str]:
+        args = list(self.gateway_args or [])
+        if self.routing == "events" and "--page-size" in self.serve_args and "--block-size" not in args:
+            # the index's block is a replica's page (SMG also learns it from the first event)
+            args += ["--block-size", self.serve_args[self.serve_args.index("--page-size") + 1]]
+        return args
 
     def _replica_args(self) -> list[str]:
         return self.serve_args + (["--kv-shared-store", self.store_url] if self.store_url else [])
@@ -80,10 +110,11 @@ class Cluster:
     def restart_replica(self, i: int) -> None:
         """Start replica ``i`` again on its port (the gateway's health checks take it back)."""
         port = int(self.urls[i].rsplit(":", 1)[1])
-        self.replicas[i], _ = launch_replica(self.workdir, i, self._replica_args(), port)
+        grpc_port = int(self.worker_urls[i].rsplit(":", 1)[1]) if self.routing == "events" else None
+        self.replicas[i], _ = launch_replica(self.workdir, i, self._replica_args(), port, grpc_port)
         wait_replica(self.replicas[i], self.urls[i])
         if self.gateway is not None:
-            register_worker(self.url, self.urls[i])
+            register_worker(self.url, self.worker_urls[i])
 
     def stop(self) -> None:
         for svc in [self.gateway, *self.replicas, self.store]:

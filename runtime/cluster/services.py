@@ -49,6 +49,7 @@ class Service:
 
     def __init__(self, name: str, argv: list[str], log_path: Path, env: dict | None = None) -> None:
         self.name, self.argv, self.log_path = name, argv, log_path
+        self.metrics_url: str | None = None  # the gateway's Prometheus endpoint
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -112,13 +113,14 @@ def start_valkey(workdir: Path, maxmemory: str = "1gb", port: int | None = None)
 
 
 def launch_replica(
-    workdir: Path, index: int, serve_args: list[str], port: int | None = None
+    workdir: Path, index: int, serve_args: list[str], port: int | None = None, grpc_port: int | None = None
 ) -> tuple[Service, str]:
     """``kvreuse serve`` (this interpreter) with ``serve_args`` on a free port, not awaited (start
-    several, then :func:`wait_replica` each: they load their weights side by side)."""
+    several, then :func:`wait_replica` each: they load their weights side by side); with
+    ``grpc_port``, also its gRPC worker front there (``--grpc-port``)."""
     port = port or free_port()
     argv = [sys.executable, "-m", "runtime.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
-            *serve_args]  # fmt: skip
+            *serve_args, *(["--grpc-port", str(grpc_port)] if grpc_port else [])]  # fmt: skip
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return Service(f"replica {index}", argv, workdir / f"replica{index}.log", env), f"http://127.0.0.1:{port}"
 
@@ -143,18 +145,32 @@ def start_gateway(
     port: int | None = None,
     extra: list[str] | None = None,
 ) -> tuple[Service, str]:
-    """SMG in front of ``worker_urls`` with ``policy``; its metrics on a free loopback port too."""
+    """SMG in front of ``worker_urls`` (``http://`` or ``grpc://``) with ``policy``; its metrics on a
+    free loopback port too (``Service.metrics_url``)."""
     port = port or free_port()
+    metrics_port = free_port()
     argv = [*smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *worker_urls, "--policy", policy,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--load-monitor-interval", "1", *(extra or [])]  # fmt: skip
     svc = Service("gateway", argv, workdir / "gateway.log")
+    svc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:  # every worker registered, so the first request has somewhere to go
         r = httpx.get(url + "/workers", timeout=2.0)
-        return r.status_code == 200 and len(r.json().get("workers", [])) >= len(worker_urls)
+        workers = r.json().get("workers", []) if r.status_code == 200 else []
+        if len(workers) < len(worker_urls):
+            return False
+        if not any(u.startswith("grpc://") for u in worker_urls):
+            return True
+        # gRPC workers: the gateway tokenizes, and loads their tokenizer after registering them (503s
+        # until then), so ready is when it tokenizes for their model
+        model = workers[0]["model_id"]
+        return (
+            httpx.post(url + "/v1/tokenize", json={"model": model, "prompt": "ok"}, timeout=2.0).status_code
+            == 200
+        )
 
     svc.wait_ready(ready, 60.0)
     return svc, url

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,14 +49,21 @@ def render_error(path: str, headers: Mapping[str, str], e: APIError) -> Response
 
 
 def create_app(
-    aengine: AsyncEngine, config: ServerConfig, on_shutdown: Callable[[], None] | None = None
+    aengine: AsyncEngine,
+    config: ServerConfig,
+    on_shutdown: Callable[[], None] | None = None,
+    services: Sequence[Callable[[ServerState], AbstractAsyncContextManager]] = (),
 ) -> FastAPI:
-    """An app serving ``aengine``; ``on_shutdown`` runs after the last request (e.g. stop the engine)."""
+    """An app serving ``aengine``; ``on_shutdown`` runs after the last request (e.g. stop the engine);
+    each of ``services`` (e.g. the gRPC worker) runs on the app's event loop while the app does."""
     state = ServerState(aengine, config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        yield
+        async with AsyncExitStack() as stack:
+            for service in services:
+                await stack.enter_async_context(service(state))
+            yield
         state.prep.shutdown()
         if on_shutdown is not None:
             on_shutdown()

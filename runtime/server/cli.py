@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ui-history", type=int, default=200, help="finished requests the /ui page keeps per tenant"
     )
+    p.add_argument(
+        "--grpc-port", type=int, default=None,
+        help="also serve SMG's gRPC engine service (vllm.grpc.engine) on this port, with KV cache events "
+        "for the gateway's event-driven routing (`kvreuse cluster --routing events`)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
     return p
@@ -193,7 +198,12 @@ def main(argv: list[str]) -> int:
         ui_history=args.ui_history,
     )
     engine.grammars.warm()  # before listening: built on the first schema, it would stall every tenant
-    app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0))
+    services = []
+    if args.grpc_port is not None:
+        from runtime.server.grpc.serve import grpc_worker
+
+        services.append(lambda st: grpc_worker(st, args.host, args.grpc_port))
+    app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0), services=services)
     state = app.state.kv
     url = f"http://{args.host}:{args.port}"
     print(
