@@ -175,12 +175,10 @@ def summary(records: list[dict], system_len: int = 0) -> dict:
 
 
 def routing(cluster, convs, args, cases_run: list[str]) -> dict:
+    from runtime.cluster.cluster import MANUAL_POLICY_ARGS as manual
     from runtime.cluster.services import start_gateway
 
     out = {}
-    # SMG's manual policy: a conversation's routing key (X-SMG-Routing-Key) pinned to one worker, a new
-    # key given to the worker with the fewest requests (exact session affinity, balanced)
-    manual = ["--assignment-mode", "min_load"]
     cases = [("single", 1, None, []), ("cache_aware_2", 2, "cache_aware", []), ("manual_2", 2, "manual", manual),
              ("round_robin_2", 2, "round_robin", []), ("cache_aware_3", 3, "cache_aware", []),
              ("manual_3", 3, "manual", manual), ("session_hash_3", 3, "consistent_hashing", []),

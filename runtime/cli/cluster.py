@@ -25,7 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
-from runtime.cluster.cluster import ROUTINGS, Cluster
+from runtime.cluster.cluster import MANUAL_POLICY_ARGS, ROUTINGS, Cluster
 from runtime.cluster.services import ServiceError
 
 POLICIES = [
@@ -36,6 +36,7 @@ POLICIES = [
     "prefix_hash",
     "consistent_hashing",
     "random",
+    "manual",
 ]
 
 
@@ -47,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--replicas", type=int, default=2, help="replicas to start (default 2)")
     p.add_argument("--port", type=int, default=8000, help="the gateway's port on 127.0.0.1 (default 8000)")
-    p.add_argument("--policy", choices=POLICIES, default="cache_aware", help="the gateway's routing policy")
+    p.add_argument(
+        "--policy", choices=POLICIES, default="cache_aware",
+        help="the gateway's routing policy; 'manual': each session pinned to one replica by the "
+        "X-SMG-Routing-Key header its client sends, new sessions to the least-loaded replica",
+    )  # fmt: skip
     p.add_argument(
         "--routing", choices=ROUTINGS, default="approx",
         help="cache_aware's view of the replicas' caches: 'approx' (default), the gateway's own tree of the "
@@ -77,7 +82,8 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     cluster = Cluster(args.replicas, serve_args, args.policy, args.shared_store, args.store_memory,
-                      args.port, args.workdir, routing=args.routing)  # fmt: skip
+                      args.port, args.workdir, routing=args.routing,
+                      gateway_args=MANUAL_POLICY_ARGS if args.policy == "manual" else None)  # fmt: skip
     try:
         with cluster:
             print(f"kvreuse cluster: gateway {cluster.url} ({args.policy}, {args.routing} routing) over "

@@ -19,6 +19,9 @@ from runtime.cluster.services import (
 )
 
 ROUTINGS = ("approx", "events")
+# SMG's manual policy pins a session key (the X-SMG-Routing-Key header) to a worker; a new key goes to
+# the worker with the fewest requests (its default, random, left replicas unevenly loaded)
+MANUAL_POLICY_ARGS = ["--assignment-mode", "min_load"]
 
 
 class Cluster:
