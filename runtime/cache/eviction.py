@@ -30,7 +30,7 @@ other and against Belady's offline optimum):
   conversation's first turn) and goes first, newest first, so that under cyclic access the
   conversation furthest from returning gives way.  An overdue node (idle longer than its gap)
   is forecast as far again as it has been idle, so sessions that went quiet age out.
-* ``hazard``: evict the node least likely to be used again before the cache turns
+* ``hazard`` (default): evict the node least likely to be used again before the cache turns
   over.  Nodes fall in classes by how often they were used (never: a first turn, or a new leaf
   under a used path, told apart; once; twice or more), and each class learns online, weighted
   by pages, the share of its nodes that come back and a histogram of how long they took.  A
@@ -41,10 +41,11 @@ other and against Belady's offline optimum):
   ghost (their first page's hash), so a prefix that comes back after eviction still counts as
   a return for its class, and those returns are not lost to the cache's own misses.
   Production-shaped traces (``benchmarks/trace_replay.py``) are where ``reuse`` fell below LRU.
-* ``proven`` (default): ``hazard``'s order on each side of one line, nodes of a prefix that never
-  proved reuse (used since it entered, back from the ghost list, or a new leaf under a used path)
-  first.  On the Mooncake trace most pages enter with a first turn that never returns, and they
-  flushed, under ``hazard`` and LRU, the conversations that had come back once.
+* ``proven``: ``hazard``'s order on each side of one line, nodes of a prefix that never proved
+  reuse (used since it entered, back from the ghost list, or a new leaf under a used path) first.
+  On the Mooncake trace most pages enter with a first turn that never returns, and they flush,
+  under ``hazard`` and LRU, the conversations that came back once.  Not the default: a window
+  model's short snapshot budget, ranked by the same line, loses the cyclic and sub-agent traces.
 """
 
 from __future__ import annotations
@@ -367,7 +368,9 @@ class ProvenHazard(ReturnHazard):
         assert len(self.ghost) <= self.ghost_size
 
 
-DEFAULT_POLICY = "proven"  # over hazard on the Mooncake trace's first half and the agent traces
+DEFAULT_POLICY = (
+    "hazard"  # chosen on the first half of the Mooncake trace: benchmarks/results/trace_replay.json
+)
 POLICIES: dict[str, type[EvictionPolicy]] = {
     p.name: p for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast, ReturnHazard, ProvenHazard)
 }
