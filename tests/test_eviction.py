@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from benchmarks.belady import belady, replay
 from benchmarks.eviction_traces import PAGE, engine_check, hit_rate, traces
 from runtime.cache.eviction import POLICIES, EvictionPolicy, make_policy
+from runtime.cache.manager import CacheManager
 from runtime.cache.page_allocator import PageAllocator
 from runtime.cache.radix_cache import RadixCache
 from tests.radix_checks import check_structure, insert_fresh, seq
@@ -48,6 +51,51 @@ def test_s3fifo_ghost_sends_a_returning_prefix_to_main():
     assert tree.evict(4) == 4  # evicted from the small queue unused: remembered as a ghost
     res = insert_fresh(tree, seq(4, 100))
     assert tree.policy.state[res.handle][0] == 1  # main queue
+
+
+def test_proven_keeps_a_conversation_that_came_back_through_a_stream_of_one_offs():
+    """The line itself: LRU and ``hazard`` let three first turns that never return flush a prefix that
+    was used again; ``proven`` evicts the oldest first turn instead."""
+    kept = {}
+    for policy in ("lru", "hazard", "proven"):
+        tree = _tree(policy, num_pages=16)
+        insert_fresh(tree, seq(4, 100))
+        tree.match(seq(4, 100))  # came back once
+        for start in (200, 300, 400):  # first turns
+            insert_fresh(tree, seq(4, start))
+        tree.evict(4)
+        kept[policy] = (tree.match(seq(4, 100)).cached_len, tree.match(seq(4, 200)).cached_len)
+    assert kept == {"lru": (0, 4), "hazard": (0, 4), "proven": (4, 0)}
+
+
+def _conversation_between_scans() -> list[tuple[list[int], list[int]]]:
+    """A conversation growing by 4 tokens a turn, three one-off 40-token requests after each turn."""
+    rng = random.Random(0)
+    conv, out = [rng.randrange(3, 999) for _ in range(32)], []
+    for _ in range(6):
+        conv += [rng.randrange(3, 999) for _ in range(4)]
+        out.append((list(conv), [rng.randrange(3, 999) for _ in range(3)]))
+        out += [([rng.randrange(3, 999) for _ in range(40)], [1, 2, 3]) for _ in range(3)]
+    return out
+
+
+@pytest.mark.parametrize("ghosts", [True, False])
+def test_proven_remembers_an_evicted_conversation_when_it_comes_back(ghosts):
+    """The scans evict the first turn under every policy; the second turn re-enters from the ghost
+    list as proven, and from the third turn on it is kept through the scans (LRU: no hit at all).
+    Without ghosts it re-enters as a first turn and the scans flush it again."""
+    trace, pool, page = _conversation_between_scans(), 24, 4
+    cache = CacheManager(pool, page, "radix", "proven")
+    if not ghosts:
+        cache.prefix.policy.ghost_size = 0
+    hits = replay(trace, pool, page, "proven", cache=cache)
+    turns = hits[::4]
+    assert sum(replay(trace, pool, page, "lru")) == 0
+    if ghosts:
+        assert turns[:2] == [0, 0] and all(h > 0 for h in turns[2:]), turns
+        assert turns[2:] == belady(trace, pool, page)[::4][2:]  # then what the offline optimum keeps
+    else:
+        assert sum(hits) == 0, hits
 
 
 def test_unknown_policy_is_a_clear_error():

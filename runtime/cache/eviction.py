@@ -41,6 +41,11 @@ other and against Belady's offline optimum):
   ghost (their first page's hash), so a prefix that comes back after eviction still counts as
   a return for its class, and those returns are not lost to the cache's own misses.
   Production-shaped traces (``benchmarks/trace_replay.py``) are where ``reuse`` fell below LRU.
+* ``proven``: ``hazard``'s order on each side of one line, nodes of a prefix that never proved
+  reuse (used since it entered, back from the ghost list, or a new leaf under a used path) first.
+  On the Mooncake trace most pages enter with a first turn that never returns, and they flush,
+  under ``hazard`` and LRU, the conversations that came back once.  Not the default: a window
+  model's short snapshot budget, ranked by the same line, loses the cyclic and sub-agent traces.
 """
 
 from __future__ import annotations
@@ -48,11 +53,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from runtime.cache.return_stats import ReturnStats
+
 if TYPE_CHECKING:
     from runtime.cache.tree_node import TreeNode
 
 UNKNOWN = float("inf")  # the forecast of a node with no reuse anywhere on its path
-GAP_BUCKETS = 48  # log2 buckets of a return gap, in ticks
 TURNOVER_EWMA = 0.05  # weight of the latest victim's idle time in the turnover estimate
 
 
@@ -276,40 +282,6 @@ class ReuseForecast(_PerNode):
         return (-forecast, -node.last_access)
 
 
-class ReturnStats:
-    """One class of nodes: page-weighted waits and returns, and a log2 histogram of the gaps."""
-
-    def __init__(self) -> None:
-        self.entries = self.returns = 0.0
-        self.count = [0.0] * GAP_BUCKETS
-        self._above: list[float] | None = None  # suffix sums of ``count``, rebuilt after a return
-
-    def back(self, gap: int, pages: int) -> None:
-        self.returns += pages
-        self.count[min(max(gap, 1).bit_length() - 1, GAP_BUCKETS - 1)] += pages
-        self._above = None
-
-    def survival(self, x: float) -> float:
-        """Share of the returns whose gap was longer than ``x`` (uniform within a bucket)."""
-        if self._above is None:
-            self._above = [0.0] * (GAP_BUCKETS + 1)
-            for b in range(GAP_BUCKETS - 1, -1, -1):
-                self._above[b] = self._above[b + 1] + self.count[b]
-        b = min(max(int(x), 1).bit_length() - 1, GAP_BUCKETS - 1)
-        inside = min(1.0, max(0.0, ((2 << b) - x) / (1 << b)))
-        return (self._above[b + 1] + inside * self.count[b]) / self.returns
-
-    def soon(self, idle: int, window: float) -> float:
-        """Chance that a node idle for ``idle`` ticks is back within ``window`` more (Bayes over the
-        share that ever comes back: the longer a node waits, the likelier it is one that never will)."""
-        if self.returns == 0:
-            return 0.0
-        p = self.returns / max(self.entries, self.returns)
-        now_s, later_s = self.survival(idle), self.survival(idle + window)
-        waiting = p * now_s + (1 - p)
-        return p * (now_s - later_s) / waiting if waiting > 0 else 0.0
-
-
 class ReturnHazard(_PerNode):
     """Evict the node least likely to be back before the cache turns over (see the module docstring)."""
 
@@ -318,9 +290,8 @@ class ReturnHazard(_PerNode):
     def __init__(self, ghost_size: int = 1 << 16) -> None:
         super().__init__()
         self.classes: dict[tuple, ReturnStats] = {}
-        self.ghost: OrderedDict[int, tuple] = (
-            OrderedDict()
-        )  # first page's hash -> (class, last use, uses, pages)
+        # first page's hash -> (class, last use, uses, pages)
+        self.ghost: OrderedDict[int, tuple] = OrderedDict()
         self.ghost_size = ghost_size
         self.turnover = 0.0  # mean idle time of evicted nodes, in ticks
         self.now = 0
@@ -378,11 +349,30 @@ class ReturnHazard(_PerNode):
         return (self._class(st[2]).soon(now - st[0], window), st[0])
 
 
+class ProvenHazard(ReturnHazard):
+    """``hazard`` behind one strict line: a node whose prefix never proved reuse goes first."""
+
+    name = "proven"
+
+    @staticmethod
+    def proven(st: list) -> bool:  # back from the ghost list: it entered with ``uses`` >= 1
+        return st[1] > 0 or st[2] == (0, True)
+
+    def priority(self, node: TreeNode, now: int) -> tuple:
+        st = self.state.get(node)
+        return (st is not None and self.proven(st), *super().priority(node, now))
+
+    def check(self, tree_pages: int) -> None:
+        assert sum(len(n.pages) for n in self.state) == tree_pages, (len(self.state), tree_pages)
+        assert all(st[1] >= 0 and st[2][0] == min(st[1], 2) for st in self.state.values())
+        assert len(self.ghost) <= self.ghost_size
+
+
 DEFAULT_POLICY = (
     "hazard"  # chosen on the first half of the Mooncake trace: benchmarks/results/trace_replay.json
 )
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    p.name: p for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast, ReturnHazard)
+    p.name: p for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast, ReturnHazard, ProvenHazard)
 }
 
 
