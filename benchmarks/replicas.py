@@ -122,24 +122,25 @@ def run_turns(url: str, convs, turns: range, out: list[list[dict | None]], think
         th.join()
 
 
-def served(urls: list[str]) -> list[int]:
-    """Requests each replica has taken (its /metrics); -1 for one that does not answer."""
+def metric(urls: list[str], name: str) -> list[int]:
+    """The value of the Prometheus sample ``name`` (with its labels, as printed) on each replica;
+    -1 for one that does not answer."""
     out = []
     for u in urls:
         try:
             text = httpx.get(u + "/metrics", timeout=10).text
-            out.append(
-                int(
-                    float(
-                        next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total")).split()[
-                            -1
-                        ]
-                    )
-                )
-            )
+            out.append(int(float(next(x for x in text.splitlines() if x.startswith(name + " ")).split()[-1])))
         except (httpx.HTTPError, StopIteration):
             out.append(-1)
     return out
+
+
+def served(urls: list[str]) -> list[int]:
+    """Requests each replica has taken."""
+    return metric(urls, "kvreuse_requests_total")
+
+
+SHARED_TIER = 'kvreuse_cached_tokens_by_tier_total{tier="shared"}'
 
 
 def pool_tokens(url: str) -> int:
@@ -152,17 +153,23 @@ def reset(urls: list[str]) -> None:
         httpx.post(u + "/v1/cache/reset", json={}, timeout=120).raise_for_status()
 
 
-def summary(records: list[dict], system_len: int = 0) -> dict:
+def summary(records: list[dict], system_len: int = 0, shared_total: int | None = None) -> dict:
     """Hit rates over ``records``: all cached tokens, those from the replica's own pool (not the shared
     tier), and ``session_hit_rate``: hits beyond the first ``system_len`` tokens (the system prompt
     every session shares, page-rounded, which every replica's pool soon holds whatever the routing)
-    over the prompt tokens beyond it: what routing decides."""
+    over the prompt tokens beyond it: what routing decides.  ``shared_total``: the tokens the replicas
+    say they read from the shared tier, for records without the split (counted beyond the system
+    prompt, which the pools hold); checked against the records' own split where they have one."""
     ok = [r for r in records if r and "error" not in r]
     prompt = sum(r["prompt"] for r in ok)
     shared = sum(r["tiers"].get("shared", 0) for r in ok)
     cached = sum(r["cached"] for r in ok)
     own = sum(max(0, r["cached"] - system_len) for r in ok)
     own_pool = sum(max(0, r["cached"] - r["tiers"].get("shared", 0) - system_len) for r in ok)
+    if shared_total is not None and not any(r["tiers"] for r in ok):
+        shared, own_pool = shared_total, own - shared_total
+    elif shared_total is not None and shared_total != shared:
+        progress(f"warning: the replicas count {shared_total} shared-tier tokens, the responses {shared}")
     own_prompt = sum(max(0, r["prompt"] - system_len) for r in ok)
     ttfts = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     return {"requests": len(records), "errors": len(records) - len(ok), "prompt_tokens": prompt,
@@ -197,16 +204,19 @@ def routing(cluster, convs, args, cases_run: list[str]) -> dict:
             else start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra)
         )
         try:
-            before = served(urls)
+            before, shared_before = served(urls), metric(urls, SHARED_TIER)
             recs = [[None] * args.turns for _ in convs]
             t0 = time.perf_counter()
             run_turns(url, convs, range(args.turns), recs, args.think_s)
             wall = time.perf_counter() - t0
-            after = served(urls)
+            after, shared_after = served(urls), metric(urls, SHARED_TIER)
         finally:
             if gw is not None:
                 gw.stop()
-        out[name] = {**summary([r for s in recs for r in s], args.system_len), "wall_s": round(wall, 1),
+        # the replicas' own count of tokens read from the shared tier: a response through the gateway's
+        # gRPC path is the gateway's, without kvreuse's per-request split by tier
+        shared = sum(a - b for a, b in zip(shared_after, shared_before))
+        out[name] = {**summary([r for s in recs for r in s], args.system_len, shared), "wall_s": round(wall, 1),
                      "requests_per_replica": [a - b for a, b in zip(after, before)]}  # fmt: skip
         progress(f"{name}: {out[name]}")
     return out
