@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.native_cpu import NativeOps
+from kernels.native_cpu import Q4_ROWS, NativeOps
 
 GROUP = 32  # GGUF's block size for Q4_0 / Q4_1 and Q4_K's sub-blocks
 _KERNEL_ROWS = {"int4": 8, "int8": 1}  # at most this many rows go through the packed kernel
@@ -61,6 +61,26 @@ class QuantLinear(nn.Module):
         else:
             self.codes = codes.to(torch.int8).contiguous()
             self.scale = scale.to(torch.bfloat16).contiguous()
+        self.native: NativeOps | None = None  # int4 rows <= Q4_ROWS through kernels/cpu/q4_linear.c
+
+    def use_native(self, ops: NativeOps | None) -> None:
+        """Multiply int4 rows (up to ``Q4_ROWS``) with ``q4_linear.c`` instead of torch's packed kernel,
+        whose cost grows with every row: a speculative draft's verification then costs about a decode
+        step instead of one per drafted token.  The weight is re-laid out in the kernel's tiles of 16
+        output columns (the same codes and bf16 scale / low), and torch's packed copy is dropped."""
+        if ops is None or self.kind != "int4":
+            return
+        n, k = self.out_features, self.in_features
+        tiles = (n + 15) // 16
+        q = torch.cat((self.codes & 15, self.codes >> 4), -1).view(n, k)  # codes 0..15 in input order
+        q = F.pad(q, (0, 0, 0, tiles * 16 - n)).view(tiles, 16, k // GROUP, 4, 2, 4)
+        # [tile, block, group of 8 inputs, output, 4 bytes]: inputs 8g + j (low nibble), 8g + 4 + j (high)
+        q = q.permute(0, 2, 3, 1, 4, 5)
+        self.tiles = (q[..., 0, :] | (q[..., 1, :] << 4)).contiguous()
+        sl = torch.stack((self.scale[..., 0], self.low[..., 0]))  # [2, n, blocks]
+        sl = F.pad(sl, (0, 0, 0, tiles * 16 - n)).view(2, tiles, 16, k // GROUP)
+        self.scale_low = sl.permute(1, 3, 0, 2).contiguous()  # [tile, block, scale | low, output]
+        self.native, self.kernel_rows, self.packed = ops, Q4_ROWS, None
 
     scratch: DequantScratch | None = None  # shared by a model's quantized linears (quantize.py sets it)
 
@@ -87,6 +107,11 @@ class QuantLinear(nn.Module):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.kernel_rows:
             return F.linear(x, self.dequantize(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if self.native is not None:
+            xn = x if self.native.supports(x) else x.to(torch.bfloat16)
+            y = self.native.q4_linear(xn, self.tiles, self.scale_low, self.out_features)
+            y = y if self.bias is None else y + self.bias.to(y.dtype)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if self.kind == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zero)

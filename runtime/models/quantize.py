@@ -57,6 +57,7 @@ def _install(model: CausalLM, name: str, q: QuantLinear | BlockInt8Linear) -> No
     if isinstance(q, QuantLinear):  # the block head dequantizes only for prompt scoring, on its own
         scratch = next((m.scratch for m in model.modules() if isinstance(m, QuantLinear)), None)
         q.scratch = scratch or DequantScratch(load_native())
+        q.use_native(q.scratch.ops)
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent), attr, q)
 
