@@ -62,6 +62,14 @@ def _install(model: CausalLM, name: str, q: QuantLinear | BlockInt8Linear) -> No
     setattr(model.get_submodule(parent), attr, q)
 
 
+def verifies_per_row(model: CausalLM) -> bool:
+    """Whether every quantized linear multiplies a few rows through the CPU kernels that read each
+    weight block once for all rows (``QuantLinear.use_native``): a draft's verification then costs
+    about a decode step.  False where int8 linears (torch's per-row kernel) or the torch int4 kernel
+    remain (no compiler): their cost grows with every drafted row.  True for dense models."""
+    return all(m.native is not None for m in model.modules() if isinstance(m, QuantLinear))
+
+
 def quantize_dense(model: CausalLM, kind: str) -> None:
     """Replace every decoder linear by an int8 / int4 copy of its (already loaded) weight."""
     for name, lin in _decoder_linears(model).items():
