@@ -14,8 +14,14 @@ rows     dense bf16       int4 (bf16 act)   int8 (bf16 act)
 512      4807             12360             -
 =======  ===============  ================  ==============
 
-With fp32 activations both kernels fall back to slow generic code (int4: 657 ms for 1 row), so the
-quantized kernels always take bf16 activations and bf16 scales/zeros.  Above ``_KERNEL_ROWS`` rows
+torch's int4 kernel costs nearly a row's time per row, so verifying a speculative draft of k tokens
+cost ~k decode steps.  Where the CPU kernels build (``QuantLinear.use_native``), int4 rows up to
+``Q4_ROWS`` go instead to ``kernels/cpu/q4_linear.c``, which unpacks each weight block once for all
+rows (int8 activations per block of 32, as llama.cpp's Q4_1 x Q8_1) and gives each row the same bits
+whatever the row count (``benchmarks/q4_linear.py`` times both).
+
+With fp32 activations torch's kernels fall back to slow generic code (int4: 657 ms for 1 row), so
+they always take bf16 activations and bf16 scales/zeros.  Above ``_KERNEL_ROWS`` rows
 (prefill) the weight is dequantized to the activation dtype for the call and multiplied densely:
 dequantizing costs a few elementwise passes over the weight, a 512-row GEMM costs 512 times its size.
 torchao is not installed here and wraps these same kernels on CPU.
