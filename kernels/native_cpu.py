@@ -1,5 +1,5 @@
 """The CPU kernels of ``kernels/cpu/``: fused decode ops (``decode_ops.c``), the Q8_0 linear
-(``q8_linear.c``), bf16 extend attention (``extend_attention.c``) and the quantized linears' weight
+(``q8_linear.c``), the int4 linear for a few rows (``q4_linear.c``), bf16 extend attention (``extend_attention.c``) and the quantized linears' weight
 dequantization for prefill (``dequant.c``), built by ``kernels/cpu_build.py``.
 
 :func:`load` returns ``None`` where there is no compiler or the build fails; every caller then keeps
@@ -18,8 +18,9 @@ from kernels.cpu_build import compile_library
 
 SOURCES = [
     Path(__file__).with_name("cpu") / f
-    for f in ("decode_ops.c", "q8_linear.c", "extend_attention.c", "dequant.c")
+    for f in ("decode_ops.c", "q8_linear.c", "q4_linear.c", "extend_attention.c", "dequant.c")
 ]
+Q4_ROWS = 32  # q4_linear.c's ROWS_MAX and q8_linear.c's TILE_ROWS_MAX
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
@@ -27,6 +28,8 @@ _SIGNATURES = {
     "silu_mul": (None, [_P, _P, _I, _I]),
     "rope_store": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P]),
     "q8_linear": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
+    "q4_linear": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
+    "q8_tiles": (ctypes.c_int, [_P, _I, _P, _P, _I, _I, _P]),
     "decode_attention": (ctypes.c_int, [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _F, _I, _P, _P]),
     "dequant_int4": (None, [_P, _P, _P, _I, _I, _P]),
     "dequant_int8": (None, [_P, _P, _I, _I, _P]),
@@ -88,6 +91,37 @@ class NativeOps:
                                             codes.shape[0], codes.shape[1], y.data_ptr())  # fmt: skip
         if rc != 0:
             raise MemoryError("q8_linear: out of memory")
+        return y
+
+    def q8_tiles(self, x: torch.Tensor, tiles: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
+        """``q8_linear`` for up to ``Q4_ROWS`` rows with the blocks in tiles of 16 outputs
+        (``BlockInt8Linear``): each row costs a fraction of q8_linear's, and its result is the same
+        whatever the row count."""
+        x = x.contiguous()
+        y = x.new_empty(x.shape[0], n)
+        rc = self.fns["q8_tiles", x.dtype](x.data_ptr(), x.shape[0], tiles.data_ptr(), scales.data_ptr(),
+                                           n, x.shape[1], y.data_ptr())  # fmt: skip
+        if rc == -2:
+            raise MemoryError("q8_tiles: out of memory")
+        if rc != 0:
+            raise ValueError(f"q8_tiles: unsupported shape {tuple(x.shape)} (rows <= {Q4_ROWS}, k % 32 == 0)")
+        return y
+
+    def q4_linear(
+        self, x: torch.Tensor, tiles: torch.Tensor, scale_low: torch.Tensor, n: int
+    ) -> torch.Tensor:
+        """``x [rows <= Q4_ROWS, k] @ W^T`` for ``QuantLinear``'s int4 weight in the kernel's tiles
+        (``QuantLinear.use_native``); each row's result is the same whatever the row count."""
+        x = x.contiguous()
+        y = x.new_empty(x.shape[0], n)
+        rc = self.fns["q4_linear", x.dtype](x.data_ptr(), x.shape[0], tiles.data_ptr(), scale_low.data_ptr(),
+                                            n, x.shape[1], y.data_ptr())  # fmt: skip
+        if rc == -2:
+            raise MemoryError("q4_linear: out of memory")
+        if rc != 0:
+            raise ValueError(
+                f"q4_linear: unsupported shape {tuple(x.shape)} (rows <= {Q4_ROWS}, k % 32 == 0)"
+            )
         return y
 
     def dequantize(

@@ -164,6 +164,7 @@ def test_auto_drafts_from_the_suffix_history_where_the_model_allows(tiny_models,
     a rejected draft's state back), ``off`` on a window-paged model instead of refusing to start."""
     import argparse
 
+    from kernels.native_cpu import load as load_native
     from runtime.engine.args import add_engine_args
     from runtime.speculative.drafter import NoDrafts, SuffixLookup
 
@@ -179,3 +180,8 @@ def test_auto_drafts_from_the_suffix_history_where_the_model_allows(tiny_models,
     assert isinstance(hybrid.scheduler.drafter, SuffixLookup)
     windowed = tiny_engine(make_tiny_windowed(tmp_path / "w", "gemma3-odd"), speculative="auto")
     assert isinstance(windowed.scheduler.drafter, NoDrafts)
+    # int4 verifies a draft through the row-block kernel (q4_linear.c); torch's int8 kernel costs a row each
+    d = tiny_models[("llama", False)]
+    int4 = tiny_engine(d, speculative="auto", quantize="int4")
+    assert isinstance(int4.scheduler.drafter, SuffixLookup if load_native() is not None else NoDrafts)
+    assert isinstance(tiny_engine(d, speculative="auto", quantize="int8").scheduler.drafter, NoDrafts)

@@ -11,6 +11,7 @@ from runtime.cache.registry import cache_kind
 from runtime.cache.store.states import StateTier
 from runtime.engine.admission import EngineError
 from runtime.engine.config import EngineConfig
+from runtime.models.quantize import verifies_per_row
 from runtime.runner.model_runner import ModelRunner
 from runtime.runner.window_pool import WindowPool
 
@@ -57,19 +58,21 @@ def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier | Non
 
 def speculative_mode(runner: ModelRunner, cfg: EngineConfig) -> str:
     """The draft source: as asked, or for ``auto`` the one that measured best on the agent workloads
-    (``suffix``: benchmarks/speculative.py) with dense weights on a model that can roll a rejected draft
-    back, else ``off``: quantized weights verify a draft through kernels whose cost grows with the rows
-    (``--quantize gguf``: suffix measured 0.78x of off on repeated tool JSON), and a window-paged
-    model's rings have no rollback.  Hybrids roll their linear-attention state back and draft too: on
-    the random Qwen3.5 "cpu" shape (bf16, one thread; results/speculative_hybrid.json) suffix measured
-    3.0-3.1x of off at batch 1 on a rewritten file and on repeated tool JSON, 1.1x on the JSON at
-    batch 8; below off at batch 8 on the rewrite (0.88x, where ngram with the same drafts gave 1.19x)
-    and a summary (0.83x), and on free chat (0.93-0.97x): the agent workloads' gains outweigh these.
+    (``suffix``: benchmarks/speculative.py) on a model that can roll a rejected draft back and whose
+    linears verify a draft at about a decode step's cost (dense, or int4 through ``q4_linear.c``: on
+    the embedded Q4_1 GGUF, bf16, suffix measured 2.5x of off on repeated tool JSON and 1.8x on a
+    summary, results/speculative_gguf_bf16.json), else ``off``: torch's int8 kernel costs a row per
+    drafted token, and a window-paged model's rings have no rollback.  Hybrids roll their
+    linear-attention state back and draft too: on the random Qwen3.5 "cpu" shape (bf16, one thread;
+    results/speculative_hybrid.json) suffix measured 3.0-3.1x of off at batch 1 on a rewritten file
+    and on repeated tool JSON, 1.1x on the JSON at batch 8; below off at batch 8 on the rewrite (0.88x,
+    where ngram with the same drafts gave 1.19x) and a summary (0.83x), and on free chat
+    (0.93-0.97x): the agent workloads' gains outweigh these.
     """
     if cfg.speculative != "auto":
         return cfg.speculative
     windowed = isinstance(runner.state_pool, WindowPool)
-    return "off" if windowed or cfg.quantize != "none" else "suffix"
+    return "off" if windowed or not verifies_per_row(runner.model) else "suffix"
 
 
 def check_state_support(runner: ModelRunner, cfg: EngineConfig) -> None:

@@ -14,8 +14,26 @@ rows     dense bf16       int4 (bf16 act)   int8 (bf16 act)
 512      4807             12360             -
 =======  ===============  ================  ==============
 
-With fp32 activations both kernels fall back to slow generic code (int4: 657 ms for 1 row), so the
-quantized kernels always take bf16 activations and bf16 scales/zeros.  Above ``_KERNEL_ROWS`` rows
+torch's int4 kernel costs nearly a row's time per row, so verifying a speculative draft of k tokens
+cost ~k decode steps.  Where the CPU kernels build (``QuantLinear.use_native``), int4 rows up to
+``Q4_ROWS`` go instead to ``kernels/cpu/q4_linear.c``, which unpacks each weight block once for all
+rows (int8 activations per block of 32, as llama.cpp's Q4_1 x Q8_1) and gives each row the same bits
+whatever the row count.  ``benchmarks/q4_linear.py`` (``results/q4_linear.json``; same shapes, 1
+thread, bf16 rows, the three paths interleaved; on a host loaded ~4 by other work, so single figures
+varied up to 2.5x between runs, the ratios less), ms for all layers:
+
+=======  ==================  ==============  ================
+rows     torch int4 kernel   q4_linear.c     dequant + dense
+=======  ==================  ==============  ================
+1        7.74                2.82            40.5
+4        11.9                4.44            34.4
+8        58.2                9.86            98.9
+16       87.5                50.5            102
+17       77.5                29.1            108
+=======  ==================  ==============  ================
+
+With fp32 activations torch's kernels fall back to slow generic code (int4: 657 ms for 1 row), so
+they always take bf16 activations and bf16 scales/zeros.  Above ``_KERNEL_ROWS`` rows
 (prefill) the weight is dequantized to the activation dtype for the call and multiplied densely:
 dequantizing costs a few elementwise passes over the weight, a 512-row GEMM costs 512 times its size.
 torchao is not installed here and wraps these same kernels on CPU.
@@ -27,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.native_cpu import NativeOps
+from kernels.native_cpu import Q4_ROWS, NativeOps
 
 GROUP = 32  # GGUF's block size for Q4_0 / Q4_1 and Q4_K's sub-blocks
 _KERNEL_ROWS = {"int4": 8, "int8": 1}  # at most this many rows go through the packed kernel
@@ -61,6 +79,26 @@ class QuantLinear(nn.Module):
         else:
             self.codes = codes.to(torch.int8).contiguous()
             self.scale = scale.to(torch.bfloat16).contiguous()
+        self.native: NativeOps | None = None  # int4 rows <= Q4_ROWS through kernels/cpu/q4_linear.c
+
+    def use_native(self, ops: NativeOps | None) -> None:
+        """Multiply int4 rows (up to ``Q4_ROWS``) with ``q4_linear.c`` instead of torch's packed kernel,
+        whose cost grows with every row: a speculative draft's verification then costs about a decode
+        step instead of one per drafted token.  The weight is re-laid out in the kernel's tiles of 16
+        output columns (the same codes and bf16 scale / low), and torch's packed copy is dropped."""
+        if ops is None or self.kind != "int4":
+            return
+        n, k = self.out_features, self.in_features
+        tiles = (n + 15) // 16
+        q = torch.cat((self.codes & 15, self.codes >> 4), -1).view(n, k)  # codes 0..15 in input order
+        q = F.pad(q, (0, 0, 0, tiles * 16 - n)).view(tiles, 16, k // GROUP, 4, 2, 4)
+        # [tile, block, group of 8 inputs, output, 4 bytes]: inputs 8g + j (low nibble), 8g + 4 + j (high)
+        q = q.permute(0, 2, 3, 1, 4, 5)
+        self.tiles = (q[..., 0, :] | (q[..., 1, :] << 4)).contiguous()
+        sl = torch.stack((self.scale[..., 0], self.low[..., 0]))  # [2, n, blocks]
+        sl = F.pad(sl, (0, 0, 0, tiles * 16 - n)).view(2, tiles, 16, k // GROUP)
+        self.scale_low = sl.permute(1, 3, 0, 2).contiguous()  # [tile, block, scale | low, output]
+        self.native, self.kernel_rows, self.packed = ops, Q4_ROWS, None
 
     scratch: DequantScratch | None = None  # shared by a model's quantized linears (quantize.py sets it)
 
@@ -87,6 +125,11 @@ class QuantLinear(nn.Module):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.kernel_rows:
             return F.linear(x, self.dequantize(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if self.native is not None:
+            xn = x if self.native.supports(x) else x.to(torch.bfloat16)
+            y = self.native.q4_linear(xn, self.tiles, self.scale_low, self.out_features)
+            y = y if self.bias is None else y + self.bias.to(y.dtype)
+            return y if y.dtype == x.dtype else y.to(x.dtype)
         xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if self.kind == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zero)

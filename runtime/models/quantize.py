@@ -57,8 +57,17 @@ def _install(model: CausalLM, name: str, q: QuantLinear | BlockInt8Linear) -> No
     if isinstance(q, QuantLinear):  # the block head dequantizes only for prompt scoring, on its own
         scratch = next((m.scratch for m in model.modules() if isinstance(m, QuantLinear)), None)
         q.scratch = scratch or DequantScratch(load_native())
+        q.use_native(q.scratch.ops)
     parent, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent), attr, q)
+
+
+def verifies_per_row(model: CausalLM) -> bool:
+    """Whether every quantized linear multiplies a few rows through the CPU kernels that read each
+    weight block once for all rows (``QuantLinear.use_native``): a draft's verification then costs
+    about a decode step.  False where int8 linears (torch's per-row kernel) or the torch int4 kernel
+    remain (no compiler): their cost grows with every drafted row.  True for dense models."""
+    return all(m.native is not None for m in model.modules() if isinstance(m, QuantLinear))
 
 
 def quantize_dense(model: CausalLM, kind: str) -> None:

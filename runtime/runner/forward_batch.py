@@ -59,9 +59,23 @@ def build_forward_batch(
     sample_mask: list[bool] | list[int],
     page_size: int,
     device: torch.device,
+    drafts_as_decode: bool = False,
 ) -> ForwardBatch:
     """``chunks``: per sequence (chunk token ids, start position, pages covering start+len tokens);
-    ``sample_mask``: per sequence, how many of its last positions' logits are wanted (a bool: 0 or 1)."""
+    ``sample_mask``: per sequence, how many of its last positions' logits are wanted (a bool: 0 or 1).
+
+    ``drafts_as_decode``: when every row of every chunk is sampled (decodes, some verifying a draft),
+    each row becomes a decode row of its own (its keys: the sequence's up to and including it, the
+    rows before it stored by the same step).  The step then runs as plain decode does, row for row
+    (the decode kernels compute each row alone), so a verified token has the very logits it would
+    have had decoded alone: greedy output stays identical with quantized activations (the int4 and
+    Q8_0 kernels), where the extend path's other summation order could flip an activation's int8
+    rounding.  Not for models with per-sequence state (hybrids, window rings)."""
+    if drafts_as_decode and all(int(m) == len(c[0]) for c, m in zip(chunks, sample_mask)):
+        chunks = [
+            ([tok], start + j, pages) for tokens, start, pages in chunks for j, tok in enumerate(tokens)
+        ]
+        sample_mask = [1] * len(chunks)
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []

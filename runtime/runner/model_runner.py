@@ -180,7 +180,8 @@ class ModelRunner:
 
     def step(self, batch: StepInput) -> StepResult:
         """Forward the chunks; sample the rows that end their sequence (and verify drafted ones)."""
-        fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device)
+        as_decode = batch.drafts is not None and batch.states is None
+        fb = build_forward_batch(batch.seqs, batch.sample_mask, self.page_size, self.device, as_decode)
         logits = self.forward(fb, batch.states)
         if not batch.params:
             return StepResult(logits, None)
