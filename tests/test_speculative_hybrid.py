@@ -184,6 +184,21 @@ def test_stop_inside_an_accepted_draft_and_abort_while_speculating(hybrids):
     assert reqs[0].output_ids == ref[0].output_ids and reqs[2].output_ids == ref[2].output_ids
 
 
+@pytest.mark.parametrize("shape", ["gemma3-odd", "mistral"])  # Gemma 4's window layers need rings
+def test_window_models_with_paged_kv_speculate_with_output_unchanged(tmp_path, shape):
+    """Sliding-window models with their window layers' KV in pages (``--no-window-paging``): a
+    rejected draft's KV is rolled back like a dense model's (its pages freed), the window mask sees
+    only accepted positions, so greedy output equals plain decoding's over replies several windows
+    long."""
+    d = make_tiny_windowed(tmp_path / "w", shape)
+    prompts, params = _copying(3, 6)
+    ref = _run(tiny_engine(d, chunk_size=40, window_paging=False), prompts, params)
+    got = _run(tiny_engine(d, chunk_size=40, window_paging=False, speculative="suffix"), prompts, params)
+    assert [r.output_ids for r in got] == [r.output_ids for r in ref]
+    drafted, accepted = sum(r.drafted_tokens for r in got), sum(r.accepted_tokens for r in got)
+    assert 0 < accepted < drafted, "drafts must be both accepted and rejected, or the test proves nothing"
+
+
 def test_window_paged_models_are_refused_clearly(tmp_path):
     d = make_tiny_windowed(tmp_path / "w", "gemma3-odd")
     with pytest.raises(EngineError, match="window-paged models"):
