@@ -304,31 +304,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--system-tokens", type=int, default=600, help="the shared system prompt")
     p.add_argument("--turn-tokens", type=int, default=120, help="tokens a turn adds (assistant + user)")
     p.add_argument("--store-pages", type=int, default=512, help="pages written and read in the store test")
-    p.add_argument(
-        "--cache-threshold", type=float, default=0.5, help="SMG cache_aware: prefix match share to follow"
-    )
-    p.add_argument(
-        "--balance-abs", type=int, default=2, help="SMG cache_aware: in-flight gap that overrides affinity"
-    )
-    p.add_argument(
-        "--balance-rel", type=float, default=1.5, help="SMG cache_aware: ... with this in-flight ratio"
-    )
-    p.add_argument(
-        "--phases",
-        nargs="+",
-        choices=["routing", "failover", "store"],
-        default=["routing", "failover", "store"],
-    )
+    # fmt: off
+    p.add_argument("--cache-threshold", type=float, default=0.5, help="SMG cache_aware: prefix match share to follow")
+    p.add_argument("--balance-abs", type=int, default=2, help="SMG cache_aware: in-flight gap that overrides affinity")
+    p.add_argument("--balance-rel", type=float, default=1.5, help="SMG cache_aware: ... with this in-flight ratio")
+    p.add_argument("--phases", nargs="+", choices=["routing", "failover", "store"], default=["routing", "failover", "store"])
     p.add_argument("--think-s", type=float, default=4.0, help="most seconds a session waits before a turn")
-    p.add_argument(
-        "--pool-shares",
-        type=float,
-        nargs="+",
-        default=[0.35, 0.5, 0.0],
-        help="each replica's KV pool as a share of the sessions' working set, one cluster each (0: the serve "
-        "default, 1G: every session fits); the first share also runs the 2-replica and hashing cases",
-    )
+    p.add_argument("--pool-shares", type=float, nargs="+", default=[0.35, 0.0],
+                   help="each replica's KV pool as a share of the sessions' working set, one cluster each (0: the "
+                   "serve default, 1G: every session fits); the first share also runs the 2-replica and hashing cases")
     p.add_argument("--cases", nargs="*", default=[], help="routing cases to run (default: see --pool-shares)")
+    # fmt: on
     args = p.parse_args(argv)
     if args.quick:
         args.sessions, args.turns, args.system_tokens, args.turn_tokens, args.store_pages = 4, 6, 200, 60, 64
