@@ -97,31 +97,28 @@ class NativeOps:
         """``q8_linear`` for up to ``Q4_ROWS`` rows with the blocks in tiles of 16 outputs
         (``BlockInt8Linear``): each row costs a fraction of q8_linear's, and its result is the same
         whatever the row count."""
-        x = x.contiguous()
-        y = x.new_empty(x.shape[0], n)
-        rc = self.fns["q8_tiles", x.dtype](x.data_ptr(), x.shape[0], tiles.data_ptr(), scales.data_ptr(),
-                                           n, x.shape[1], y.data_ptr())  # fmt: skip
-        if rc == -2:
-            raise MemoryError("q8_tiles: out of memory")
-        if rc != 0:
-            raise ValueError(f"q8_tiles: unsupported shape {tuple(x.shape)} (rows <= {Q4_ROWS}, k % 32 == 0)")
-        return y
+        return self._tiled("q8_tiles", x, tiles, scales, n)
 
     def q4_linear(
         self, x: torch.Tensor, tiles: torch.Tensor, scale_low: torch.Tensor, n: int
     ) -> torch.Tensor:
         """``x [rows <= Q4_ROWS, k] @ W^T`` for ``QuantLinear``'s int4 weight in the kernel's tiles
         (``QuantLinear.use_native``); each row's result is the same whatever the row count."""
+        return self._tiled("q4_linear", x, tiles, scale_low, n)
+
+    def _tiled(
+        self, name: str, x: torch.Tensor, tiles: torch.Tensor, params: torch.Tensor, n: int
+    ) -> torch.Tensor:
+        """One call of a row-tiled kernel (same signature for both block formats): -2 is out of
+        memory, any other non-zero a shape it does not take."""
         x = x.contiguous()
         y = x.new_empty(x.shape[0], n)
-        rc = self.fns["q4_linear", x.dtype](x.data_ptr(), x.shape[0], tiles.data_ptr(), scale_low.data_ptr(),
-                                            n, x.shape[1], y.data_ptr())  # fmt: skip
+        rc = self.fns[name, x.dtype](x.data_ptr(), x.shape[0], tiles.data_ptr(), params.data_ptr(), n,
+                                     x.shape[1], y.data_ptr())  # fmt: skip
         if rc == -2:
-            raise MemoryError("q4_linear: out of memory")
+            raise MemoryError(f"{name}: out of memory")
         if rc != 0:
-            raise ValueError(
-                f"q4_linear: unsupported shape {tuple(x.shape)} (rows <= {Q4_ROWS}, k % 32 == 0)"
-            )
+            raise ValueError(f"{name}: unsupported shape {tuple(x.shape)} (rows <= {Q4_ROWS}, k % 32 == 0)")
         return y
 
     def dequantize(
