@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # Users with a GPU: `make setup TORCH_SPEC=torch` (or install their CUDA torch into the venv first).
 TORCH_SPEC ?= torch==2.13.0
 OUT ?= out/patterns
+# CI has two cores: two test workers, each running whole files (their servers are per file).
+TEST_WORKERS ?= 2
 
 .PHONY: setup model browser run test bench lint clean
 
@@ -31,7 +33,7 @@ run: model
 	$(PY) -m runtime.cli.main bench patterns --out $(OUT)
 
 test: model browser
-	$(PY) -m pytest -q -p no:cacheprovider --durations=30
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 bench: model
 	$(PY) -m benchmarks.throughput

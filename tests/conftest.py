@@ -4,6 +4,10 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # `make test` runs two workers on CI's two cores: one torch thread each, so that they share
+    # the cores instead of oversubscribing them (set before anything imports torch).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
