@@ -85,6 +85,7 @@ def test_page_shows_the_break_and_the_apis_figures(server, chromium, tmp_path):
         .startswith(str(broken.usage.prompt_tokens_details.cached_tokens))
     )
     assert page.locator('[data-tier="pool"]').is_visible()
+    assert page.locator('[data-tier="shared"]').inner_text() == "shared tier: off (--kv-shared-store)"
     pinned = httpx.get(f"{server.base_url}/cache", timeout=60).json()["sessions"][0]
     pin = page.locator('#pins [data-pin="agent-1"] td').all_inner_texts()
     assert pin[:3] == ["session", "agent-1", f"{pinned['pinned_tokens']:,}"] and pin[3].endswith(" s"), pin

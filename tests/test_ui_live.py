@@ -1,6 +1,7 @@
 """The live page's data route in-process (tiny random model): records bounded per tenant and equal to
 the API's usage, ``after`` paging, bad input as a 400, cached tokens by tier and the tiers' occupancy,
-Anthropic requests, and ``ui=False`` (``--no-ui``) serving nothing."""
+Anthropic requests, ``ui=False`` (``--no-ui``) serving nothing, and the shared store's URL shown
+without its password."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import Engine
 from runtime.server.app import create_app
 from runtime.server.state import ServerConfig
+from runtime.server.ui.live import public_url
 from tests.helpers import chat_topic, make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,6 +58,7 @@ def test_records_are_bounded_and_match_usage(model_dir):
         ]
         pool = live["tiers"]["pool"]
         assert pool["total"] == 128 and pool["free"] + pool["in_use"] + pool["pinned"] + pool["cached"] == 128
+        assert live["tiers"]["shared"] is None  # no --kv-shared-store
         r = c.get("/ui/api/live?after=-1")
         assert r.status_code == 400 and r.json()["error"]["param"] == "after"
         assert c.get("/ui/static/../state.py").status_code == 404
@@ -92,3 +95,16 @@ def test_tiers_and_anthropic_requests(model_dir, tmp_path):
         tiers = live["tiers"]
         assert tiers["host"]["pages"] + tiers["disk"]["pages"] > 0 and tiers["disk"]["budget_bytes"] > 0
         assert tiers["host"]["capacity_pages"] == (1 << 20) // tiers["page_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("valkey://127.0.0.1:6379", "valkey://127.0.0.1:6379"),
+        ("valkey://:s3cret@store:6379/2", "valkey://store:6379/2"),
+        ("redis://ops:s3cret@[::1]:6380", "redis://ops@[::1]:6380"),
+        ("unix:///run/valkey.sock?db=1&password=s3cret", "unix:///run/valkey.sock?db=1"),
+    ],
+)
+def test_the_shared_store_url_is_shown_without_its_password(url, shown):
+    assert public_url(url) == shown

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import torch
 
@@ -13,9 +14,9 @@ from runtime.server.state import ServerState
 
 
 def tiers(stats: EngineStats, snap: CacheSnapshot | None, page_bytes: int, host_budget: int | None,
-          disk_budget: int | None) -> dict[str, Any]:  # fmt: skip
+          disk_budget: int | None, shared_url: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Pool pages by holder, the host tier's pages against its budget, the disk tier's bytes against its
-    budget (``None``: that tier is not configured)."""
+    budget, the shared tier's traffic and why it is off now (``None``: that tier is not configured)."""
     pinned = snap.pages["pinned"] if snap is not None else 0
     pool = {
         "total": stats.total_pages, "free": stats.free_pages, "in_use": stats.request_pages,
@@ -29,7 +30,24 @@ def tiers(stats: EngineStats, snap: CacheSnapshot | None, page_bytes: int, host_
     disk = None if disk_budget is None else {
         "pages": stats.disk_tier_pages, "bytes": stats.disk_tier_bytes, "budget_bytes": disk_budget,
     }  # fmt: skip
-    return {"page_bytes": page_bytes, "pool": pool, "host": host, "disk": disk}
+    shared = None if not shared_url else {
+        "url": public_url(shared_url), "written_pages": stats.shared_written_pages,
+        "loaded_tokens": stats.shared_loaded_tokens, "failures": stats.shared_failures,
+        "degraded": stats.shared_error or None,
+    }  # fmt: skip
+    return {"page_bytes": page_bytes, "pool": pool, "host": host, "disk": disk, "shared": shared}
+
+
+def public_url(url: str) -> str:
+    """``url`` without its password (``valkey://user:secret@host`` and ``?password=`` alike): the page
+    is shown to every tenant, the store's credentials are the operator's."""
+    u = urlsplit(url)
+    netloc = u.netloc.rpartition("@")[2]
+    if u.username:
+        netloc = f"{u.username}@{netloc}"
+    query = urlencode([(k, v) for k, v in parse_qsl(u.query, keep_blank_values=True) if k != "password"])
+    # by hand, not urlunsplit: it drops the "//" of an empty host (``unix:///run/valkey.sock``)
+    return f"{u.scheme}://{netloc}{u.path}" + (f"?{query}" if query else "")
 
 
 def page_bytes(engine) -> int:
@@ -48,6 +66,7 @@ class LiveView:
         self.page_bytes = page_bytes(engine)
         self.host_budget = cfg.kv_host_memory
         self.disk_budget = cfg.kv_store_size if cfg.kv_store else None
+        self.shared_url = cfg.kv_shared_store
 
     async def snapshot(self, tenant: str | None, after: int) -> dict[str, Any]:
         st = self.state
@@ -61,6 +80,8 @@ class LiveView:
             "history": st.activity.per_tenant,
             "requests": st.activity.since(tenant, after),
             "cache": describe(st.last_cache, tenant),
-            "tiers": tiers(stats, st.last_cache, self.page_bytes, self.host_budget, self.disk_budget),
+            "tiers": tiers(
+                stats, st.last_cache, self.page_bytes, self.host_budget, self.disk_budget, self.shared_url
+            ),
             "engine": {"running": stats.running, "waiting": stats.waiting, "in_flight": st.in_flight},
         }

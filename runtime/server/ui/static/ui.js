@@ -130,7 +130,24 @@ function renderTiers(t) {
     ? meter("disk", `${fmt(t.disk.pages)} pages, ${bytes(t.disk.bytes)} / ${bytes(t.disk.budget_bytes)}`,
         t.disk.budget_bytes, [["seg-disk", t.disk.bytes, "disk tier bytes"]])
     : el("div", { class: "tier sub", "data-tier": "disk" }, "disk tier: off (--kv-store)"));
+  out.push(sharedTier(t.shared));
   $("tiers").replaceChildren(...out);
+}
+
+// No meter: the store's budget is the Valkey server's maxmemory, which this replica does not hold.
+function sharedTier(s) {
+  if (!s) return el("div", { class: "tier sub", "data-tier": "shared" }, "shared tier: off (--kv-shared-store)");
+  const row = el("div", { class: `tier${s.degraded ? " degraded" : ""}`, "data-tier": "shared" },
+    el("div", { class: "label" }, el("b", {}, "shared"), el("span", { class: "sub" }, s.url)),
+    el("div", { class: "sub" }, el("i", { class: "seg-shared" }), "written ",
+      el("b", { "data-field": "written" }, fmt(s.written_pages)), " pages · loaded ",
+      el("b", { "data-field": "loaded" }, fmt(s.loaded_tokens)), " tokens · failures ",
+      el("b", { "data-field": "failures" }, fmt(s.failures))));
+  if (s.degraded) {
+    row.append(el("div", { class: "error" }, "degraded: serving from the pool alone, store unreachable: ",
+      el("span", { "data-field": "degraded" }, s.degraded)));
+  }
+  return row;
 }
 
 function renderPins(cache) {
@@ -155,7 +172,7 @@ function renderPins(cache) {
 function segments(r) {
   const t = r.cached_by_tier;
   return [["seg-pool", t.pool, "cached (pool)"], ["seg-host", t.host, "cached (host)"], ["seg-disk", t.disk, "cached (disk)"],
-    ["seg-prefill", r.prefilled_tokens, "prefilled"], ["seg-gen", r.generated_tokens, "generated"]];
+    ["seg-shared", t.shared, "cached (shared)"], ["seg-prefill", r.prefilled_tokens, "prefilled"], ["seg-gen", r.generated_tokens, "generated"]];
 }
 
 function requestRow(r, scale) {
@@ -193,7 +210,7 @@ function renderDetail(r) {
   const t = r.cached_by_tier;
   const parts = [el("h2", {}, `request ${r.id}`), el("dl", {},
     el("dt", {}, "prompt tokens"), el("dd", {}, fmt(r.prompt_tokens)),
-    el("dt", {}, "cached"), el("dd", { "data-field": "cached" }, `${fmt(r.cached_tokens)} (pool ${fmt(t.pool)}, host ${fmt(t.host)}, disk ${fmt(t.disk)})`),
+    el("dt", {}, "cached"), el("dd", { "data-field": "cached" }, `${fmt(r.cached_tokens)} (pool ${fmt(t.pool)}, host ${fmt(t.host)}, disk ${fmt(t.disk)}, shared ${fmt(t.shared)})`),
     el("dt", {}, "prefilled"), el("dd", { "data-field": "prefilled" }, fmt(r.prefilled_tokens)),
     el("dt", {}, "generated"), el("dd", {}, fmt(r.generated_tokens)),
     el("dt", {}, "TTFT"), el("dd", {}, secs(r.ttft_s)),
