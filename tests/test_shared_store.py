@@ -176,3 +176,13 @@ def test_the_store_coming_back_is_used_again(model, tmp_path):
         assert eng.store_error() is None and eng.stats().shared_written_pages > 0
     finally:
         svc.stop()
+
+
+def test_the_logs_never_show_the_stores_password(model, off, caplog):
+    """A store URL's password is the operator's: the degraded-store warning names the server without it."""
+    with caplog.at_level(logging.WARNING, "kvreuse.store"):
+        eng = _engine(model, "valkey://ops:s3cret@127.0.0.1:9/0?password=s3cret")  # nothing listens on 9
+        out = _run(eng, _prompt(9))
+        eng.cache.tiers.flush()
+    assert out.output_token_ids == _run(off, _prompt(9)).output_token_ids
+    assert "shared KV store valkey://ops@127.0.0.1:9/0" in caplog.text and "s3cret" not in caplog.text

@@ -22,6 +22,7 @@ import warnings
 import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import torch
 
@@ -56,12 +57,24 @@ def connect(url: str, timeout_s: float = 2.0):
     return valkey.Valkey.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
 
+def public_url(url: str) -> str:
+    """``url`` without its password (``valkey://user:secret@host`` and ``?password=`` alike): what logs
+    and the live page show (the page is every tenant's, the store's credentials are the operator's)."""
+    u = urlsplit(url)
+    netloc = u.netloc.rpartition("@")[2]
+    if u.username:
+        netloc = f"{u.username}@{netloc}"
+    query = urlencode([(k, v) for k, v in parse_qsl(u.query, keep_blank_values=True) if k != "password"])
+    # by hand, not urlunsplit: it drops the "//" of an empty host (``unix:///run/valkey.sock``)
+    return f"{u.scheme}://{netloc}{u.path}" + (f"?{query}" if query else "")
+
+
 class SharedStore:
     """Pages of one model in a Valkey server (see the module docstring); every method may raise the
     client's ``ConnectionError`` / ``TimeoutError`` when the server is gone."""
 
     def __init__(self, url: str, fingerprint: str, timeout_s: float = 2.0) -> None:
-        self.url = url
+        self.url = public_url(url)  # for logs; the password stays in the client
         self.fp = bytes.fromhex(fingerprint)[:20].ljust(20, b"\0")
         self.prefix = b"kvr:" + self.fp.hex().encode() + b":"
         self.db = connect(url, timeout_s)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import torch
 
+from runtime.cache.store.shared import public_url
 from runtime.engine.engine import EngineStats
 from runtime.server.cache_info import CacheSnapshot, describe
 from runtime.server.state import ServerState
@@ -36,18 +36,6 @@ def tiers(stats: EngineStats, snap: CacheSnapshot | None, page_bytes: int, host_
         "degraded": stats.shared_error or None,
     }  # fmt: skip
     return {"page_bytes": page_bytes, "pool": pool, "host": host, "disk": disk, "shared": shared}
-
-
-def public_url(url: str) -> str:
-    """``url`` without its password (``valkey://user:secret@host`` and ``?password=`` alike): the page
-    is shown to every tenant, the store's credentials are the operator's."""
-    u = urlsplit(url)
-    netloc = u.netloc.rpartition("@")[2]
-    if u.username:
-        netloc = f"{u.username}@{netloc}"
-    query = urlencode([(k, v) for k, v in parse_qsl(u.query, keep_blank_values=True) if k != "password"])
-    # by hand, not urlunsplit: it drops the "//" of an empty host (``unix:///run/valkey.sock``)
-    return f"{u.scheme}://{netloc}{u.path}" + (f"?{query}" if query else "")
 
 
 def page_bytes(engine) -> int:
