@@ -136,3 +136,17 @@ def test_template_rerendering_earlier_turns(tok):
 def test_unrelated_request_is_a_new_conversation(tok):
     d, _ = _diagnose(tok, _conversation(), [{"role": "user", "content": "Hello"}], new_tools=None)
     assert d["cause"] == "new_conversation"
+
+
+def test_cached_beyond_any_remembered_request_is_precomputed(tok):
+    """A replica reading a prefix from the shared tier (or a prewarm) has no earlier request to match:
+    the hit is named for where it came from, not called a new conversation."""
+    new = _conversation()
+    rendered = render(tok, new, TOOLS, template="chatml")
+    cached = (len(rendered.token_ids) - 1) // PAGE * PAGE
+    fresh = CacheDiagnostics(tok, PAGE).diagnose(rendered, new, TOOLS, rendered.token_ids, cached)
+    assert fresh["cause"] == "precomputed" and f"{cached} tokens were cached" in fresh["detail"], fresh
+    d, _ = _diagnose(tok, [{"role": "user", "content": "Hello"}], new, cached=cached)
+    assert d["cause"] == "precomputed" and d["reusable_tokens"] < cached - PAGE, d
+    d, _ = _diagnose(tok, [{"role": "user", "content": "Hello"}], new, cached=0)
+    assert d["cause"] == "new_conversation", d

@@ -91,6 +91,7 @@ def test_page_shows_the_shared_tier_and_its_degraded_state(replicas, store, tmp_
     again = _ask(b, "List the files in src/ and explain each one. " + "Then say what every test checks. " * 4)
     shared = again.model_extra["kvreuse"]["cache"]["cached_by_tier"]["shared"]
     assert 0 < shared <= full_pages * PS and again.usage.prompt_tokens_details.cached_tokens == shared
+    assert again.model_extra["kvreuse"]["cache"]["cause"] == "precomputed"  # B never saw A's request
     figures = _settled(b)
     assert figures["loaded"] == shared and figures["written"] > 0 and figures["failures"] == 0
 

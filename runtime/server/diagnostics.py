@@ -24,6 +24,7 @@ CONTEXT_CHARS = 60
 
 CAUSES = (
     "new_conversation",
+    "precomputed",
     "append_only",
     "assistant_turn_differs",
     "system_changed",
@@ -107,6 +108,17 @@ class CacheDiagnostics:
             "detail": "no earlier request shares a prefix with this one",
             "divergence": None,
         }
+        if cached_tokens > common + self.page_size:
+            # more was cached than any remembered request computed: a replica that only sees its own
+            # requests would otherwise call a shared-tier hit a new conversation
+            out["cause"], out["detail"] = (
+                "precomputed",
+                (
+                    f"{cached_tokens} tokens were cached though no earlier request this server remembers shares more than "
+                    f"{common}: pages read from the shared tier (another replica computed them), the disk tier, or a prewarm"
+                ),
+            )
+            return out
         if entry is None:
             return out
         if common < len(prompt_ids) and common < len(entry.token_ids):

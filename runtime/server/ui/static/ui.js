@@ -30,7 +30,7 @@ function seg(cls, n, total, title) {
   return s;
 }
 
-const causeClass = (c) => (c === "append_only" ? "hit" : c === "new_conversation" || !c ? "" : "miss");
+const causeClass = (c) => (c === "append_only" || c === "precomputed" ? "hit" : c === "new_conversation" || !c ? "" : "miss");
 
 function setStatus(text, cls) {
   const s = $("status");
