@@ -32,158 +32,36 @@ killed replica.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import httpx
 import torch
 
-from benchmarks.common import base_parser, median, model_dir, percentile, progress, write_results
-from benchmarks.ttft_multiturn import _text
+from benchmarks.common import base_parser, median, model_dir, progress, write_results
+from benchmarks.replica_client import (
+    MODEL,
+    SHARED_TIER,
+    history,
+    metric,
+    pool_tokens,
+    reset,
+    run_turns,
+    served,
+    sessions,
+    stream,
+    summary,
+)
 
-MODEL = "smol"
 SWEEP_CASES = ["single", "cache_aware_3", "events_cache_aware_3", "manual_3", "round_robin_3"]
 ALL_CASES = ["single", "cache_aware_2", "events_cache_aware_2", "manual_2", "round_robin_2", "cache_aware_3",
              "events_cache_aware_3", "manual_3", "session_hash_3", "round_robin_3"]  # fmt: skip
 
 
-def sessions(tokenizer, n: int, turns: int, system_tokens: int, turn_tokens: int) -> list[list[list[dict]]]:
-    """Each session's request messages per turn: one shared system prompt, then the session's own
-    user / assistant turns (scripted, so every policy sees the same prompts)."""
-    system = {"role": "system", "content": _text(random.Random(0), tokenizer, system_tokens)}
-    out = []
-    for s in range(n):
-        rng = random.Random(1000 + s)
-        messages = [system]
-        per_turn = []
-        for t in range(turns):
-            if t:
-                messages.append({"role": "assistant", "content": _text(rng, tokenizer, turn_tokens // 2)})
-            messages.append(
-                {"role": "user", "content": f"Session {s}. " + _text(rng, tokenizer, turn_tokens // 2)}
-            )
-            per_turn.append([dict(m) for m in messages])
-        out.append(per_turn)
-    return out
-
-
-def stream(url: str, messages: list[dict], session: int | None = None) -> dict:
-    """One streamed chat request: TTFT, usage, the kvreuse cache figures; ``error`` if it failed.
-    ``session``: sent as SMG's ``X-SMG-Routing-Key`` (the consistent-hashing policy's session key)."""
-    headers = {} if session is None else {"X-SMG-Routing-Key": f"session-{session}"}
-    body = {"model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
-    t0 = time.perf_counter()
-    ttft, usage, ext = None, None, {}
-    try:
-        with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=600) as r:
-            if r.status_code != 200:
-                return {"error": f"HTTP {r.status_code}", "status": r.status_code}
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                choices = chunk.get("choices") or []
-                # the first token's chunk: the server sends a role-only chunk before any compute
-                if ttft is None and any(c["delta"].get("content") or c.get("finish_reason") for c in choices):
-                    ttft = time.perf_counter() - t0
-                usage = chunk.get("usage") or usage
-                ext = chunk.get("kvreuse") or ext
-    except httpx.HTTPError as e:
-        return {"error": type(e).__name__, "status": None}
-    if usage is None:
-        return {"error": "no usage chunk", "status": 200}
-    tiers = (ext.get("cache") or {}).get("cached_by_tier") or {}
-    return {"ttft_s": ttft, "prompt": usage["prompt_tokens"],
-            "cached": usage["prompt_tokens_details"]["cached_tokens"], "tiers": tiers}  # fmt: skip
-
-
-def run_turns(url: str, convs, turns: range, out: list[list[dict | None]], think_s: float = 0.5) -> None:
-    """Every session's ``turns`` through ``url``, sessions concurrently, each session's turns in order
-    after a seeded think time (up to ``think_s``: an agent's tool call; it also keeps the sessions
-    out of lockstep, which would let round-robin send a session to the same replica every time)."""
-
-    def one(s: int) -> None:
-        rng = random.Random(s * 1000 + turns.start)
-        for t in turns:
-            time.sleep(rng.uniform(0, think_s))
-            out[s][t] = stream(url, convs[s][t], s)
-
-    threads = [threading.Thread(target=one, args=(s,)) for s in range(len(convs))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-
-
-def metric(urls: list[str], name: str) -> list[int]:
-    """The value of the Prometheus sample ``name`` (with its labels, as printed) on each replica;
-    -1 for one that does not answer."""
-    out = []
-    for u in urls:
-        try:
-            text = httpx.get(u + "/metrics", timeout=10).text
-            out.append(int(float(next(x for x in text.splitlines() if x.startswith(name + " ")).split()[-1])))
-        except (httpx.HTTPError, StopIteration):
-            out.append(-1)
-    return out
-
-
-def served(urls: list[str]) -> list[int]:
-    """Requests each replica has taken."""
-    return metric(urls, "kvreuse_requests_total")
-
-
-SHARED_TIER = 'kvreuse_cached_tokens_by_tier_total{tier="shared"}'
-
-
-def pool_tokens(url: str) -> int:
-    """The replica's KV pool in tokens (its ``/v1/loads``)."""
-    return httpx.get(url + "/v1/loads", timeout=10).json()["loads"][0]["max_total_num_tokens"]
-
-
-def reset(urls: list[str]) -> None:
-    for u in urls:
-        httpx.post(u + "/v1/cache/reset", json={}, timeout=120).raise_for_status()
-
-
-def summary(records: list[dict], system_len: int = 0, shared_total: int | None = None) -> dict:
-    """Hit rates over ``records``: all cached tokens, those from the replica's own pool (not the shared
-    tier), and ``session_hit_rate``: hits beyond the first ``system_len`` tokens (the system prompt
-    every session shares, page-rounded, which every replica's pool soon holds whatever the routing)
-    over the prompt tokens beyond it: what routing decides.  ``shared_total``: the tokens the replicas
-    say they read from the shared tier, for records without the split (counted beyond the system
-    prompt, which the pools hold); checked against the records' own split where they have one."""
-    ok = [r for r in records if r and "error" not in r]
-    prompt = sum(r["prompt"] for r in ok)
-    shared = sum(r["tiers"].get("shared", 0) for r in ok)
-    cached = sum(r["cached"] for r in ok)
-    own = sum(max(0, r["cached"] - system_len) for r in ok)
-    own_pool = sum(max(0, r["cached"] - r["tiers"].get("shared", 0) - system_len) for r in ok)
-    if shared_total is not None and not any(r["tiers"] for r in ok):
-        shared, own_pool = shared_total, own - shared_total
-    elif shared_total is not None and shared_total != shared:
-        progress(f"warning: the replicas count {shared_total} shared-tier tokens, the responses {shared}")
-    own_prompt = sum(max(0, r["prompt"] - system_len) for r in ok)
-    ttfts = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
-    return {"requests": len(records), "errors": len(records) - len(ok), "prompt_tokens": prompt,
-            "cached_tokens": cached, "shared_tokens": shared, "hit_rate": round(cached / prompt, 4) if prompt else 0,
-            "pool_hit_rate": round((cached - shared) / prompt, 4) if prompt else 0,
-            "session_hit_rate": round(own / own_prompt, 4) if own_prompt else 0,
-            "session_pool_hit_rate": round(own_pool / own_prompt, 4) if own_prompt else 0,
-            "ttft_median_s": round(median(ttfts), 4) if ttfts else None,
-            "ttft_p90_s": round(percentile(ttfts, 90), 4) if ttfts else None}  # fmt: skip
-
-
 def routing(cluster, convs, args, cases_run: list[str]) -> dict:
     from runtime.cluster.cluster import MANUAL_POLICY_ARGS as manual
-    from runtime.cluster.services import start_gateway
 
     out = {}
     cases = [("single", 1, None, []), ("cache_aware_2", 2, "cache_aware", []), ("manual_2", 2, "manual", manual),
@@ -192,34 +70,52 @@ def routing(cluster, convs, args, cases_run: list[str]) -> dict:
              ("round_robin_3", 3, "round_robin", []),
              # the same policy over the replicas' gRPC fronts, its index built from their KV cache events
              ("events_cache_aware_2", 2, "cache_aware", []), ("events_cache_aware_3", 3, "cache_aware", [])]  # fmt: skip
-    for name, n, policy, extra in cases:
-        if name not in cases_run:
-            continue
-        urls = cluster.urls[:n]
-        workers = (cluster.worker_urls if name.startswith("events_") else cluster.urls)[:n]
-        reset(cluster.urls)
-        gw, url = (
-            (None, urls[0])
-            if policy is None
-            else start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra)
-        )
-        try:
-            before, shared_before = served(urls), metric(urls, SHARED_TIER)
-            recs = [[None] * args.turns for _ in convs]
-            t0 = time.perf_counter()
-            run_turns(url, convs, range(args.turns), recs, args.think_s)
-            wall = time.perf_counter() - t0
-            after, shared_after = served(urls), metric(urls, SHARED_TIER)
-        finally:
-            if gw is not None:
-                gw.stop()
-        # the replicas' own count of tokens read from the shared tier: a response through the gateway's
-        # gRPC path is the gateway's, without kvreuse's per-request split by tier
-        shared = sum(a - b for a, b in zip(shared_after, shared_before))
-        out[name] = {**summary([r for s in recs for r in s], args.system_len, shared), "wall_s": round(wall, 1),
-                     "requests_per_replica": [a - b for a, b in zip(after, before)]}  # fmt: skip
+    runs: dict[str, list] = {c[0]: [] for c in cases if c[0] in cases_run}
+    for seed in range(args.repeats):  # repeats interleaved (A B A B), each with its own think times
+        for name, n, policy, extra in (c for c in cases if c[0] in runs):
+            runs[name].append(
+                one_case(cluster, convs, args, name.startswith("events_"), n, policy, extra, seed)
+            )
+            progress(
+                f"{name} #{seed}: {summary([r for s in runs[name][-1][0] for r in s], args.system_len, runs[name][-1][1])}"
+            )
+    for name, rs in runs.items():
+        recs = [row for r in rs for row in r[0]]
+        out[name] = {**summary([r for s in recs for r in s], args.system_len, sum(r[1] for r in rs)),
+                     "wall_s": round(sum(r[3] for r in rs), 1), "history_pool_hit_rate": history(recs),
+                     "requests_per_replica": [sum(x) for x in zip(*(r[2] for r in rs))],
+                     "per_repeat_session_pool_hit_rate": [summary([x for s in r[0] for x in s], args.system_len, r[1])["session_pool_hit_rate"] for r in rs]}  # fmt: skip
         progress(f"{name}: {out[name]}")
     return out
+
+
+def one_case(cluster, convs, args, events: bool, n: int, policy: str | None, extra: list[str], seed: int):
+    """One routing case from reset caches: (records, shared-tier tokens the replicas read, requests per
+    replica, wall seconds)."""
+    from runtime.cluster.services import start_gateway
+
+    urls = cluster.urls[:n]
+    reset(cluster.urls)
+    workers = (cluster.worker_urls if events else cluster.urls)[:n]
+    gw, url = (
+        (None, urls[0])
+        if policy is None
+        else start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra)
+    )
+    try:
+        before, shared_before = served(urls), metric(urls, SHARED_TIER)
+        recs = [[None] * args.turns for _ in convs]
+        t0 = time.perf_counter()
+        run_turns(url, convs, range(args.turns), recs, args.think_s, seed)
+        wall = time.perf_counter() - t0
+        after, shared_after = served(urls), metric(urls, SHARED_TIER)
+    finally:
+        if gw is not None:
+            gw.stop()
+    # the replicas' own count of tokens read from the shared tier: a response through the gateway's
+    # gRPC path is the gateway's, without kvreuse's per-request split by tier
+    shared = sum(a - b for a, b in zip(shared_after, shared_before))
+    return recs, shared, [a - b for a, b in zip(after, before)], wall
 
 
 def failover(cluster, convs, args) -> dict:
@@ -313,6 +209,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pool-shares", type=float, nargs="+", default=[0.35, 0.0],
                    help="each replica's KV pool as a share of the sessions' working set, one cluster each (0: the "
                    "serve default, 1G: every session fits); the first share also runs the 2-replica and hashing cases")
+    p.add_argument("--repeats", type=int, default=1, help="routing runs of each case (other think times), interleaved")
     p.add_argument("--cases", nargs="*", default=[], help="routing cases to run (default: see --pool-shares)")
     # fmt: on
     args = p.parse_args(argv)
