@@ -105,6 +105,11 @@ class SchedulerTotals(NamedTuple):
     generated: int
     drafted: int = 0  # speculative decoding: tokens drafted and verified
     accepted: int = 0  # of those, accepted
+    # of ``cached``: loaded from the host / disk / shared tier, each request's hit counted once (a
+    # failed admission or a retraction may load the same pages again: not a new hit)
+    cached_host: int = 0
+    cached_disk: int = 0
+    cached_shared: int = 0
 
 
 class Scheduler:
@@ -138,6 +143,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_retractions = 0
         self._cached = self._prefilled = self._generated = 0
+        self._cached_tiers = [0, 0, 0]  # host, disk, shared
         self._drafted = self._accepted = 0
 
     def add(self, req: Request) -> None:
@@ -172,7 +178,8 @@ class Scheduler:
 
     @property
     def totals(self) -> SchedulerTotals:
-        return SchedulerTotals(self._cached, self._prefilled, self._generated, self._drafted, self._accepted)
+        return SchedulerTotals(self._cached, self._prefilled, self._generated, self._drafted, self._accepted,
+                               *self._cached_tiers)  # fmt: skip
 
     # -- choosing a step ----------------------------------------------------------------
     def schedule(self) -> Batch | None:
@@ -290,6 +297,8 @@ class Scheduler:
         if req.admitted_time is None:
             req.admitted_time = time.perf_counter()
             self._cached += req.cached_tokens
+            tiers = (req.cached_host_tokens, req.cached_disk_tokens, req.cached_shared_tokens)
+            self._cached_tiers = [a + b for a, b in zip(self._cached_tiers, tiers)]
         chunks[req] = Chunk(req, req.num_computed, n, n == req.remaining)
         return n
 

@@ -152,3 +152,23 @@ def test_reset_empties_the_tiers_too(model, tmp_path):
     assert (ts.host_pages, ts.disk_pages) == (0, 0)
     assert [_run(eng, p).cached_tokens for p in prompts] == [0, 0, 0]  # nothing answers for the pool
     eng.close()
+
+
+def test_tier_totals_count_each_requests_hit_once(model, off):
+    """The engine's cached-tokens-by-tier totals (``/metrics``) are the sums of the requests' own
+    splits, even when a request's admission fails or it is retracted after loading pages from a tier
+    (those reloads are copies of the same hit, or of its own work, not new cache hits)."""
+    eng = tiny_engine(model, page_size=PS, num_pages=56, chunk_size=32, kv_host_memory="1M")
+    gen = torch.Generator().manual_seed(5)
+    shared = random_ids(gen, 64)
+    firsts = [_run(eng, shared), _run(eng, random_ids(gen, 200), n=2)]  # the second pushes `shared` to host
+    reqs = [eng.make_request(shared + random_ids(gen, 60), greedy(40)) for _ in range(3)]
+    run_checked(eng, reqs)  # 3 x 41 pages do not fit 56: admissions wait, requests are retracted
+    done = firsts + reqs
+    st = eng.stats()
+    assert st.retractions > 0 and any(r.cached_host_tokens for r in reqs)
+    assert st.cached_tokens == sum(r.cached_tokens for r in done)
+    assert st.host_loaded_tokens == sum(r.cached_host_tokens for r in done)
+    for r in reqs:
+        assert r.output_ids == _run(off, list(r.tokens[: r.num_prompt]), n=40).output_ids
+    eng.close()

@@ -26,9 +26,9 @@ class EngineStats(NamedTuple):
     tree_pages: int
     request_pages: int
     page_size: int
-    host_loaded_tokens: int = 0  # cached tokens loaded back from the host tier
-    disk_loaded_tokens: int = 0  # cached tokens loaded back from the disk tier
-    shared_loaded_tokens: int = 0  # cached tokens loaded from the shared tier (pages any replica wrote)
+    host_loaded_tokens: int = 0  # of cached_tokens: loaded back from the host tier
+    disk_loaded_tokens: int = 0  # of cached_tokens: loaded back from the disk tier
+    shared_loaded_tokens: int = 0  # of cached_tokens: from the shared tier (pages any replica wrote)
     tier_load_s: float = 0.0  # time spent loading them (the engine thread's part)
     tier_read_ahead_s: float = 0.0  # background disk reads of them, overlapping other requests' compute
     host_tier_pages: int = 0
@@ -59,6 +59,8 @@ def engine_stats(
         tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=cache.page_size,
         drafted_tokens=st.drafted, accepted_tokens=st.accepted,
         **_tier_fields(cache), **_snapshot_fields(cache, snapshot_cut),
+        # the requests' own splits, not the tiers' page loads: the same totals as the responses' figures
+        host_loaded_tokens=st.cached_host, disk_loaded_tokens=st.cached_disk, shared_loaded_tokens=st.cached_shared,
     )  # fmt: skip
 
 
@@ -66,12 +68,10 @@ def _tier_fields(cache: CacheManager) -> dict:
     ts = cache.tier_stats()
     if ts is None:
         return {}
-    ps = cache.page_size
     return dict(
-        host_loaded_tokens=ts.loaded_host_pages * ps, disk_loaded_tokens=ts.loaded_disk_pages * ps,
         tier_load_s=ts.load_seconds, tier_read_ahead_s=ts.read_ahead_seconds, host_tier_pages=ts.host_pages, disk_tier_pages=ts.disk_pages,
         disk_tier_bytes=ts.disk_bytes, store_write_failures=ts.write_failures, store_error=ts.disk_error,
-        shared_loaded_tokens=ts.loaded_shared_pages * ps, shared_written_pages=ts.shared_written_pages,
+        shared_written_pages=ts.shared_written_pages,
         shared_failures=ts.shared_failures, shared_error=ts.shared_error,
     )  # fmt: skip
 
