@@ -9,7 +9,8 @@ pools of 3%, 10% and 30% of the trace's working set (the distinct pages it leave
 two page sizes.  Three traces: the whole trace and its two halves by time.  The overfitting
 guard: the default policy's design and its one knob were chosen on the *first* half only; the
 second half and the whole trace are held out (``proven``'s variant too, with the agent traces;
-it has no knob of its own).  ``before`` is the previous default (``reuse``), ``after`` the
+it has no knob of its own; ``answer``'s two were chosen on the first half and a synthetic
+trace).  ``before`` is the previous default (``reuse``), ``after`` the
 current one.  The figure is the token hit rate: cached prompt tokens over prompt
 tokens; ``infinite`` is what a pool that never evicts would hit.
 """

@@ -98,6 +98,53 @@ def test_proven_remembers_an_evicted_conversation_when_it_comes_back(ghosts):
         assert sum(hits) == 0, hits
 
 
+def _documents_and_chats(n_docs: int = 48, back: int = 6) -> list[tuple[list[int], list[int]]]:
+    """Documents asked a one-token question come back with the next question ``back`` requests
+    later; two chat turns answered at length, which never come back, follow each document."""
+    rng = random.Random(0)
+    tok = lambda n: [rng.randrange(3, 999) for _ in range(n)]  # noqa: E731
+    out: list[tuple[list[int], list[int]]] = []
+    due: list[tuple[int, list[int]]] = []
+    for _ in range(n_docs):
+        doc = tok(16)
+        out.append((doc + tok(4), [1]))
+        due.append((len(out) + back, doc))
+        out += [(tok(16), tok(24)) for _ in range(2)]
+        while due and due[0][0] <= len(out):
+            out.append((due.pop(0)[1] + tok(4), [1]))
+    return out
+
+
+def test_answer_keeps_the_documents_that_short_answers_mark():
+    """Every prefix enters as a first turn, a third of them return, and LRU (no hit at all) and
+    ``hazard`` cannot tell which; ``answer`` learns from the answers' lengths that the chats never
+    come back and keeps the documents.  Without the hint (``finished`` ignored) it is ``hazard``."""
+    trace, pool, page = _documents_and_chats(), 32, 4
+    total = sum(len(p) for p, _ in trace)
+    rate = {p: sum(replay(trace, pool, page, p)) / total for p in ("lru", "hazard", "answer")}
+    cache = CacheManager(pool, page, "radix", "answer")
+    cache.prefix.policy.finished = lambda *hint: None
+    blind = sum(replay(trace, pool, page, "answer", cache=cache)) / total
+    opt = sum(belady(trace, pool, page)) / total
+    assert rate["lru"] == 0 and blind == rate["hazard"], (rate, blind)
+    assert rate["answer"] >= 0.8 * opt and rate["answer"] >= 3 * rate["hazard"], (rate, opt)
+
+
+def test_answer_classes_only_the_requests_own_new_nodes():
+    tree = _tree("answer", num_pages=32)
+    insert_fresh(tree, seq(4, 100))
+    tree.match(seq(4, 100))  # a prefix used once...
+    res = insert_fresh(tree, seq(4, 100) + seq(4, 500))  # ...and a request that extended it
+    tree.finished(res.handle, 8, 40)
+    policy = tree.policy
+    assert policy.state[res.handle][2] == (0, True, (40).bit_length())
+    assert policy.state[res.handle.parent][2] == (2, False)  # matched, then walked by the insert: untouched
+    assert policy.classes[(0, True)].entries == policy.classes[(0, True, 6)].entries == 4
+    tree.finished(res.handle, 8, 1)  # a node is classed once
+    assert policy.state[res.handle][2] == (0, True, 6)
+    tree.check()
+
+
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown eviction policy 'mru'"):
         make_policy("mru")

@@ -6,6 +6,8 @@ every node event and answers two questions:
 
 * ``priority(node, now)``: a sort key, smallest evicted first.  Keys are taken when an eviction
   starts (nothing is accessed during one), so they may depend on ``now``.
+* ``finished(node, num_prompt, num_output)``: a request whose cached prefix ends at ``node``
+  ended; its lengths are a hint (``answer`` uses them).
 * ``spare(node)``: asked just before a popped leaf is evicted; ``True`` means the policy moved
   the node (a second chance, S3-FIFO style) and wants it re-ranked with a fresh ``priority``.
 
@@ -30,7 +32,7 @@ other and against Belady's offline optimum):
   conversation's first turn) and goes first, newest first, so that under cyclic access the
   conversation furthest from returning gives way.  An overdue node (idle longer than its gap)
   is forecast as far again as it has been idle, so sessions that went quiet age out.
-* ``hazard`` (default): evict the node least likely to be used again before the cache turns
+* ``hazard`` (default; ``hazard.py``, with ``proven`` and ``answer``): evict the node least likely to be used again before the cache turns
   over.  Nodes fall in classes by how often they were used (never: a first turn, or a new leaf
   under a used path, told apart; once; twice or more), and each class learns online, weighted
   by pages, the share of its nodes that come back and a histogram of how long they took.  A
@@ -41,6 +43,8 @@ other and against Belady's offline optimum):
   ghost (their first page's hash), so a prefix that comes back after eviction still counts as
   a return for its class, and those returns are not lost to the cache's own misses.
   Production-shaped traces (``benchmarks/trace_replay.py``) are where ``reuse`` fell below LRU.
+* ``answer``: ``hazard`` whose never-used classes are split by the length of the answer of the
+  request that wrote the node (told through ``finished``; ``hazard.py`` says why).
 * ``proven``: ``hazard``'s order on each side of one line, nodes of a prefix that never proved
   reuse (used since it entered, back from the ghost list, or a new leaf under a used path) first.
   On the Mooncake trace most pages enter with a first turn that never returns, and they flush,
@@ -53,41 +57,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from runtime.cache.return_stats import ReturnStats
+from runtime.cache.hazard import OutputHazard, ProvenHazard, ReturnHazard
+from runtime.cache.policy_base import EvictionPolicy, PerNode
 
 if TYPE_CHECKING:
     from runtime.cache.tree_node import TreeNode
 
+__all__ = ["DEFAULT_POLICY", "POLICIES", "EvictionPolicy", "make_policy"]
+
 UNKNOWN = float("inf")  # the forecast of a node with no reuse anywhere on its path
-TURNOVER_EWMA = 0.05  # weight of the latest victim's idle time in the turnover estimate
-
-
-class EvictionPolicy:
-    """Base policy: hooks do nothing, no second chances; subclasses define ``priority``."""
-
-    name = "base"
-    trim = True  # evict only the tail pages needed from the last victim, not the whole leaf
-
-    def added(self, node: TreeNode, now: int) -> None:
-        """``node`` was just inserted as a new leaf."""
-
-    def used(self, node: TreeNode, now: int) -> None:
-        """A request reached ``node`` while nothing held it (see the module docstring)."""
-
-    def split(self, upper: TreeNode, lower: TreeNode) -> None:
-        """``lower`` (the old node) was cut; ``upper`` is its new first part and inherits its state."""
-
-    def removed(self, node: TreeNode) -> None:
-        """``node`` left the tree (evicted or reset)."""
-
-    def priority(self, node: TreeNode, now: int) -> tuple:
-        raise NotImplementedError
-
-    def spare(self, node: TreeNode) -> bool:
-        return False
-
-    def check(self, tree_pages: int) -> None:
-        """Assert the policy's own page counts agree with the tree's (tests)."""
 
 
 class LRU(EvictionPolicy):
@@ -107,21 +85,7 @@ class LRUTail(LRU):
     trim = True
 
 
-class _PerNode(EvictionPolicy):
-    """A policy with one state object per node, copied on split and dropped on removal."""
-
-    def __init__(self) -> None:
-        self.state: dict[TreeNode, list] = {}
-
-    def split(self, upper: TreeNode, lower: TreeNode) -> None:
-        if lower in self.state:
-            self.state[upper] = list(self.state[lower])
-
-    def removed(self, node: TreeNode) -> None:
-        self.state.pop(node, None)
-
-
-class SLRU(_PerNode):
+class SLRU(PerNode):
     """Segmented LRU: probation (used once) is evicted before protected (used again)."""
 
     name = "slru"
@@ -168,7 +132,7 @@ class SLRU(_PerNode):
         assert self.protected_pages == sum(self.protected.values())
 
 
-class S3FIFO(_PerNode):
+class S3FIFO(PerNode):
     """S3-FIFO (Yang et al., SOSP'23) with radix nodes as objects and pages as sizes."""
 
     name = "s3fifo"
@@ -236,7 +200,7 @@ class S3FIFO(_PerNode):
         return True
 
 
-class Shared(_PerNode):
+class Shared(PerNode):
     """Sequences through a node per tick of age: a shared, recently used prefix scores high."""
 
     name = "shared"
@@ -254,7 +218,7 @@ class Shared(_PerNode):
         return (uses / (now - last + 1), node.last_access)
 
 
-class ReuseForecast(_PerNode):
+class ReuseForecast(PerNode):
     """Evict the node whose forecast next use is furthest away (see the module docstring)."""
 
     name = "reuse"
@@ -282,97 +246,12 @@ class ReuseForecast(_PerNode):
         return (-forecast, -node.last_access)
 
 
-class ReturnHazard(_PerNode):
-    """Evict the node least likely to be back before the cache turns over (see the module docstring)."""
-
-    name = "hazard"
-
-    def __init__(self, ghost_size: int = 1 << 16) -> None:
-        super().__init__()
-        self.classes: dict[tuple, ReturnStats] = {}
-        # first page's hash -> (class, last use, uses, pages)
-        self.ghost: OrderedDict[int, tuple] = OrderedDict()
-        self.ghost_size = ghost_size
-        self.turnover = 0.0  # mean idle time of evicted nodes, in ticks
-        self.now = 0
-
-    def _class(self, cls: tuple) -> ReturnStats:
-        return self.classes.setdefault(cls, ReturnStats())
-
-    def _enter(self, node: TreeNode, now: int, uses: int, cls: tuple) -> None:
-        self._class(cls).entries += len(node.pages)
-        self.state[node] = [now, uses, cls]
-
-    @staticmethod
-    def _page_hashes(node: TreeNode) -> list[int]:
-        ps = len(node.key) // max(len(node.pages), 1)
-        return [hash(node.key[i : i + ps]) for i in range(0, len(node.key), ps)] if ps else []
-
-    def added(self, node: TreeNode, now: int) -> None:
-        self.now = now
-        back = [g for g in (self.ghost.pop(h, None) for h in self._page_hashes(node)) if g is not None]
-        for cls, last, _, pages in back:  # evicted pieces of this prefix came back: returns the tree missed
-            self._class(cls).back(now - last, pages)
-        if back:
-            uses = 1 + max(g[2] for g in back)
-            self._enter(node, now, uses, (min(uses, 2), False))
-            return
-        parent = self.state.get(node.parent) if node.parent is not None else None
-        self._enter(node, now, 0, (0, parent is not None and parent[1] > 0))
-
-    def used(self, node: TreeNode, now: int) -> None:
-        st = self.state.get(node)
-        if st is None:
-            return self._enter(node, now, 1, (1, False))
-        self._class(st[2]).back(now - st[0], len(node.pages))
-        self._enter(node, now, st[1] + 1, (min(st[1] + 1, 2), False))
-
-    def removed(self, node: TreeNode) -> None:
-        st = self.state.pop(node, None)
-        hashes = self._page_hashes(node)
-        if st is None or node.parent is None or not hashes:
-            return
-        idle = max(self.now - st[0], 1)
-        self.turnover = (
-            idle if self.turnover == 0 else (1 - TURNOVER_EWMA) * self.turnover + TURNOVER_EWMA * idle
-        )
-        self.ghost[hashes[0]] = (st[2], st[0], st[1], len(node.pages))
-        while len(self.ghost) > self.ghost_size:
-            self.ghost.popitem(last=False)
-
-    def priority(self, node: TreeNode, now: int) -> tuple:
-        self.now = now
-        st = self.state.get(node)
-        if st is None:
-            return (0.0, node.last_access)
-        window = self.turnover or float(1 << 40)
-        return (self._class(st[2]).soon(now - st[0], window), st[0])
-
-
-class ProvenHazard(ReturnHazard):
-    """``hazard`` behind one strict line: a node whose prefix never proved reuse goes first."""
-
-    name = "proven"
-
-    @staticmethod
-    def proven(st: list) -> bool:  # back from the ghost list: it entered with ``uses`` >= 1
-        return st[1] > 0 or st[2] == (0, True)
-
-    def priority(self, node: TreeNode, now: int) -> tuple:
-        st = self.state.get(node)
-        return (st is not None and self.proven(st), *super().priority(node, now))
-
-    def check(self, tree_pages: int) -> None:
-        assert sum(len(n.pages) for n in self.state) == tree_pages, (len(self.state), tree_pages)
-        assert all(st[1] >= 0 and st[2][0] == min(st[1], 2) for st in self.state.values())
-        assert len(self.ghost) <= self.ghost_size
-
-
 DEFAULT_POLICY = (
     "hazard"  # chosen on the first half of the Mooncake trace: benchmarks/results/trace_replay.json
 )
 POLICIES: dict[str, type[EvictionPolicy]] = {
-    p.name: p for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast, ReturnHazard, ProvenHazard)
+    p.name: p
+    for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast, ReturnHazard, ProvenHazard, OutputHazard)
 }
 
 

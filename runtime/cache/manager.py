@@ -158,6 +158,7 @@ class CacheManager:
             return
         if cache:
             self.cache_computed(req, leaving=True)
+            self.prefix.finished(req.handle, req.num_prompt, len(req.tokens) - req.num_prompt)
             if req.scope.session is not None:
                 self.pins.pin(req.scope.session, req.handle)  # the session's last node: prompt + output
         self.allocator.free(req.own_pages)

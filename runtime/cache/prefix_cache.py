@@ -105,6 +105,8 @@ class PrefixCache(Protocol):
 
     def handle_len(self, handle: object) -> int: ...
 
+    def finished(self, handle: object, num_prompt: int, num_output: int) -> None: ...
+
     def insert(
         self,
         token_ids: Sequence[int],
@@ -173,6 +175,9 @@ class NoPrefixCache(NoTiers):
 
     def handle_len(self, handle: object) -> int:
         return 0
+
+    def finished(self, handle: object, num_prompt: int, num_output: int) -> None:
+        pass
 
     def insert(
         self,

@@ -57,6 +57,10 @@ class RadixTree:
             node = node.parent
         return n
 
+    def finished(self, handle: TreeNode, num_prompt: int, num_output: int) -> None:
+        """A request whose cached prefix ends at ``handle`` ended (its lengths are a hint for the policy)."""
+        self.policy.finished(handle, num_prompt, num_output)
+
     def _walk(
         self, tokens: tuple[int, ...], scope: CacheScope, now: int | None
     ) -> tuple[TreeNode, int, list[int]]:
