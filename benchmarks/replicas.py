@@ -16,7 +16,11 @@ reset caches (``/v1/cache/reset`` on each replica, which also empties the shared
   built from their KV cache events), ``manual`` (the session key ``X-SMG-Routing-Key`` pinned to a
   worker, new keys to the least-loaded one), ``round_robin``, and at 3 replicas ``consistent_hashing``
   on the session key.  Token hit rate (cached / prompt tokens), split into the replica's own pool and
-  the shared tier; TTFT median / p90; requests per replica.
+  the shared tier; the share of turns that find their whole previous prompt in the pool
+  (``history_pool_hit_rate``); TTFT median / p90; requests per replica.  ``--repeats N`` runs every
+  case N times, interleaved, each time with other think times (round-robin's rate depends on the
+  order the requests arrive in), and pools the records.  ``benchmarks/routing_bound.py`` replays the
+  same sessions token level for what a perfect router could reach.
 * **failover**: 3 replicas, cache-aware; turns 1-4 of every session (turn 4 sent one session at a
   time, to see which replica holds each), the replica holding the most sessions SIGKILLed, turns 5-8.
   For the moved sessions' turn 5: cached tokens by tier against the previous prompt, TTFT against a
