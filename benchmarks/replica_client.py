@@ -67,6 +67,12 @@ def stream(url: str, messages: list[dict], session: int | None = None) -> dict:
             "cached": usage["prompt_tokens_details"]["cached_tokens"], "tiers": tiers}  # fmt: skip
 
 
+def think_rng(session: int, seed: int, first_turn: int = 0) -> random.Random:
+    """The think times of ``session``'s turns from ``first_turn`` on, in repeat ``seed`` (one place, so
+    that ``benchmarks/routing_bound.py`` replays the orders this benchmark sends)."""
+    return random.Random(session * 1000 + first_turn + 7919 * seed)
+
+
 def run_turns(
     url: str, convs, turns: range, out: list[list[dict | None]], think_s: float = 0.5, seed: int = 0
 ) -> None:
@@ -75,7 +81,7 @@ def run_turns(
     out of lockstep, which would let round-robin send a session to the same replica every time)."""
 
     def one(s: int) -> None:
-        rng = random.Random(s * 1000 + turns.start + 7919 * seed)
+        rng = think_rng(s, seed, turns.start)
         for t in turns:
             time.sleep(rng.uniform(0, think_s))
             out[s][t] = stream(url, convs[s][t], s)

@@ -26,11 +26,10 @@ bound on what cache-aware routing can show over round-robin on this workload.
 from __future__ import annotations
 
 import argparse
-import random
 
 from benchmarks.belady import Trace, belady, replay
 from benchmarks.common import base_parser, bench_main, format_table, model_dir, progress
-from benchmarks.replica_client import sessions
+from benchmarks.replica_client import sessions, think_rng
 from runtime.cache.eviction import DEFAULT_POLICY
 
 PAGE = 16
@@ -41,7 +40,7 @@ def arrivals(n: int, turns: int, think_s: float, service_s: float, seed: int) ->
     """(session, turn) in the order seeded think times send them (seed 0: the replicas benchmark's)."""
     events = []
     for s in range(n):
-        rng, t0 = random.Random(s * 1000 + seed * 7919), 0.0  # seed 0: the one ``run_turns`` uses
+        rng, t0 = think_rng(s, seed), 0.0
         for t in range(turns):
             t0 += rng.uniform(0, think_s) + service_s
             events.append((t0, s, t))
