@@ -77,18 +77,19 @@ def routing(cluster, convs, args, cases_run: list[str]) -> dict:
     runs: dict[str, list] = {c[0]: [] for c in cases if c[0] in cases_run}
     for seed in range(args.repeats):  # repeats interleaved (A B A B), each with its own think times
         for name, n, policy, extra in (c for c in cases if c[0] in runs):
-            runs[name].append(
-                one_case(cluster, convs, args, name.startswith("events_"), n, policy, extra, seed)
+            recs, shared, per_replica, wall = one_case(
+                cluster, convs, args, name.startswith("events_"), n, policy, extra, seed
             )
-            progress(
-                f"{name} #{seed}: {summary([r for s in runs[name][-1][0] for r in s], args.system_len, runs[name][-1][1])}"
-            )
+            # each repeat's own figures, once (``summary`` also warns when the two shared-tier counts disagree)
+            rep = summary([r for s in recs for r in s], args.system_len, shared)
+            runs[name].append((recs, shared, per_replica, wall, rep))
+            progress(f"{name} #{seed}: {rep}")
     for name, rs in runs.items():
         recs = [row for r in rs for row in r[0]]
         out[name] = {**summary([r for s in recs for r in s], args.system_len, sum(r[1] for r in rs)),
                      "wall_s": round(sum(r[3] for r in rs), 1), "history_pool_hit_rate": history(recs),
                      "requests_per_replica": [sum(x) for x in zip(*(r[2] for r in rs))],
-                     "per_repeat_session_pool_hit_rate": [summary([x for s in r[0] for x in s], args.system_len, r[1])["session_pool_hit_rate"] for r in rs]}  # fmt: skip
+                     "per_repeat_session_pool_hit_rate": [r[4]["session_pool_hit_rate"] for r in rs]}  # fmt: skip
         progress(f"{name}: {out[name]}")
     return out
 
