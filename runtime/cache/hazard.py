@@ -131,7 +131,9 @@ class OutputHazard(ReturnHazard):
             node is not None and (st := self.state.get(node)) is not None and st[1] == 0 and len(st[2]) == 2
         ):
             st[2] = (*st[2], answer)
-            self._class(st[2]).entries += len(node.pages)  # the fine class; the coarse one counted them on entry
+            self._class(st[2]).entries += len(
+                node.pages
+            )  # the fine class; the coarse one counted them on entry
             node = node.parent
 
     def _back(self, cls: tuple, gap: int, pages: int) -> None:
