@@ -164,7 +164,7 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.cache.release(req)
+        self.cache.finish(req)
         req.status = Status.FINISHED
         self.drafter.finish(req, req.tokens, req.scope.namespace)
 

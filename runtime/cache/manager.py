@@ -19,6 +19,7 @@ from runtime.cache.page_allocator import OutOfPages, PageAllocator
 from runtime.cache.pins import PinTable
 from runtime.cache.prefix_cache import PrefixCache
 from runtime.cache.registry import DEFAULT_KIND, make_prefix_cache
+from runtime.cache.shadows import NoShadows, Shadows
 from runtime.cache.store.states import StateTier
 from runtime.cache.store.tiers import LowerTiers, TierStats
 from runtime.cache.tiered_cache import PageIO
@@ -55,7 +56,10 @@ class CacheManager:
         states: HybridStates | NoStates | None = None,
         state_budget: int | None = None,
         state_tier: StateTier | None = None,
+        shadows: Shadows | NoShadows | None = None,
     ) -> None:
+        if isinstance(shadows, Shadows) and state_budget is not None:
+            raise ValueError("eviction shadows model a full-attention pool: this model keeps per-node states")
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
         self.prefix: PrefixCache = make_prefix_cache(
@@ -67,6 +71,8 @@ class CacheManager:
         self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
         self.states = states if states is not None else NoStates()  # a hybrid's linear-attention slots
+        # other policies' hits on the same requests (``runtime/cache/shadows.py``)
+        self.shadows = shadows if shadows is not None else NoShadows()
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:
@@ -167,9 +173,16 @@ class CacheManager:
         req.pages, req.num_tree_pages, req.handle, req.num_computed = [], 0, None, 0
         self.live.discard(req)
 
+    def finish(self, req: Request) -> None:
+        """``req`` ended for good (not a retraction): the shadows replay it, then :meth:`release`."""
+        if req in self.live:
+            self.shadows.replay(req.tokens, req.num_prompt, req.num_computed, req.cached_tokens, req.scope)
+        self.release(req)
+
     def reset(self) -> None:
         self.pins.clear()
         self.prefix.reset()
+        self.shadows.reset()
 
     # -- lower tiers -------------------------------------------------------------------
     def persist(self, wait: bool = True) -> int:

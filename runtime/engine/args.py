@@ -18,6 +18,17 @@ from runtime.speculative.drafter import MODES as SPECULATIVE_MODES
 D = {f.name: f.default for f in fields(EngineConfig)}
 
 
+def _policy_list(text: str) -> tuple[str, ...]:
+    """``lru,answer`` -> the policies, each one of ``POLICIES`` (argparse prints the error in one line)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in POLICIES]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(bad)} (choose from {', '.join(POLICIES)})"
+        )
+    return names
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument(
@@ -77,6 +88,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         choices=sorted(POLICIES),
         default=D["eviction_policy"],
         help=f"which cached prefixes give way first (default {D['eviction_policy']}; see benchmarks/eviction_traces.py)",
+    )
+    g.add_argument(
+        "--eviction-shadows",
+        type=_policy_list,
+        default=D["eviction_shadows"],
+        metavar="POLICY,...",
+        help="also replay each finished request through these policies' page-only copies of the pool and report "
+        "what they would have hit (/metrics, /v1/cache): a policy chosen on this server's own traffic",
     )
     g.add_argument(
         "--session-ttl",
@@ -185,6 +204,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         max_running=args.max_running,
         prefix_cache=args.prefix_cache,
         eviction_policy=args.eviction_policy,
+        eviction_shadows=args.eviction_shadows,
         session_ttl=args.session_ttl,
         pinned_fraction=args.pinned_fraction,
         schedule_policy=args.schedule_policy,

@@ -23,6 +23,9 @@ class EngineConfig:
     eviction_policy: str = (
         DEFAULT_POLICY  # runtime/cache/eviction.py; chosen on benchmarks/eviction_traces.py
     )
+    # other policies replayed beside the pool on the same requests (runtime/cache/shadows.py): what each
+    # would have hit here, so a policy is chosen on the server's own traffic
+    eviction_shadows: tuple[str, ...] = ()
     page_size: int = 16  # see benchmarks/results/page_size.json for why 16
     kv_cache_memory: int | str | None = None  # bytes or "2G"; None: 1 GiB on CPU, 85% of free GPU memory
     num_pages: int | None = None  # exact pool size (tests); overrides kv_cache_memory
@@ -102,6 +105,9 @@ class EngineConfig:
             raise ValueError(
                 f"eviction_policy must be one of {', '.join(POLICIES)}, got {self.eviction_policy!r}"
             )
+        bad = [p for p in self.eviction_shadows if p not in POLICIES]
+        if bad:
+            raise ValueError(f"eviction_shadows must be among {', '.join(POLICIES)}, got {', '.join(bad)}")
         if self.session_ttl <= 0:
             raise ValueError(f"session_ttl must be > 0 seconds, got {self.session_ttl}")
         if not 0 <= self.pinned_fraction <= 1:

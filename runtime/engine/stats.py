@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from runtime.cache.manager import CacheManager
+from runtime.cache.shadows import ShadowStats
 from runtime.scheduler import Scheduler
 
 
@@ -44,6 +45,7 @@ class EngineStats(NamedTuple):
     snapshot_cut_tokens: int = 0
     drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified, and of those accepted
     accepted_tokens: int = 0
+    shadows: ShadowStats | None = None  # other policies' hits on the same requests (--eviction-shadows)
 
 
 def engine_stats(
@@ -57,7 +59,7 @@ def engine_stats(
         retractions=scheduler.num_retractions, running=len(scheduler.running),
         waiting=len(scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
         tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=cache.page_size,
-        drafted_tokens=st.drafted, accepted_tokens=st.accepted,
+        drafted_tokens=st.drafted, accepted_tokens=st.accepted, shadows=cache.shadows.stats(),
         **_tier_fields(cache), **_snapshot_fields(cache, snapshot_cut),
         # the requests' own splits, not the tiers' page loads: the same totals as the responses' figures
         host_loaded_tokens=st.cached_host, disk_loaded_tokens=st.cached_disk, shared_loaded_tokens=st.cached_shared,

@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from runtime.cache.shadows import ShadowStats
+
 
 class CacheSnapshot(NamedTuple):
     """The pool and the pins at one moment (taken on the engine thread)."""
@@ -18,6 +20,7 @@ class CacheSnapshot(NamedTuple):
     pins: list[tuple[Any, int, float]]  # owner, pinned tokens, TTL left
     lapses: dict[str, int]
     lapses_by_tenant: dict[Any, dict[str, int]]
+    shadows: ShadowStats | None = None  # --eviction-shadows: other policies' hits on the same requests
 
 
 def cache_snapshot(engine) -> CacheSnapshot | None:
@@ -30,7 +33,10 @@ def cache_snapshot(engine) -> CacheSnapshot | None:
     }  # fmt: skip
     live, lapsed, by_tenant = engine.pins()
     pins = [(p.owner, p.tokens, p.ttl_left) for p in live]
-    return CacheSnapshot(pages, engine.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant)
+    shadows = engine.cache.shadows.stats()
+    return CacheSnapshot(
+        pages, engine.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant, shadows
+    )
 
 
 def describe(snap: CacheSnapshot | None, tenant: str | None, own_only: bool = False) -> dict[str, Any]:
@@ -50,10 +56,23 @@ def describe(snap: CacheSnapshot | None, tenant: str | None, own_only: bool = Fa
     if own_only:  # pinned pages of its own pins (a prefix two of them share counts twice)
         pages = {"total": snap.pages["total"], "pinned": own_tokens // snap.page_size}
         evictions = {"pin_lapses": snap.lapses_by_tenant.get(tenant, {})}
-    return {
+    out = {
         "object": "cache", "page_size": snap.page_size, "eviction_policy": snap.policy, "pages": pages,
         "sessions": sessions, "prewarmed": prewarmed, "evictions": evictions,
     }  # fmt: skip
+    if snap.shadows is not None and not own_only:  # every tenant's traffic: the operator's figure
+        sh = snap.shadows
+        rate = lambda n: round(n / sh.prompt_tokens, 4) if sh.prompt_tokens else 0.0  # noqa: E731
+        out["eviction_shadows"] = {
+            "prompt_tokens": sh.prompt_tokens,
+            "served": {
+                "policy": snap.policy,
+                "cached_tokens": sh.served_tokens,
+                "hit_rate": rate(sh.served_tokens),
+            },
+            "policies": {p: {"cached_tokens": n, "hit_rate": rate(n)} for p, n in sh.cached_tokens.items()},
+        }
+    return out
 
 
 class CacheCollector(Collector):

@@ -43,6 +43,29 @@ class _EngineCollector(Collector):
         for name, value, doc in gauges:
             yield GaugeMetricFamily(f"kvreuse_{name}", doc, value=value)
         yield from _tier_families(s)
+        yield from _shadow_families(s)
+
+
+def _shadow_families(s: EngineStats) -> Iterator:
+    """``--eviction-shadows``: over the finished requests they replayed, the prompt tokens, what the pool
+    served of them and what each shadow policy would have (``runtime/cache/shadows.py``)."""
+    if s.shadows is None:
+        return
+    yield CounterMetricFamily(
+        "kvreuse_eviction_shadow_prompt_tokens", "Prompt tokens of the finished requests the shadows replayed",
+        value=s.shadows.prompt_tokens,
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "kvreuse_eviction_shadow_served_tokens", "Of those, the tokens the pool served from its cache",
+        value=s.shadows.served_tokens,
+    )  # fmt: skip
+    cached = CounterMetricFamily(
+        "kvreuse_eviction_shadow_cached_tokens", "Of those, the tokens each shadow policy would have served",
+        labels=["policy"],
+    )  # fmt: skip
+    for policy, value in s.shadows.cached_tokens.items():
+        cached.add_metric([policy], value)
+    yield cached
 
 
 def _tier_families(s: EngineStats) -> Iterator:
