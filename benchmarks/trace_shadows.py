@@ -1,0 +1,100 @@
+"""Eviction shadows on the Mooncake trace: what each shadow reports, which policy it would pick, what it costs.
+
+Run from the repository root: ``python -m benchmarks.trace_shadows [--quick] [--trace PATH]``.
+
+No policy wins on every trace (``docs/traces.md``), so ``kvreuse serve --eviction-shadows`` replays
+each finished request through page-only copies of the pool under other policies
+(``runtime/cache/shadows.py``).  Here the default policy serves each trace (its two halves by time
+and the whole, page 512 trace tokens, pools of 3/10/30% of the working set) through the token-level
+harness (``benchmarks/belady.py``) with shadows of the candidates; each candidate is also replayed
+serving on its own.  Reported: each shadow's hit rate beside its own replay's (requests come one at a
+time here, so they must be equal), the policy the shadows would pick against the one that is best,
+and the harness's time with shadows over its time without, measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from benchmarks import mooncake
+from benchmarks.belady import belady, replay, working_set_pages
+from benchmarks.common import base_parser, bench_main, format_table, progress
+from benchmarks.trace_replay import SHARES, hit_rate, pool_for, traces
+from runtime.cache.eviction import DEFAULT_POLICY
+from runtime.cache.manager import CacheManager
+from runtime.cache.shadows import make_shadows
+
+CANDIDATES = ("lru", "hazard", "proven", "answer")
+CHUNK = 512  # the replay's and the shadows' prefill chunk (the engine's default)
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def one_pool(trace, pool: int, page: int, candidates: tuple[str, ...]) -> dict:
+    """Serve with the default and shadows of ``candidates``; each candidate served on its own."""
+    plain, t_plain = timed(lambda: replay(trace, pool, page, DEFAULT_POLICY, CHUNK, check=False))
+    shadows = make_shadows(candidates, pool, page, CHUNK)
+    cache = CacheManager(pool, page, "radix", DEFAULT_POLICY, shadows=shadows)
+    served, t_shadowed = timed(
+        lambda: replay(trace, pool, page, DEFAULT_POLICY, CHUNK, check=False, cache=cache)
+    )
+    assert served == plain, "shadows changed what the pool served"
+    st = shadows.stats()
+    assert st is not None
+    shadow = {p: n / st.prompt_tokens for p, n in st.cached_tokens.items()}
+    own = {p: hit_rate(trace, replay(trace, pool, page, p, CHUNK, check=False)) for p in candidates}
+    picked, best = max(shadow, key=shadow.__getitem__), max(own, key=own.__getitem__)
+    return {
+        "pool_pages": pool, "belady": hit_rate(trace, belady(trace, pool, page)), "served": hit_rate(trace, served),
+        "shadow_hit_rate": shadow, "own_hit_rate": own, "equal": all(shadow[p] == own[p] for p in candidates),
+        "picked": picked, "best": best, "picked_x_best": own[picked] / own[best] if own[best] else 1.0,
+        "seconds_plain": t_plain, "seconds_with_shadows": t_shadowed, "overhead_x": t_shadowed / t_plain,
+        "ms_per_request_per_shadow": (t_shadowed - t_plain) / len(trace) / len(candidates) * 1e3,
+    }  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> dict:
+    candidates = tuple(args.candidates.split(","))
+    results, rows = {}, []
+    for name, reqs in traces(args.trace, args.quick, args.traces.split(",")).items():
+        trace = mooncake.materialise(reqs, args.unit)
+        ws = working_set_pages(trace, args.page)
+        results[name] = {}
+        for share in SHARES:
+            progress(f"{name}, pool {share:.0%}")
+            r = results[name][f"{share:.2f}"] = one_pool(
+                trace, pool_for(trace, share, args.page, ws), args.page, candidates
+            )
+            rows.append([name, f"{share:.0%}", r["belady"], *(r["shadow_hit_rate"][p] for p in candidates),
+                         r["equal"], r["picked"], r["best"], r["picked_x_best"], r["overhead_x"], r["ms_per_request_per_shadow"]])  # fmt: skip
+    print(format_table(["trace", "pool", "Belady", *(f"{p} (shadow)" for p in candidates), "shadow == own",
+                        "picked", "best", "picked x best", "time x", "ms/request/shadow"], rows))  # fmt: skip
+    return {"dtype": "none (token level, no model)", "threads": 1, "trace": str(args.trace), "unit": args.unit,
+            "page_trace_tokens": args.page * args.unit, "serving": DEFAULT_POLICY, "candidates": list(candidates),
+            "chunk": CHUNK, "traces": results}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = base_parser("trace_shadows", __doc__.split("\n")[0])
+    p.add_argument("--trace", type=Path, default=mooncake.DEFAULT_TRACE, help="Mooncake-format .jsonl")
+    p.add_argument("--unit", type=int, default=16, help="trace tokens per replayed token (default 16)")
+    p.add_argument("--page", type=int, default=32, help="page size in replayed tokens (default 32: 512)")
+    p.add_argument("--candidates", default=",".join(CANDIDATES), help="the shadows' policies")
+    p.add_argument(
+        "--traces", default="first,second,full", help="which of first,second,full (halves by time)"
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main("trace_shadows", parse_args, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
