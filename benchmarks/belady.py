@@ -110,6 +110,7 @@ def replay(
     chunk_size: int = 512,
     check: bool = True,
     cache: CacheManager | None = None,
+    inflight: int = 1,
 ) -> list[int]:
     """Cached tokens of each request through the real scheduler, cache manager and radix tree.
 
@@ -118,22 +119,31 @@ def replay(
     cache manager's integrity check after every batch (off for long production traces, where it
     would walk a large tree thousands of times).  ``cache``: a cache manager built by the caller
     (with lower tiers, say) instead of a plain one of ``num_pages`` under ``policy``.
+    ``inflight``: requests kept in the scheduler at once (the next one enters as one finishes);
+    1 runs the trace one request after another.
     """
     cache = cache if cache is not None else CacheManager(num_pages, page_size, "radix", policy)
-    sched = Scheduler(cache, chunk_size, 1, "fcfs")
-    out = []
-    for i, (prompt, output) in enumerate(trace):
-        params = SamplingParams(max_tokens=len(output), ignore_eos=True)
-        req = Request(str(i), list(prompt), len(prompt), params, frozenset())
-        sched.add(req)
-        while sched.has_work():
-            batch = sched.schedule()
-            assert batch is not None, "a trace request does not fit the pool"
-            tokens = [output[len(c.req.tokens) - c.req.num_prompt] for c in batch.chunks if c.sample]
-            for s in sched.commit(batch, SampleResult(tokens, [None] * len(tokens))):
-                if (reason := s.req.stop_reason(s.tokens[-1])) is not None:  # as the engine ends a request
-                    sched.finish(s.req, reason)
-            if check:
-                cache.check_integrity()
-        out.append(req.cached_tokens)
-    return out
+    sched = Scheduler(cache, chunk_size, inflight, "fcfs")
+    reqs: list[Request] = []
+    live = 0
+    while len(reqs) < len(trace) or sched.has_work():
+        while len(reqs) < len(trace) and live < inflight:
+            prompt, output = trace[len(reqs)]
+            params = SamplingParams(max_tokens=len(output), ignore_eos=True)
+            reqs.append(Request(str(len(reqs)), list(prompt), len(prompt), params, frozenset()))
+            sched.add(reqs[-1])
+            live += 1
+        batch = sched.schedule()
+        assert batch is not None, "a trace request does not fit the pool"
+        tokens = [
+            trace[int(c.req.request_id)][1][len(c.req.tokens) - c.req.num_prompt]
+            for c in batch.chunks
+            if c.sample
+        ]
+        for s in sched.commit(batch, SampleResult(tokens, [None] * len(tokens))):
+            if (reason := s.req.stop_reason(s.tokens[-1])) is not None:  # as the engine ends a request
+                sched.finish(s.req, reason)
+                live -= 1
+        if check:
+            cache.check_integrity()
+    return [r.cached_tokens for r in reqs]

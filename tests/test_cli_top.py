@@ -23,6 +23,7 @@ def server(tmp_path_factory):
     model = make_tiny_model(d / "m", vocab=49152)
     args = ["--model", str(model), "--dtype", "float32", "--kv-cache-memory", "4M", "--api-key", "k1"]
     args += ["--operator-key", "op"]  # /metrics is the operator's with keys on: top runs with that key
+    args += ["--eviction-shadows", "lru"]
     proc = ServerProcess(args, d / "server.log").start()
     yield proc
     proc.stop()
@@ -56,6 +57,10 @@ def test_top_once_shows_the_servers_figures(server):
     assert f"{cached:,}" in text and f"{cached / prompt:.1%}" in text
     assert "sess-7" in text and "append_only" in text and "new_conversation" in text
     assert f"/ {pages:,} pages" in text
+    shadow = value["kvreuse_eviction_shadow_prompt_tokens_total"]
+    served = value["kvreuse_eviction_shadow_served_tokens_total"] / shadow
+    lru = value['kvreuse_eviction_shadow_cached_tokens_total{policy="lru"}'] / shadow
+    assert shadow == prompt and f"served {served:.1%}  lru {lru:.1%}" in text
 
 
 def test_top_failures_are_one_line(server):

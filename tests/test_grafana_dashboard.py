@@ -8,6 +8,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from runtime.cache.shadows import ShadowStats
 from runtime.engine.stats import EngineStats
 from runtime.server.cache_info import CacheCollector, CacheSnapshot
 from runtime.server.metrics import ServerMetrics
@@ -17,7 +18,7 @@ DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "kvreuse.
 
 def _exported() -> dict[str, set[str]]:
     """Sample name -> its label names, from a registry as the server builds it, every series touched once."""
-    stats = EngineStats(*([1] * 14))
+    stats = EngineStats(*([1] * 14), shadows=ShadowStats(1, 1, {"lru": 1}))
     metrics = ServerMetrics(lambda: stats)
     pages = dict.fromkeys(("total", "free", "tree", "pinned", "evictable", "in_use", "evicted_total"), 1)
     snap = CacheSnapshot(pages, 16, "reuse", [(("t", "s"), 16, 1.0)], {"ttl": 1}, {"t": {"ttl": 1}})

@@ -105,6 +105,11 @@ def tiers(now: Sample) -> Panel:
     by_tier = now.by_label("kvreuse_cached_tokens_by_tier_total", "tier")
     t.add_row("cached from", "", "  ".join(f"{k} {_n(v)}" for k, v in by_tier.items()))
     t.add_row("evicted", "", f"{_n(now.get('kvreuse_evicted_pages_total'))} pages")
+    shadow_prompt = now.get("kvreuse_eviction_shadow_prompt_tokens_total")
+    if shadow_prompt:  # --eviction-shadows: other policies' hit rates on the same requests
+        rates = {"served": now.get("kvreuse_eviction_shadow_served_tokens_total")}
+        rates |= now.by_label("kvreuse_eviction_shadow_cached_tokens_total", "policy")
+        t.add_row("shadows", "", "  ".join(f"{k} {v / shadow_prompt:.1%}" for k, v in rates.items()))
     return Panel(t, title="KV tiers", border_style="green")
 
 
