@@ -24,8 +24,7 @@ from benchmarks.belady import belady, replay, working_set_pages
 from benchmarks.common import base_parser, bench_main, format_table, progress
 from benchmarks.trace_replay import SHARES, hit_rate, pool_for, traces
 from runtime.cache.eviction import DEFAULT_POLICY
-from runtime.cache.manager import CacheManager
-from runtime.cache.shadows import make_shadows
+from runtime.cache.manager import CacheManager, make_shadows
 
 CANDIDATES = ("lru", "hazard", "proven", "answer")
 CHUNK = 512  # the replay's and the shadows' prefill chunk (the engine's default)

@@ -13,8 +13,7 @@ from fastapi.testclient import TestClient
 from benchmarks.belady import replay
 from benchmarks.eviction_traces import PAGE, traces
 from runtime.cache.eviction import POLICIES
-from runtime.cache.manager import CacheManager
-from runtime.cache.shadows import make_shadows
+from runtime.cache.manager import CacheManager, make_shadows
 from runtime.engine.args import add_engine_args
 from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import Engine

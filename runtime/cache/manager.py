@@ -10,7 +10,7 @@ run one code path; a hybrid model's linear-attention states go through the same 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from runtime.cache.eviction import DEFAULT_POLICY
@@ -24,6 +24,7 @@ from runtime.cache.store.states import StateTier
 from runtime.cache.store.tiers import LowerTiers, TierStats
 from runtime.cache.tiered_cache import PageIO
 from runtime.request import PUBLIC, CacheScope, Request
+from runtime.sampling.params import SamplingParams
 
 
 class CacheStats(NamedTuple):
@@ -36,6 +37,9 @@ class CacheStats(NamedTuple):
     request_pages: int
     evicted_pages: int
     pinned_pages: int = 0
+
+
+_SHADOW_PARAMS = SamplingParams(max_tokens=1)  # a replayed request samples nothing
 
 
 class CacheManager:
@@ -179,6 +183,33 @@ class CacheManager:
             self.shadows.replay(req.tokens, req.num_prompt, req.num_computed, req.cached_tokens, req.scope)
         self.release(req)
 
+    def replay(
+        self, tokens: Sequence[int], num_prompt: int, num_computed: int, scope: CacheScope, chunk_size: int
+    ) -> int:
+        """Run one finished request alone through this manager, call for call as the scheduler runs one
+        (admit, prefill chunk by chunk, decode a token at a time, release), with ``num_computed`` of its
+        ``tokens`` computed: an eviction shadow's step (``runtime/cache/shadows.py``).  Returns the
+        tokens it found cached."""
+        req = Request(
+            "shadow", list(tokens[:num_prompt]), num_prompt, _SHADOW_PARAMS, frozenset(), scope=scope
+        )
+        self.admit(req)
+        prefill = min(num_prompt, num_computed)  # an abort mid-prefill computed less
+        while req.num_computed < prefill:
+            n = min(chunk_size, prefill - req.num_computed)
+            if not self.reserve(req, n):
+                break  # the pool cannot hold it: keep what it computed
+            req.num_computed += n
+            if n > 1 or req.num_computed < num_prompt:  # the scheduler's rule: a sampled 1-token chunk
+                self.cache_computed(req)
+        req.tokens += tokens[num_prompt : num_prompt + 1]
+        while req.num_computed < min(num_computed, len(tokens)) and self.reserve(req, 1):
+            req.num_computed += 1
+            req.tokens += tokens[len(req.tokens) : len(req.tokens) + 1]
+        req.tokens += tokens[len(req.tokens) :]
+        self.release(req)
+        return req.cached_tokens
+
     def reset(self) -> None:
         self.pins.clear()
         self.prefix.reset()
@@ -244,3 +275,21 @@ class CacheManager:
         self.prefix.check()  # the cache's own accounting: node states' bytes and budget
         self.states.check(self.live)
         return s
+
+
+def make_shadows(
+    policies: Sequence[str],
+    num_pages: int,
+    page_size: int,
+    chunk_size: int,
+    session_ttl: float = 300.0,
+    pinned_fraction: float = 0.5,
+) -> Shadows | NoShadows:
+    """Eviction shadows of ``policies`` for a pool of ``num_pages`` (each a plain ``CacheManager`` under
+    its policy; ``runtime/cache/shadows.py``), or the null object when there are none."""
+    if not policies:
+        return NoShadows()
+    pools = {
+        p: CacheManager(num_pages, page_size, "radix", p, session_ttl, pinned_fraction) for p in policies
+    }
+    return Shadows(pools, chunk_size)

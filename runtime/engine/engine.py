@@ -16,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.cache.manager import CacheManager, CacheStats
+from runtime.cache.manager import CacheManager, CacheStats, make_shadows
 from runtime.cache.pins import PinInfo
 from runtime.cache.registry import cache_kind
-from runtime.cache.shadows import make_shadows
 from runtime.cache.store.open import open_tiers
 from runtime.engine import states as model_states
 from runtime.engine.admission import Admission, EngineError
@@ -99,7 +98,12 @@ class Engine:
             state_budget=state_budget,
             state_tier=state_tier,
             shadows=make_shadows(
-                cfg.eviction_shadows, self.runner.pool.num_pages, cfg.page_size, cfg.chunk_size
+                cfg.eviction_shadows,
+                self.runner.pool.num_pages,
+                cfg.page_size,
+                cfg.chunk_size,
+                cfg.session_ttl,
+                cfg.pinned_fraction,
             ),
         )
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
