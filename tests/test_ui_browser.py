@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 MODEL = "smol"
 TIMEOUT_MS = 90_000  # a loaded 2-core machine: polls and renders can take seconds
 SERVER_ARGS = ["--kv-cache-memory", "256M", "--served-model-name", MODEL, "--max-running", "4"]
+SHADOWS = ["--eviction-shadows", "lru,answer"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def chromium():
 
 @pytest.fixture  # one server at a time: each test has its own, stopped when it ends
 def server(tmp_path_factory):
-    proc = ServerProcess(SERVER_ARGS, tmp_path_factory.mktemp("ui") / "server.log").start()
+    proc = ServerProcess([*SERVER_ARGS, *SHADOWS], tmp_path_factory.mktemp("ui") / "server.log").start()
     yield proc
     proc.stop()
 
@@ -89,6 +90,13 @@ def test_page_shows_the_break_and_the_apis_figures(server, chromium, tmp_path):
     pinned = httpx.get(f"{server.base_url}/cache", timeout=60).json()["sessions"][0]
     pin = page.locator('#pins [data-pin="agent-1"] td').all_inner_texts()
     assert pin[:3] == ["session", "agent-1", f"{pinned['pinned_tokens']:,}"] and pin[3].endswith(" s"), pin
+    shadows = httpx.get(f"{server.base_url}/cache", timeout=60).json()["eviction_shadows"]
+    assert set(shadows["policies"]) == {"lru", "answer"} and shadows["served"]["cached_tokens"] > 0
+    row = page.locator(
+        '[data-tier="shadows"]'
+    )  # the pool's rate beside each shadow's, as /v1/cache gives them
+    for key, r in [("served", shadows["served"]), *shadows["policies"].items()]:
+        expect(row.locator(f'[data-policy="{key}"] b')).to_have_text(f"{100 * r['hit_rate']:.1f}%")
     shot = keep_screenshot(page, tmp_path, "ui.png")
     assert shot.stat().st_size > 10_000
     page.close()

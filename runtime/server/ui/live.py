@@ -67,7 +67,7 @@ class LiveView:
             "keys": st.tenants.enabled,
             "history": st.activity.per_tenant,
             "requests": st.activity.since(tenant, after),
-            "cache": describe(st.last_cache, tenant),
+            "cache": describe(st.last_cache, tenant, not st.tenants.sees_all(tenant)),  # as GET /v1/cache
             "tiers": tiers(
                 stats, st.last_cache, self.page_bytes, self.host_budget, self.disk_budget, self.shared_url
             ),

@@ -83,7 +83,7 @@ function apply(body) {
   $("tenant").hidden = !body.keys;
   $("tenant").textContent = `tenant ${body.tenant}`;
   renderCards(body);
-  renderTiers(body.tiers);
+  renderTiers(body.tiers, body.cache);
   renderPins(body.cache);
   if (body.requests.length) {
     renderRequests();
@@ -113,7 +113,7 @@ function meter(label, used, total, parts) {
     el("div", { class: "label" }, el("b", {}, label), el("span", {}, used)), bar);
 }
 
-function renderTiers(t) {
+function renderTiers(t, cache) {
   const p = t.pool;
   const out = [meter("pool", `${fmt(p.total - p.free)} / ${fmt(p.total)} pages`, p.total, [
     ["p-inuse", p.in_use, `${p.in_use} pages held by running requests`],
@@ -131,7 +131,19 @@ function renderTiers(t) {
         t.disk.budget_bytes, [["seg-disk", t.disk.bytes, "disk tier bytes"]])
     : el("div", { class: "tier sub", "data-tier": "disk" }, "disk tier: off (--kv-store)"));
   out.push(sharedTier(t.shared));
+  if (cache && cache.eviction_shadows) out.push(shadowsRow(cache.eviction_shadows));
   $("tiers").replaceChildren(...out);
+}
+
+// --eviction-shadows: the pool's hit rate beside what each shadow policy would have hit on the same requests.
+function shadowsRow(s) {
+  const rate = (key, label, r, cls) => el("span", { class: cls, "data-policy": key }, `${label} `, el("b", {}, pct(r.hit_rate)));
+  const best = Math.max(...Object.values(s.policies).map((r) => r.hit_rate));
+  return el("div", { class: "tier", "data-tier": "shadows" },
+    el("div", { class: "label" }, el("b", {}, "eviction shadows"), el("span", { class: "sub" }, `${fmt(s.prompt_tokens)} prompt tokens`)),
+    el("div", { class: "sub" }, rate("served", `served (${s.served.policy})`, s.served, "served"), " · ",
+      ...Object.entries(s.policies).flatMap(([name, r], i) =>
+        [i ? " · " : "", rate(name, name, r, r.hit_rate === best && best > s.served.hit_rate ? "better" : "")])));
 }
 
 // No meter: the store's budget is the Valkey server's maxmemory, which this replica does not hold.
