@@ -137,12 +137,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _shown_path(path: Path) -> str:
-    """A path as committed results show it: relative to the repository when inside it, not this machine's."""
-    try:
-        return str(path.resolve().relative_to(RESULTS_DIR.parent.parent))
-    except ValueError:
-        return str(path)
+def shown_path(path: Path) -> str:
+    """A path as committed results show it: relative to the repository (``../shared/...`` beside it), never
+    this machine's absolute path."""
+    return os.path.relpath(path.resolve(), RESULTS_DIR.parent.parent)
 
 
 def write_results(path: Path, name: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -150,7 +148,7 @@ def write_results(path: Path, name: str, args: argparse.Namespace, results: dict
     payload = {
         "benchmark": name,
         "quick": bool(args.quick),
-        "args": {k: (_shown_path(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "args": {k: (shown_path(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": machine_info(),
         **results,
     }

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from benchmarks import mooncake
 from benchmarks.belady import belady, replay, working_set_pages
-from benchmarks.common import base_parser, bench_main, format_table, progress
+from benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from benchmarks.trace_replay import SHARES, hit_rate, pool_for, traces
 from runtime.cache.eviction import DEFAULT_POLICY
-from runtime.cache.manager import CacheManager, make_shadows
+from runtime.cache.manager import CacheManager
 
 CANDIDATES = ("lru", "hazard", "proven", "answer")
 CHUNK = 512  # the replay's and the shadows' prefill chunk (the engine's default)
@@ -40,8 +40,8 @@ def one_pool(trace, pool: int, page: int, candidates: tuple[str, ...], inflight:
     """Serve with the default and shadows of ``candidates``; each candidate served on its own; ``inflight``
     requests in the scheduler at once."""
     plain, t_plain = timed(lambda: replay(trace, pool, page, DEFAULT_POLICY, CHUNK, False, inflight=inflight))
-    shadows = make_shadows(candidates, pool, page, CHUNK)
-    cache = CacheManager(pool, page, "radix", DEFAULT_POLICY, shadows=shadows)
+    cache = CacheManager(pool, page, "radix", DEFAULT_POLICY, shadows=candidates, chunk_size=CHUNK)
+    shadows = cache.shadows
     served, t_shadowed = timed(
         lambda: replay(trace, pool, page, DEFAULT_POLICY, CHUNK, False, cache, inflight)
     )
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
                              r["max_abs_error"], r["picked"], r["best"], r["picked_x_best"], r["overhead_x"], r["ms_per_request_per_shadow"]])  # fmt: skip
     print(format_table(["trace", "in flight", "pool", "Belady", *(f"{p} shadow / own" for p in candidates), "max error",
                         "picked", "best", "picked x best", "time x", "ms/request/shadow"], rows))  # fmt: skip
-    return {"dtype": "none (token level, no model)", "threads": 1, "trace": str(args.trace), "unit": args.unit,
+    return {"dtype": "none (token level, no model)", "threads": 1, "trace": shown_path(args.trace), "unit": args.unit,
             "page_trace_tokens": args.page * args.unit, "serving": DEFAULT_POLICY, "candidates": list(candidates),
             "chunk": CHUNK, "traces": results}  # fmt: skip
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from benchmarks.belady import replay
 from benchmarks.eviction_traces import PAGE, traces
 from runtime.cache.eviction import POLICIES
-from runtime.cache.manager import CacheManager, make_shadows
+from runtime.cache.manager import CacheManager
 from runtime.engine.args import add_engine_args
 from runtime.engine.async_engine import AsyncEngine
 from runtime.engine.engine import Engine
@@ -32,8 +32,8 @@ def test_each_shadow_hits_what_the_pool_hits_under_its_policy(serving):
     shadow that prefilled each request in one piece, not chunk by chunk as the scheduler does, fails
     here: the stateful policies' clock counts the inserts.)"""
     for name, (trace, pool) in traces(quick=True).items():
-        shadows = make_shadows(list(POLICIES), pool, PAGE, CHUNK)
-        cache = CacheManager(pool, PAGE, "radix", serving, shadows=shadows)
+        cache = CacheManager(pool, PAGE, "radix", serving, shadows=list(POLICIES), chunk_size=CHUNK)
+        shadows = cache.shadows
         served = replay(trace, pool, PAGE, serving, chunk_size=CHUNK, check=False, cache=cache)
         st = shadows.stats()
         assert st.prompt_tokens == sum(len(p) for p, _ in trace)

@@ -60,9 +60,12 @@ class CacheManager:
         states: HybridStates | NoStates | None = None,
         state_budget: int | None = None,
         state_tier: StateTier | None = None,
-        shadows: Shadows | NoShadows | None = None,
+        shadows: Sequence[str] = (),
+        chunk_size: int = 512,
     ) -> None:
-        if isinstance(shadows, Shadows) and state_budget is not None:
+        """``shadows``: policies to replay each finished request under (``runtime/cache/shadows.py``),
+        chunk by chunk of ``chunk_size`` tokens as the scheduler prefills."""
+        if shadows and state_budget is not None:
             raise ValueError("eviction shadows model a full-attention pool: this model keeps per-node states")
         self.page_size = page_size
         self.allocator = PageAllocator(num_pages)
@@ -76,7 +79,7 @@ class CacheManager:
         self.live: set[Request] = set()
         self.states = states if states is not None else NoStates()  # a hybrid's linear-attention slots
         # other policies' hits on the same requests (``runtime/cache/shadows.py``)
-        self.shadows = shadows if shadows is not None else NoShadows()
+        self.shadows = make_shadows(shadows, num_pages, page_size, chunk_size, session_ttl, pinned_fraction)
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:

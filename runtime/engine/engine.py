@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.cache.manager import CacheManager, CacheStats, make_shadows
+from runtime.cache.manager import CacheManager, CacheStats
 from runtime.cache.pins import PinInfo
 from runtime.cache.registry import cache_kind
 from runtime.cache.store.open import open_tiers
@@ -85,27 +85,10 @@ class Engine:
         states, state_budget = model_states.hybrid_states(self.runner, cfg)
         state_tier = model_states.window_state_tier(self.runner, cfg) if tiers is not None else None
         self.cache = CacheManager(
-            self.runner.pool.num_pages,
-            cfg.page_size,
-            cfg.prefix_cache,
-            cfg.eviction_policy,
-            cfg.session_ttl,
-            cfg.pinned_fraction,
-            tiers=tiers,
-            io=self.runner.pool,
-            write_through=cfg.kv_write_through,
-            states=states,
-            state_budget=state_budget,
-            state_tier=state_tier,
-            shadows=make_shadows(
-                cfg.eviction_shadows,
-                self.runner.pool.num_pages,
-                cfg.page_size,
-                cfg.chunk_size,
-                cfg.session_ttl,
-                cfg.pinned_fraction,
-            ),
-        )
+            self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache, cfg.eviction_policy, cfg.session_ttl,
+            cfg.pinned_fraction, tiers=tiers, io=self.runner.pool, write_through=cfg.kv_write_through, states=states,
+            state_budget=state_budget, state_tier=state_tier, shadows=cfg.eviction_shadows, chunk_size=cfg.chunk_size,
+        )  # fmt: skip
         self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
             self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy,
