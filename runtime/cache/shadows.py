@@ -2,11 +2,11 @@
 
 No policy is best on every workload: on the Mooncake trace ``answer`` beats LRU on one half and
 loses to it on the other (``docs/traces.md``).  So a server can run *shadows*
-(``--eviction-shadows lru,answer``): each a radix tree with the pool's page count under another
-policy, holding page ids only (no KV is kept or computed), that replays every finished request:
-a ``CacheManager`` of its own under that policy, run call for call as the scheduler ran the request
-alone (``CacheManager.replay``: admit, prefill chunk by chunk, decode, release).  A shadow's cached tokens, over the same prompt tokens as the pool's own, say what
-that policy would have served here, so an operator chooses ``--eviction`` from their own traffic.
+(``--eviction-shadows lru,answer``): per policy, a ``CacheManager`` of its own with the pool's page
+count, holding page ids only (no KV is kept or computed), that replays every finished request alone,
+call for call as the scheduler ran it (``CacheManager.replay``: admit, prefill chunk by chunk, decode,
+release).  A shadow's cached tokens, over the same prompt tokens as the pool's own, say what that
+policy would have served here, so an operator chooses ``--eviction-policy`` from their own traffic.
 
 What a shadow leaves out, so that its figures are read as an estimate:
 
