@@ -205,10 +205,11 @@ class CacheManager:
             req.num_computed += n
             if n > 1 or req.num_computed < num_prompt:  # the scheduler's rule: a sampled 1-token chunk
                 self.cache_computed(req)
-        req.tokens += tokens[num_prompt : num_prompt + 1]
-        while req.num_computed < min(num_computed, len(tokens)) and self.reserve(req, 1):
-            req.num_computed += 1
-            req.tokens += tokens[len(req.tokens) : len(req.tokens) + 1]
+        if req.num_computed == num_prompt:  # prefilled: decode a token at a time
+            req.tokens += tokens[num_prompt : num_prompt + 1]
+            while req.num_computed < min(num_computed, len(tokens)) and self.reserve(req, 1):
+                req.num_computed += 1
+                req.tokens += tokens[len(req.tokens) : len(req.tokens) + 1]
         req.tokens += tokens[len(req.tokens) :]
         self.release(req)
         return req.cached_tokens
