@@ -15,7 +15,8 @@ reset caches (``/v1/cache/reset`` on each replica, which also empties the shared
   per replica), ``events_cache_aware`` (the same policy over the replicas' gRPC fronts, its index
   built from their KV cache events), ``manual`` (the session key ``X-SMG-Routing-Key`` pinned to a
   worker, new keys to the least-loaded one), ``round_robin``, and at 3 replicas ``consistent_hashing``
-  on the session key.  Token hit rate (cached / prompt tokens), split into the replica's own pool and
+  on the session key (and, asked for with ``--cases``, Ray Serve's prefix-aware router and its
+  round-robin in SMG's place: ``ray_prefix_3`` / ``ray_round_robin_3``, ``benchmarks/ray_gateway.py``).  Token hit rate (cached / prompt tokens), split into the replica's own pool and
   the shared tier; the share of turns that find their whole previous prompt in the pool
   (``history_pool_hit_rate``); TTFT median / p90; requests per replica.  ``--repeats N`` runs every
   case N times, interleaved, each time with other think times (round-robin's rate depends on the
@@ -73,7 +74,9 @@ def routing(cluster, convs, args, cases_run: list[str]) -> dict:
              ("manual_3", 3, "manual", manual), ("session_hash_3", 3, "consistent_hashing", []),
              ("round_robin_3", 3, "round_robin", []),
              # the same policy over the replicas' gRPC fronts, its index built from their KV cache events
-             ("events_cache_aware_2", 2, "cache_aware", []), ("events_cache_aware_3", 3, "cache_aware", [])]  # fmt: skip
+             ("events_cache_aware_2", 2, "cache_aware", []), ("events_cache_aware_3", 3, "cache_aware", []),
+             # the alternative gateway, Ray Serve, over the same HTTP replicas (only when asked: --cases)
+             ("ray_prefix_3", 3, "ray:prefix", []), ("ray_round_robin_3", 3, "ray:round_robin", [])]  # fmt: skip
     runs: dict[str, list] = {c[0]: [] for c in cases if c[0] in cases_run}
     for seed in range(args.repeats):  # repeats interleaved (A B A B), each with its own think times
         for name, n, policy, extra in (c for c in cases if c[0] in runs):
@@ -102,11 +105,14 @@ def one_case(cluster, convs, args, events: bool, n: int, policy: str | None, ext
     urls = cluster.urls[:n]
     reset(cluster.urls)
     workers = (cluster.worker_urls if events else cluster.urls)[:n]
-    gw, url = (
-        (None, urls[0])
-        if policy is None
-        else start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra)
-    )
+    if policy is None:
+        gw, url = None, urls[0]
+    elif policy.startswith("ray:"):
+        from benchmarks.ray_gateway import start_ray_gateway
+
+        gw, url = start_ray_gateway(cluster.workdir, workers, policy[4:], args.ray_imbalanced_threshold)
+    else:
+        gw, url = start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra)
     try:
         before, shared_before = served(urls), metric(urls, SHARED_TIER)
         recs = [[None] * args.turns for _ in convs]
@@ -214,6 +220,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pool-shares", type=float, nargs="+", default=[0.35, 0.0],
                    help="each replica's KV pool as a share of the sessions' working set, one cluster each (0: the "
                    "serve default, 1G: every session fits); the first share also runs the 2-replica and hashing cases")
+    p.add_argument("--ray-imbalanced-threshold", type=float, default=2.0,
+                   help="Ray's prefix router: queue gap that overrides affinity (as SMG's --balance-abs)")
     p.add_argument("--repeats", type=int, default=1, help="routing runs of each case (other think times), interleaved")
     p.add_argument("--cases", nargs="*", default=[], help="routing cases to run (default: see --pool-shares)")
     # fmt: on
@@ -265,25 +273,35 @@ def run(args: argparse.Namespace) -> dict:
                 results["failover"] = failover(cluster, convs, args)
             if i == 0 and "store" in args.phases:
                 results["store"] = compare(cluster.store_url, work, model, args.store_pages)
-    if {"routing", "failover"} - set(args.phases):
-        return results
+    results["goals"] = {**ratios(results["routing"]), **failover_goals(results)}
+    progress(f"goals: {results['goals']}")
+    return results
+
+
+KEYS = ("hit_rate", "pool_hit_rate", "session_pool_hit_rate")
+
+
+def ratios(routing_results: dict) -> dict:
+    """Each 3-replica case over round-robin behind the same gateway kind (SMG's; Ray's for Ray's router)."""
+    out = {}
+    for key, r in routing_results.items():
+        for name, c in r.items():
+            base = "ray_round_robin_3" if name.startswith("ray_") else "round_robin_3"
+            if name.endswith("_3") and name != base and base in r:
+                out[f"{key}/{name}_over_{base}"] = {k: round(c[k] / max(r[base][k], 1e-9), 2) for k in KEYS}
+    return out
+
+
+def failover_goals(results: dict) -> dict:
+    if "failover" not in results:
+        return {}
     f = results["failover"]["moved_turn5"]
-    ratios = {}
-    for key, r in results["routing"].items():
-        rr = r.get("round_robin_3")
-        for name, c in r.items() if rr else ():
-            if name.endswith("_3") and name != "round_robin_3":
-                ratios[f"{key}/{name}_over_round_robin_3"] = {
-                    k: round(c[k] / max(rr[k], 1e-9), 2) for k in ("hit_rate", "pool_hit_rate", "session_pool_hit_rate")}  # fmt: skip
     errors = sum(c["errors"] for r in results["routing"].values() for c in r.values() if isinstance(c, dict))
-    results["goals"] = {
-        **ratios,
+    return {
         "moved_session_min_shared_share": min(f["shared_share_of_previous_prompt"], default=None),
         "moved_session_min_cached_share": min(f["cached_share_of_previous_prompt"], default=None),
         "errors_outside_the_kill": len(results["failover"]["errors"]) + errors,
-    }  # fmt: skip
-    progress(f"goals: {results['goals']}")
-    return results
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
