@@ -57,7 +57,7 @@ def test_proven_keeps_a_conversation_that_came_back_through_a_stream_of_one_offs
     """The line itself: LRU and ``hazard`` let three first turns that never return flush a prefix that
     was used again; ``proven`` evicts the oldest first turn instead."""
     kept = {}
-    for policy in ("lru", "hazard", "proven"):
+    for policy in ("lru", "hazard", "proven", "proven-answer"):
         tree = _tree(policy, num_pages=16)
         insert_fresh(tree, seq(4, 100))
         tree.match(seq(4, 100))  # came back once
@@ -65,7 +65,7 @@ def test_proven_keeps_a_conversation_that_came_back_through_a_stream_of_one_offs
             insert_fresh(tree, seq(4, start))
         tree.evict(4)
         kept[policy] = (tree.match(seq(4, 100)).cached_len, tree.match(seq(4, 200)).cached_len)
-    assert kept == {"lru": (0, 4), "hazard": (0, 4), "proven": (4, 0)}
+    assert kept == {"lru": (0, 4), "hazard": (0, 4), "proven": (4, 0), "proven-answer": (4, 0)}
 
 
 def _conversation_between_scans() -> list[tuple[list[int], list[int]]]:

@@ -48,8 +48,14 @@ other and against Belady's offline optimum):
 * ``proven``: ``hazard``'s order on each side of one line, nodes of a prefix that never proved
   reuse (used since it entered, back from the ghost list, or a new leaf under a used path) first.
   On the Mooncake trace most pages enter with a first turn that never returns, and they flush,
-  under ``hazard`` and LRU, the conversations that came back once.  Not the default: a window
-  model's short snapshot budget, ranked by the same line, loses the cyclic and sub-agent traces.
+  under ``hazard`` and LRU, the conversations that came back once.  Where matches end only at a
+  state (window and hybrid models) the line is left out (``state_priority``): ranked by it, a short
+  snapshot budget lost the sub-agent window trace.
+* ``proven-answer``: ``answer``'s classes behind ``proven``'s line.  At least ``hazard`` in every
+  Mooncake trace cell, and 0.986x LRU at worst there.
+  Neither line policy is the default: the line keeps every prefix that proved reuse once.  Where
+  prefixes return exactly once (documents asked two questions, ``tests/test_eviction.py``), they
+  fill the pool and each new first turn goes at once; ``hazard`` keeps some and ``answer`` most.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from runtime.cache.hazard import OutputHazard, ProvenHazard, ReturnHazard
+from runtime.cache.hazard import OutputHazard, ProvenHazard, ProvenOutputHazard, ReturnHazard
 from runtime.cache.policy_base import EvictionPolicy, PerNode
 
 if TYPE_CHECKING:
@@ -251,7 +257,18 @@ DEFAULT_POLICY = (
 )
 POLICIES: dict[str, type[EvictionPolicy]] = {
     p.name: p
-    for p in (LRU, LRUTail, SLRU, S3FIFO, Shared, ReuseForecast, ReturnHazard, ProvenHazard, OutputHazard)
+    for p in (
+        LRU,
+        LRUTail,
+        SLRU,
+        S3FIFO,
+        Shared,
+        ReuseForecast,
+        ReturnHazard,
+        ProvenHazard,
+        OutputHazard,
+        ProvenOutputHazard,
+    )
 }
 
 

@@ -112,11 +112,16 @@ class ProvenHazard(ReturnHazard):
 
     @staticmethod
     def proven(st: list) -> bool:  # back from the ghost list: it entered with ``uses`` >= 1
-        return st[1] > 0 or st[2] == (0, True)
+        return st[1] > 0 or st[2][:2] == (0, True)
 
     def priority(self, node: TreeNode, now: int) -> tuple:
         st = self.state.get(node)
         return (st is not None and self.proven(st), *super().priority(node, now))
+
+    def state_priority(self, node: TreeNode, now: int) -> tuple:
+        # without the line where pages need states: with a tight snapshot budget the line lost the
+        # sub-agent window trace (benchmarks/eviction_traces_window.py: 0.54x Belady, hazard's order 0.93x)
+        return super().priority(node, now)
 
 
 class OutputHazard(ReturnHazard):
@@ -150,3 +155,16 @@ class OutputHazard(ReturnHazard):
         assert all(
             len(st[2]) == 2 or (st[1] == 0 and 1 <= st[2][2] <= ANSWER_BUCKETS) for st in self.state.values()
         )
+
+
+class ProvenOutputHazard(OutputHazard):
+    """``answer``'s classes behind ``proven``'s line (``eviction.py`` says where it wins and loses)."""
+
+    name = "proven-answer"
+
+    def priority(self, node: TreeNode, now: int) -> tuple:
+        st = self.state.get(node)
+        return (st is not None and ProvenHazard.proven(st), *super().priority(node, now))
+
+    def state_priority(self, node: TreeNode, now: int) -> tuple:
+        return super().priority(node, now)

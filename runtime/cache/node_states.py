@@ -56,6 +56,11 @@ class NodeStates:
     def __len__(self) -> int:
         return len(self._lru)
 
+    @staticmethod
+    def priority(policy: Any, node: Any, now: int) -> Any:
+        """The policy's order for a tree whose matches end only where a state is."""
+        return policy.state_priority(node, now)
+
     def attach(self, node: Any, state: NodeState) -> bool:
         """Give ``node`` its state (it had none), freeing the lowest-ranked states for room; False if it
         cannot fit."""
@@ -127,6 +132,10 @@ class NoNodeStates:
 
     def __len__(self) -> int:
         return 0
+
+    @staticmethod
+    def priority(policy: Any, node: Any, now: int) -> Any:
+        return policy.priority(node, now)
 
     def attach(self, node: Any, state: NodeState) -> bool:
         return False  # nothing is kept: a dense model offers no states

@@ -34,6 +34,12 @@ class EvictionPolicy:
     def priority(self, node: TreeNode, now: int) -> tuple:
         raise NotImplementedError
 
+    def state_priority(self, node: TreeNode, now: int) -> tuple:
+        """``priority`` in a tree whose nodes resume only where a state is (window and hybrid models,
+        ``NodeStates``): a leaf's pages are worth what its state is, so both give way in this order.
+        The same as ``priority`` unless a policy says otherwise."""
+        return self.priority(node, now)
+
     def spare(self, node: TreeNode) -> bool:
         return False
 

@@ -76,7 +76,7 @@ class RadixCache(NoTiers, RadixTree):
         # per-node extra state; with a store, matches end where a state is (a dense model's null store:
         # every page boundary resumes)
         self.states = states if states is not None else NoNodeStates()
-        self.states.rank = lambda node: self.policy.priority(node, self._clock)
+        self.states.rank = lambda node: self.states.priority(self.policy, node, self._clock)
         self.events = CacheEvents()  # told of every node added and evicted (``runtime/cache/events.py``)
 
     @property
@@ -212,8 +212,8 @@ class RadixCache(NoTiers, RadixTree):
         (never taken, or evicted from its budget), their pages only ever extend a KV match that is then
         cut back (a hybrid's or window model's tombstones).
         """
-        policy, now = self.policy, self._clock
-        key = lambda leaf: (self.states.resumes_at(leaf, True), policy.priority(leaf, now), leaf.uid)  # noqa: E731
+        policy, now, states = self.policy, self._clock, self.states
+        key = lambda leaf: (states.resumes_at(leaf, True), states.priority(policy, leaf, now), leaf.uid)  # noqa: E731
         heap = [(*key(leaf), leaf) for leaf in self._evictable]
         heapq.heapify(heap)
         freed = 0
