@@ -14,6 +14,10 @@ orders:
   perfect cache-aware router does, and the most any router can keep on one replica's pool;
 * ``round_robin``: request ``i`` to replica ``i mod 3`` in arrival order.
 
+``--generated-replies``: each assistant turn as the model's own output, which the replica caches
+as it decodes (a real agent loop sends back what the model wrote), instead of a scripted text that
+no replica computed (the replicas benchmark, which generates one token a turn).
+
 Each at pools of several shares of the sessions' working set, under the default eviction policy and
 under Belady's offline optimum.  Figures: ``session_hit_rate`` (cached tokens beyond the shared
 system prompt over prompt tokens beyond it, as the replicas benchmark counts a replica's own pool),
@@ -47,16 +51,30 @@ def arrivals(n: int, turns: int, think_s: float, service_s: float, seed: int) ->
     return [(s, t) for _, s, t in sorted(events)]
 
 
-def replay_routed(prompts, order, route, pages: int, policy: str) -> dict[tuple[int, int], int]:
-    """Cached tokens of each (session, turn), each replica replaying the requests routed to it."""
+def replay_routed(prompts, order, route, pages: int, policy: str, replies=None) -> dict[tuple[int, int], int]:
+    """Cached tokens of each (session, turn), each replica replaying the requests routed to it;
+    ``replies``: each turn's generated tokens (default: one token, as the replicas benchmark)."""
     per: list[list[tuple[int, int]]] = [[] for _ in range(REPLICAS)]
     for i, (s, t) in enumerate(order):
         per[route(i, s)].append((s, t))
     out = {}
     for reqs in per:
-        trace: Trace = [(prompts[s][t], [0]) for s, t in reqs]
+        trace: Trace = [(prompts[s][t], replies[s, t] if replies else [0]) for s, t in reqs]
         cached = belady(trace, pages, PAGE) if policy == "belady" else replay(trace, pages, PAGE, policy)
         out.update(zip(reqs, cached))
+    return out
+
+
+def generated(prompts, end_id: int) -> dict[tuple[int, int], list[int]]:
+    """Each turn's reply as the model's own output: the tokens the next turn's prompt carries after
+    this one, up to the end-of-turn token (the last turn: one token)."""
+    out = {}
+    for s, rows in enumerate(prompts):
+        for t, p in enumerate(rows):
+            nxt = rows[t + 1][len(p) :] if t + 1 < len(rows) else [end_id]
+            assert t + 1 == len(rows) or rows[t + 1][: len(p)] == p, "append-only sessions"
+            cut = nxt.index(end_id) if end_id in nxt else len(nxt)
+            out[s, t] = nxt[:cut] or [end_id]
     return out
 
 
@@ -89,6 +107,7 @@ def run(args: argparse.Namespace) -> dict:
         ]
 
     prompts = [[ids(c[t]) for t in range(args.turns)] for c in convs]
+    replies = generated(prompts, tok.convert_tokens_to_ids("<|im_end|>")) if args.generated_replies else None
     system_len = len(tok.apply_chat_template(convs[0][0][:1], tokenize=True, return_dict=True)["input_ids"])
     system_len = system_len // PAGE * PAGE
     working_set = system_len + sum(len(p[-1]) - system_len for p in prompts)
@@ -105,7 +124,7 @@ def run(args: argparse.Namespace) -> dict:
         pages = int(share * working_set) // PAGE
         cell = {}
         for policy in (DEFAULT_POLICY, "belady"):
-            got = {name: mean_rates([rates(prompts, replay_routed(prompts, o, r, pages, policy), system_len)
+            got = {name: mean_rates([rates(prompts, replay_routed(prompts, o, r, pages, policy, replies), system_len)
                                      for o in orders]) for name, r in routes.items()}  # fmt: skip
             got["ratio"] = {k: round(got["affinity"][k] / max(got["round_robin"][k], 1e-9), 2) for k in KEYS}
             cell[policy] = got
@@ -133,6 +152,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--think-s", type=float, default=4.0, help="as the replicas benchmark's --think-s")
     p.add_argument("--seeds", type=int, default=8, help="arrival orders (think-time seeds) averaged over")
     p.add_argument("--service-s", type=float, default=3.0, help="a request's time in the cluster (TTFT)")
+    p.add_argument(
+        "--generated-replies",
+        action="store_true",
+        help="each assistant turn is the model's own output (cached), not a scripted text (never cached)",
+    )
     p.add_argument("--pool-shares", type=float, nargs="+",
                    default=[0.15, 0.2, 0.25, 0.28, 0.3, 0.33, 0.35, 0.4, 0.5, 0.75, 1.0])  # fmt: skip
     args = p.parse_args(argv)

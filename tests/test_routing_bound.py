@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.routing_bound import PAGE, REPLICAS, arrivals, rates, replay_routed
+from benchmarks.routing_bound import PAGE, REPLICAS, arrivals, generated, rates, replay_routed
 
 
 def _prompts(sessions: int, turns: int) -> list[list[list[int]]]:
@@ -40,3 +40,15 @@ def test_affinity_finds_every_previous_prompt_and_round_robin_only_on_the_same_r
     same = [where[s, t] == where[s, t - 1] for s, t in where if t]
     assert rates(prompts, rr, 32)["history_hit_rate"] == round(sum(same) / len(same), 4)
     assert all(rr[k] <= aff[k] for k in rr if k[1]) and sum(rr.values()) < sum(aff.values())
+
+
+def test_generated_replies_are_cached_as_the_model_wrote_them():
+    """With the reply as the model's output, a turn on its session's replica finds the previous
+    prompt and the reply the replica decoded (all but the last token, whose KV is never computed)."""
+    prompts, order = _prompts(5, 6), arrivals(5, 6, think_s=4.0, service_s=1.0, seed=3)
+    replies = generated(prompts, end_id=1)  # no end token in these prompts: the whole next turn
+    aff = replay_routed(prompts, order, lambda i, s: s % REPLICAS, 10_000, "lru", replies)
+    for (s, t), cached in aff.items():
+        if t:
+            assert replies[s, t - 1] == prompts[s][t][len(prompts[s][t - 1]) :]
+            assert cached == (len(prompts[s][t]) - 1) // PAGE * PAGE, (s, t)
