@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks import mooncake
 from benchmarks.belady import Trace, belady, replay, working_set_pages
-from benchmarks.common import base_parser, bench_main, format_table, progress
+from benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 
 SHARES = (0.03, 0.10, 0.30)
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict:
                         f"{BEFORE} x Bel", f"{DEFAULT_POLICY} x Bel"], table))  # fmt: skip
     v = verdict(results, policies)
     print("verdict:", v)
-    return {"dtype": "none (token level, no model)", "threads": 1, "trace": str(args.trace), "unit": args.unit,
+    return {"dtype": "none (token level, no model)", "threads": 1, "trace": shown_path(args.trace), "unit": args.unit,
             "page_sizes_trace_tokens": [p * args.unit for p in pages], "before": BEFORE, "after": DEFAULT_POLICY,
             "traces": results, "verdict": v, "goal": {"x_belady": GOAL_X_BELADY, "x_lru": 1.0}}  # fmt: skip
 

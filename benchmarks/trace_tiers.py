@@ -24,7 +24,7 @@ import torch
 
 from benchmarks import mooncake
 from benchmarks.belady import belady, replay, working_set_pages
-from benchmarks.common import RESULTS_DIR, base_parser, bench_main, format_table, progress
+from benchmarks.common import RESULTS_DIR, base_parser, bench_main, format_table, progress, shown_path
 from benchmarks.trace_replay import hit_rate, pool_for
 from runtime.cache.eviction import DEFAULT_POLICY
 from runtime.cache.manager import CacheManager
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
     print(f"infinite {infinite:.3f}, pool only (Belady) {opt:.3f}; {RECOVER:.0%} of infinite from a host tier of "
           f"{need if need is None else f'{need:.0%}'} of the working set")  # fmt: skip
     return {"dtype": "none (token level, no model; bytes priced at the embedded model's fp32 KV)", "threads": 1,
-            "trace": str(args.trace), "unit": unit, "page_trace_tokens": page * unit, "policy": args.policy,
+            "trace": shown_path(args.trace), "unit": unit, "page_trace_tokens": page * unit, "policy": args.policy,
             "working_set_pages": ws, "pool_share": args.pool_share, "pool_pages": pool, "infinite": infinite,
             "pool_belady": opt, "kv_bytes_per_token": kv_bytes, "restore_mb_s_measured": restore_mb_s,
             "trace_seconds": seconds, "curve": rows, "recover": RECOVER,
