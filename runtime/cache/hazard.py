@@ -105,10 +105,11 @@ class ReturnHazard(PerNode):
         assert len(self.ghost) <= self.ghost_size
 
 
-class ProvenHazard(ReturnHazard):
-    """``hazard`` behind one strict line: a node whose prefix never proved reuse goes first."""
+class ProvenLine:
+    """One strict line in front of a ``ReturnHazard`` order: a node whose prefix never proved reuse
+    goes first (mixed into ``proven`` and ``proven-answer``)."""
 
-    name = "proven"
+    state: dict
 
     @staticmethod
     def proven(st: list) -> bool:  # back from the ghost list: it entered with ``uses`` >= 1
@@ -116,12 +117,18 @@ class ProvenHazard(ReturnHazard):
 
     def priority(self, node: TreeNode, now: int) -> tuple:
         st = self.state.get(node)
-        return (st is not None and self.proven(st), *super().priority(node, now))
+        return (st is not None and self.proven(st), *super().priority(node, now))  # type: ignore[misc]
 
     def state_priority(self, node: TreeNode, now: int) -> tuple:
         # without the line where pages need states: with a tight snapshot budget the line lost the
         # sub-agent window trace (benchmarks/eviction_traces_window.py: 0.54x Belady, hazard's order 0.93x)
-        return super().priority(node, now)
+        return super().priority(node, now)  # type: ignore[misc]
+
+
+class ProvenHazard(ProvenLine, ReturnHazard):
+    """``hazard`` behind the line."""
+
+    name = "proven"
 
 
 class OutputHazard(ReturnHazard):
@@ -157,14 +164,7 @@ class OutputHazard(ReturnHazard):
         )
 
 
-class ProvenOutputHazard(OutputHazard):
-    """``answer``'s classes behind ``proven``'s line (``eviction.py`` says where it wins and loses)."""
+class ProvenOutputHazard(ProvenLine, OutputHazard):
+    """``answer``'s classes behind the line (``eviction.py`` says where it wins and loses)."""
 
     name = "proven-answer"
-
-    def priority(self, node: TreeNode, now: int) -> tuple:
-        st = self.state.get(node)
-        return (st is not None and ProvenHazard.proven(st), *super().priority(node, now))
-
-    def state_priority(self, node: TreeNode, now: int) -> tuple:
-        return super().priority(node, now)
