@@ -16,8 +16,9 @@ reset caches (``/v1/cache/reset`` on each replica, which also empties the shared
   built from their KV cache events), ``manual`` (the session key ``X-SMG-Routing-Key`` pinned to a
   worker, new keys to the least-loaded one), ``round_robin``, and at 3 replicas ``consistent_hashing``
   on the session key (and, asked for with ``--cases``, Ray Serve's prefix-aware router and its
-  round-robin in SMG's place: ``ray_prefix_3`` / ``ray_round_robin_3``, ``benchmarks/ray_gateway.py``).  Token hit rate (cached / prompt tokens), split into the replica's own pool and
-  the shared tier; the share of turns that find their whole previous prompt in the pool
+  round-robin in SMG's place: ``ray_prefix_3`` / ``ray_round_robin_3``,
+  ``benchmarks/ray_gateway.py``).  Token hit rate (cached / prompt tokens), split into the replica's
+  own pool and the shared tier; the share of turns that find their whole previous prompt in the pool
   (``history_pool_hit_rate``); TTFT median / p90; requests per replica.  ``--repeats N`` runs every
   case N times, interleaved, each time with other think times (round-robin's rate depends on the
   order the requests arrive in), and pools the records.  ``benchmarks/routing_bound.py`` replays the
