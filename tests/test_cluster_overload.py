@@ -1,7 +1,7 @@
 """The gateway must not shed a request that a replica would queue: SMG's KV-usage veto vs kvreuse.
 
 SMG leaves out of routing a worker whose reported KV usage is at or above a threshold (0.8 by
-default) and answers 503 when every worker it could use is left out.  A kvreuse replica admits by
+default), and with a dead worker beside the vetoed ones it answers 503.  A kvreuse replica admits by
 pages and queues what its pool cannot hold yet, so pages held at 0.8 are not a reason to refuse:
 `runtime/cluster/services.py` starts SMG with the threshold at 1.0.  Here two real replicas of a tiny
 model: one is SIGKILLed, the survivor holds 7/8 of its pool under a prewarm pin (pinned pages are
