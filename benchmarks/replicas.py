@@ -28,7 +28,12 @@ reset caches (``/v1/cache/reset`` on each replica, which also empties the shared
   For the moved sessions' turn 5: cached tokens by tier against the previous prompt, TTFT against a
   cold recompute of the same-length prompt (its first character changed); errors over all turns.
 * **store**: pages/s and GB/s writing and reading the embedded model's pages (16 tokens, fp32) to the
-  Valkey server on loopback, and to the disk tier (``DiskStore``) in the same run.
+  Valkey server, and to the disk tier (``DiskStore``) in the same run.
+
+``--hosts emulated`` runs the same across hosts: the store, each replica and the gateway in a network
+namespace of its own on one bridge (``benchmarks/emulated_hosts.py``), links shaped to
+``--link-rate``; this process, the client, is on the bridge too.  Separate networks, not machines:
+the CPUs are shared as on loopback.
 
 Goals (issue 36): cache-aware >= 3x round-robin's pool hit rate at 3 replicas; a moved session reads
 >= 90% of its previous prompt from the shared tier; no lost or 5xx request but those in flight on the
@@ -38,6 +43,7 @@ killed replica.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -113,7 +119,8 @@ def one_case(cluster, convs, args, events: bool, n: int, policy: str | None, ext
 
         gw, url = start_ray_gateway(cluster.workdir, workers, policy[4:], args.ray_imbalanced_threshold)
     else:
-        gw, url = start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra)
+        gw, url = start_gateway(cluster.workdir, workers, policy, extra=args.gateway_args + extra,
+                                host=cluster.placement.gateway)  # fmt: skip
     try:
         before, shared_before = served(urls), metric(urls, SHARED_TIER)
         recs = [[None] * args.turns for _ in convs]
@@ -134,7 +141,8 @@ def failover(cluster, convs, args) -> dict:
     from runtime.cluster.services import start_gateway
 
     reset(cluster.urls)
-    gw, url = start_gateway(cluster.workdir, cluster.urls, "cache_aware", extra=args.gateway_args)
+    gw, url = start_gateway(cluster.workdir, cluster.urls, "cache_aware", extra=args.gateway_args,
+                            host=cluster.placement.gateway)  # fmt: skip
     recs = [[None] * args.turns for _ in convs]
     try:
         run_turns(url, convs, range(3), recs, args.think_s)
@@ -225,6 +233,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="Ray's prefix router: queue gap that overrides affinity (as SMG's --balance-abs)")
     p.add_argument("--repeats", type=int, default=1, help="routing runs of each case (other think times), interleaved")
     p.add_argument("--cases", nargs="*", default=[], help="routing cases to run (default: see --pool-shares)")
+    p.add_argument("--hosts", choices=["loopback", "emulated"], default="loopback",
+                   help="'emulated': store, replicas and gateway each on a network namespace of its own")
+    p.add_argument("--link-rate", default=None, help="with --hosts emulated: each host's link rate (tc, e.g. 10gbit)")
     # fmt: on
     args = p.parse_args(argv)
     if args.quick:
@@ -235,7 +246,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def placement(args: argparse.Namespace, stack: contextlib.ExitStack):
+    """Where the store, the 3 replicas and the gateway run (``--hosts``)."""
+    from runtime.cluster.cluster import Placement
+
+    if args.hosts == "loopback":
+        return Placement()
+    from benchmarks.emulated_hosts import EmulatedHosts, unavailable
+
+    if why := unavailable():
+        raise SystemExit(f"replicas: error: --hosts emulated: {why}")
+    hosts = stack.enter_context(EmulatedHosts(["store", "r0", "r1", "r2", "gw"], args.link_rate))
+    return Placement(hosts["store"], (hosts["r0"], hosts["r1"], hosts["r2"]), hosts["gw"])
+
+
 def run(args: argparse.Namespace) -> dict:
+    with contextlib.ExitStack() as stack:
+        return _run(args, placement(args, stack))
+
+
+def _run(args: argparse.Namespace, where) -> dict:
     from benchmarks.store_throughput import compare
     from runtime.cluster.cluster import Cluster
     from runtime.loading.tokenizer import load_tokenizer
@@ -256,6 +286,9 @@ def run(args: argparse.Namespace) -> dict:
     results: dict = {"dtype": "float32", "threads_per_replica": threads, "replicas": 3,
                      "workload": {k: getattr(args, k) for k in ("sessions", "turns", "system_tokens", "turn_tokens", "think_s")},
                      "working_set_tokens": working_set, "gateway": "smg launch " + " ".join(args.gateway_args),
+                     "hosts": {"kind": args.hosts, "link_rate": args.link_rate,
+                               "addresses": {"store": where.store.address, "replicas": [h.address for h in where.replicas],
+                                             "gateway": where.gateway.address}},
                      "routing": {}}  # fmt: skip
     per_token = ModelConfig.from_dir(model).kv_bytes_per_token(4)
     for i, share in enumerate(args.pool_shares):
@@ -263,7 +296,7 @@ def run(args: argparse.Namespace) -> dict:
         pool = ["--kv-cache-memory", str(int(share * working_set * per_token))] if share else []
         cases = args.cases or (ALL_CASES if i == 0 else SWEEP_CASES)
         with Cluster(
-            3, serve + pool, store_memory="4gb", workdir=work, port=None, routing="events"
+            3, serve + pool, store_memory="4gb", workdir=work, port=None, routing="events", placement=where
         ) as cluster:
             key = f"pool_share_{share}"
             progress(f"{key}: {pool_tokens(cluster.urls[0])} pool tokens per replica")

@@ -111,3 +111,30 @@ def test_cluster_command_refuses_bad_arguments_in_one_line(capsys):
     assert main(["cluster", "--replicas", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "kvreuse: error: --replicas must be >= 1, got 0"
+
+
+def test_a_cluster_with_api_keys_passes_each_tenants_key_through_the_gateway(tmp_path):
+    """With keys on, the gateway is given an operator key (made up here: only tenant keys are given)
+    for its own calls and accepts every tenant's key, which the replica still sees.  Before, SMG's
+    model discovery met 401 and the cluster never came up."""
+    model = make_tiny_model(tmp_path / "m", vocab=49152)
+    serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
+             "--kv-cache-memory", "8M", "--no-ui", "--api-key", "k-one", "--api-key", "k-two"]  # fmt: skip
+    (tmp_path / "run").mkdir()
+    with Cluster(1, serve, shared_store="none", workdir=tmp_path / "run") as c:
+        assert c.auth.operator_key not in (None, "k-one", "k-two")
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Read the build log. " * 10}],
+            "max_tokens": 2,
+        }
+
+        def cached(key: str | None) -> int:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            r = httpx.post(c.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+            assert r.status_code == (200 if key else 401), r.text
+            return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] if key else -1
+
+        assert cached("k-one") == 0 and cached("k-one") > 0
+        assert cached("k-two") == 0  # another tenant: the same prompt is not shared
+        cached(None)

