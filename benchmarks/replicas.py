@@ -260,6 +260,18 @@ def placement(args: argparse.Namespace, stack: contextlib.ExitStack):
     return Placement(hosts["store"], (hosts["r0"], hosts["r1"], hosts["r2"]), hosts["gw"])
 
 
+def loopback_store(work: Path, model: Path, pages: int) -> dict:
+    from benchmarks.store_throughput import compare
+    from runtime.cluster.services import start_valkey
+
+    (work / "loopback").mkdir(exist_ok=True)
+    svc, url = start_valkey(work / "loopback", "4gb")
+    try:
+        return compare(url, work / "loopback", model, pages)
+    finally:
+        svc.stop()
+
+
 def run(args: argparse.Namespace) -> dict:
     with contextlib.ExitStack() as stack:
         return _run(args, placement(args, stack))
@@ -307,6 +319,8 @@ def _run(args: argparse.Namespace, where) -> dict:
                 results["failover"] = failover(cluster, convs, args)
             if i == 0 and "store" in args.phases:
                 results["store"] = compare(cluster.store_url, work, model, args.store_pages)
+                if args.hosts == "emulated":  # the same pages through a Valkey on this host's loopback
+                    results["store_loopback"] = loopback_store(work, model, args.store_pages)
     results["goals"] = {**ratios(results["routing"]), **failover_goals(results)}
     progress(f"goals: {results['goals']}")
     return results
