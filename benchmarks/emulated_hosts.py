@@ -13,9 +13,12 @@ Needs root and iproute2 (``ip``, ``tc``); :func:`unavailable` says why not, in o
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from runtime.cluster.services import Host
 
@@ -44,14 +47,18 @@ class EmulatedHosts:
     :class:`~runtime.cluster.services.Host` whose prefix runs a command in that namespace.
 
     ``rate`` (a ``tc`` rate such as ``"10gbit"``): each host's link is shaped to it both ways
-    (token bucket; this kernel has no ``netem``, so no added latency).  Everything made is removed
-    on exit, also after a failed start.
+    (token bucket; this kernel has no ``netem``, so no added latency).  ``hidden``: directories a
+    host does not have (each process started there sees an empty directory in their place, through a
+    mount namespace of its own), as another machine would not have this one's files.  Everything
+    made is removed on exit, also after a failed start.
     """
 
-    def __init__(self, names: list[str], rate: str | None = None) -> None:
+    def __init__(
+        self, names: list[str], rate: str | None = None, hidden: Mapping[str, Sequence[Path]] | None = None
+    ) -> None:
         if len(set(names)) != len(names) or len(names) > 200:
             raise ValueError(f"host names must be distinct and at most 200: {names}")
-        self.names, self.rate = list(names), rate
+        self.names, self.rate, self.hidden = list(names), rate, dict(hidden or {})
         self.tag = f"kv{uuid.uuid4().hex[:6]}"  # interface names stay under 16 characters
         self.bridge = f"{self.tag}br"
         self.subnet = self._free_subnet()
@@ -104,7 +111,17 @@ class EmulatedHosts:
                     check=True,
                     capture_output=True,
                 )
-            self.hosts[name] = Host(address, ("ip", "netns", "exec", ns))
+            self.hosts[name] = Host(
+                address, ("ip", "netns", "exec", ns, *self._hide(self.hidden.get(name, ())))
+            )
+
+    @staticmethod
+    def _hide(dirs: Sequence[Path]) -> tuple[str, ...]:
+        """A prefix that mounts an empty tmpfs over each of ``dirs``, for this process only, then runs the command."""
+        if not dirs:
+            return ()
+        mounts = " && ".join(f"mount -t tmpfs kvreuse-hidden {shlex.quote(str(d))}" for d in dirs)
+        return ("unshare", "--mount", "--propagation", "private", "sh", "-c", f'{mounts} && exec "$@"', "sh")
 
     def remove(self) -> None:
         """Delete the namespaces (their veth ends go with them) and the bridge; idempotent."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -273,6 +274,13 @@ def loopback_store(work: Path, model: Path, pages: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
+    # SIGTERM unwinds like Ctrl-C: the cluster's processes and the emulated hosts are removed, not left
+    # running; a second SIGTERM (``timeout`` passes its own on) must not cut that short
+    def terminate(*_) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, terminate)
     with contextlib.ExitStack() as stack:
         return _run(args, placement(args, stack))
 

@@ -13,6 +13,7 @@ import pytest
 from openai import OpenAI
 
 from runtime.cluster.cluster import Cluster
+from runtime.cluster.services import ServiceError, free_port, start_gateway
 from tests.helpers import make_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -138,3 +139,13 @@ def test_a_cluster_with_api_keys_passes_each_tenants_key_through_the_gateway(tmp
         assert cached("k-one") == 0 and cached("k-one") > 0
         assert cached("k-two") == 0  # another tenant: the same prompt is not shared
         cached(None)
+
+
+def test_a_gateway_that_never_becomes_ready_is_stopped(tmp_path):
+    """Its caller gets no handle to stop it with: a gateway left behind retries its workers on the
+    CPU for as long as it lives (leaked ones took minutes of CPU beside a benchmark)."""
+    port = free_port()
+    with pytest.raises(ServiceError, match="not ready after 3 s"):
+        start_gateway(tmp_path, ["http://127.0.0.1:9"], port=port, ready_timeout_s=3)
+    with pytest.raises(httpx.ConnectError):  # nothing listens on its port any more
+        httpx.get(f"http://127.0.0.1:{port}/workers", timeout=2)

@@ -149,3 +149,56 @@ def test_a_request_without_a_key_is_refused_through_the_gateway(cluster):
     r = httpx.post(cluster.url + "/v1/chat/completions", timeout=30,
                    json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})  # fmt: skip
     assert r.status_code == 401, r.text
+
+
+@pytest.fixture(scope="module")
+def events_cluster(tmp_path_factory):
+    """``--routing events`` across hosts, the gateway on a host without the replicas' files: the
+    model directory and the cache directory (where a replica writes the tokenizer bundle it names as
+    ``tokenizer_path``) are empty there, so the gateway must fetch the bundle by ``GetTokenizer``."""
+    if why := unavailable():
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("events")
+    model = make_tiny_model(root / "files" / "m", vocab=49152)
+    serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
+             "--kv-cache-memory", "1M", "--no-ui", "--allowed-hosts", "*"]  # fmt: skip
+    gateway = ["--worker-warmup-secs", "0", "--worker-warmup-divert-every", "0"]
+    (root / "run").mkdir()
+    with (
+        pytest.MonkeyPatch.context() as mp,
+        EmulatedHosts(["r0", "r1", "gw"], rate="10gbit", hidden={"gw": [root / "files"]}) as hosts,
+    ):
+        mp.setenv("KVREUSE_CACHE", str(root / "files" / "cache"))  # the replicas' cache directory
+        placement = Placement(replicas=(hosts["r0"], hosts["r1"]), gateway=hosts["gw"])
+        with Cluster(2, serve, shared_store="none", workdir=root / "run", gateway_args=gateway, routing="events",
+                     placement=placement) as c:  # fmt: skip
+            yield c
+
+
+def test_events_routing_across_hosts_tokenizes_with_the_fetched_bundle(events_cluster):
+    c = events_cluster
+    assert all(u.startswith("grpc://10.") for u in c.worker_urls)
+    messages = [{"role": "user", "content": "Summarise the build log in one line, please."}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": 12, "temperature": 0}
+    via = httpx.post(c.url + "/v1/chat/completions", json=body, timeout=60).json()
+    direct = httpx.post(c.urls[0] + "/v1/chat/completions", json=body, timeout=60).json()
+    assert via["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert via["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]  # the same template, tokenizer
+
+    # a session's next turn goes where the events say its pages are
+    session = [{"role": "user", "content": "List every file under src/ and say what each does. " * 4}]
+    before = [_requests(u) for u in c.urls]
+    httpx.post(
+        c.url + "/v1/chat/completions", json={**body, "messages": session}, timeout=60
+    ).raise_for_status()
+    owner = max(range(2), key=lambda i: _requests(c.urls[i]) - before[i])
+    time.sleep(1.0)  # the stored pages' events reach the gateway's index
+    session += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Now the tests."}]
+    httpx.post(
+        c.url + "/v1/chat/completions", json={**body, "messages": session}, timeout=60
+    ).raise_for_status()
+    assert _requests(c.urls[owner]) - before[owner] == 2
+
+
+def _requests(url: str) -> int:
+    return int(metric_value(httpx.get(url + "/metrics", timeout=5).text, "kvreuse_requests_total"))

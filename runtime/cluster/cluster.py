@@ -180,6 +180,10 @@ class Cluster:
             register_worker(self.url, self.worker_urls[i], self.auth)
 
     def stop(self) -> None:
-        for svc in [self.gateway, *self.replicas, self.store]:
-            if svc is not None:
+        services = [svc for svc in [self.gateway, *self.replicas, self.store] if svc is not None]
+        try:
+            for svc in services:
                 svc.stop()
+        finally:  # a signal or an error while one stops must not leave the others running
+            for svc in services:
+                svc.kill()

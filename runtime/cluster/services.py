@@ -81,10 +81,13 @@ class Service:
         return self.proc.poll() is None
 
     def wait_ready(self, probe, timeout_s: float) -> None:
-        """Poll ``probe()`` (True when ready) until ``timeout_s``; raise if the process exits first."""
+        """Poll ``probe()`` (True when ready) until ``timeout_s``; raise if the process exits first.
+        A service that is not ready is stopped before the error is raised: the caller never got a
+        handle to stop it with, and a gateway left running retries its workers forever."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if not self.alive:
+                self.stop()
                 raise ServiceError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 if probe():
@@ -92,6 +95,7 @@ class Service:
             except (OSError, httpx.HTTPError):
                 pass
             time.sleep(0.2)
+        self.stop()
         raise ServiceError(f"{self.name} not ready after {timeout_s:g} s; see {self.log_path}")
 
     def kill(self) -> None:
@@ -204,6 +208,7 @@ def start_gateway(
     extra: list[str] | None = None,
     host: Host = LOOPBACK,
     auth: GatewayAuth = NO_AUTH,
+    ready_timeout_s: float = 60.0,
 ) -> tuple[Service, str]:
     """SMG in front of ``worker_urls`` (``http://`` or ``grpc://``) with ``policy``; its metrics on a
     free port of ``host`` too (``Service.metrics_url``)."""
@@ -237,7 +242,7 @@ def start_gateway(
             == 200
         )
 
-    svc.wait_ready(ready, 60.0)
+    svc.wait_ready(ready, ready_timeout_s)
     return svc, url
 
 
