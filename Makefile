@@ -8,7 +8,7 @@ OUT ?= out/patterns
 # CI has two cores: two test workers, each running whole files (their servers are per file).
 TEST_WORKERS ?= 2
 
-.PHONY: setup model browser run test bench lint clean
+.PHONY: setup model browser hosts run test bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -28,11 +28,15 @@ model: setup
 browser:
 	test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)
 
+# The across-hosts tests (tests/test_cluster_hosts.py) make network namespaces with iproute2's ip and tc.
+hosts:
+	command -v ip >/dev/null && command -v tc >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2)
+
 # The main job: the context-pattern benchmark report on the embedded model.
 run: model
 	$(PY) -m runtime.cli.main bench patterns --out $(OUT)
 
-test: model browser
+test: model browser hosts
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 bench: model
