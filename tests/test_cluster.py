@@ -14,6 +14,7 @@ from openai import OpenAI
 
 from runtime.cluster.cluster import Cluster
 from runtime.cluster.services import ServiceError, free_port, start_gateway
+from tests.cluster_checks import FAST_FAILOVER, session_survives_its_replica
 from tests.helpers import make_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -25,30 +26,8 @@ def cluster(tmp_path_factory):
     model = make_tiny_model(tmp_path_factory.mktemp("cl") / "m", vocab=49152)
     serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
              "--kv-cache-memory", "8M", "--no-ui"]  # fmt: skip
-    gateway = [
-        "--health-check-interval-secs",
-        "1",
-        "--health-failure-threshold",
-        "1",
-        "--retry-max-retries",
-        "3",
-    ]
-    with Cluster(2, serve, workdir=tmp_path_factory.mktemp("run"), gateway_args=gateway) as c:
+    with Cluster(2, serve, workdir=tmp_path_factory.mktemp("run"), gateway_args=FAST_FAILOVER) as c:
         yield c
-
-
-def _served_by(cluster) -> list[int]:
-    """Requests each replica has finished (its own /metrics)."""
-    out = []
-    for url in cluster.urls:
-        try:
-            text = httpx.get(url + "/metrics", timeout=5).text
-        except httpx.HTTPError:
-            out.append(-1)
-            continue
-        line = next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total"))
-        out.append(int(float(line.split()[-1])))
-    return out
 
 
 def test_replicas_report_their_load_for_the_gateway(cluster):
@@ -60,37 +39,9 @@ def test_replicas_report_their_load_for_the_gateway(cluster):
 
 
 def test_a_session_survives_its_replica_through_the_gateway(cluster):
-    client = OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0)
-    system = {
-        "role": "system",
-        "content": "You are a careful coding agent. " + "Follow the repository rules. " * 30,
-    }
-    messages = [system, {"role": "user", "content": "List the files in src/ and explain each one."}]
-
-    def turn() -> dict:
-        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
-        messages.append({"role": "assistant", "content": r.choices[0].message.content})
-        messages.append({"role": "user", "content": f"Now look at file number {len(messages)}."})
-        return r.model_dump()
-
-    before = _served_by(cluster)
-    first = turn()
-    second = turn()
-    assert (
-        second["usage"]["prompt_tokens_details"]["cached_tokens"]
-        >= first["usage"]["prompt_tokens"] // PS * PS - PS
+    session_survives_its_replica(
+        cluster, OpenAI(base_url=cluster.url + "/v1", api_key="none", max_retries=0), PS
     )
-    after = _served_by(cluster)
-    owner = max(range(2), key=lambda i: after[i] - before[i])
-    assert after[owner] - before[owner] == 2  # cache-aware: both turns on one replica
-
-    cluster.kill_replica(owner)
-    third = turn()  # the gateway routes it to the survivor (or retries there)
-    cached = third["usage"]["prompt_tokens_details"]["cached_tokens"]
-    tiers = third["kvreuse"]["cache"]["cached_by_tier"]
-    assert tiers["shared"] >= 0.9 * second["usage"]["prompt_tokens"], tiers  # read, not recomputed
-    assert tiers["pool"] + tiers["host"] + tiers["disk"] + tiers["shared"] == cached
-    assert _served_by(cluster)[1 - owner] == after[1 - owner] + 1
 
 
 def test_the_store_going_away_degrades_replicas_never_fails_a_request(cluster):

@@ -18,6 +18,7 @@ from openai import OpenAI
 
 from benchmarks.emulated_hosts import EmulatedHosts, unavailable
 from runtime.cluster.cluster import Cluster, Placement
+from tests.cluster_checks import FAST_FAILOVER, session_survives_its_replica
 from tests.helpers import make_tiny_model, metric_value
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -40,17 +41,9 @@ def cluster(hosts, tmp_path_factory):
     (root / "keys").write_text("".join(f"{key} {tenant}\n" for tenant, key in KEYS.items()))
     serve = ["--model", str(model), "--dtype", "float32", "--page-size", str(PS), "--served-model-name", "tiny",
              "--kv-cache-memory", "8M", "--no-ui", "--allowed-hosts", "*", "--api-key-file", str(root / "keys")]  # fmt: skip
-    gateway = [
-        "--health-check-interval-secs",
-        "1",
-        "--health-failure-threshold",
-        "1",
-        "--retry-max-retries",
-        "3",
-    ]
     placement = Placement(store=hosts["store"], replicas=(hosts["r0"], hosts["r1"]), gateway=hosts["gw"])
     (root / "run").mkdir()
-    with Cluster(2, serve, workdir=root / "run", gateway_args=gateway, placement=placement) as c:
+    with Cluster(2, serve, workdir=root / "run", gateway_args=FAST_FAILOVER, placement=placement) as c:
         yield c
 
 
@@ -59,20 +52,6 @@ def _metrics(url: str) -> str:
     return httpx.get(
         url + "/metrics", headers={"Authorization": f"Bearer {KEYS['@operator']}"}, timeout=5
     ).text
-
-
-def _served_by(cluster) -> list[int]:
-    """Requests each replica has finished (its own /metrics), -1 for a dead one."""
-    out = []
-    for url in cluster.urls:
-        try:
-            text = _metrics(url)
-        except httpx.HTTPError:
-            out.append(-1)
-            continue
-        line = next(x for x in text.splitlines() if x.startswith("kvreuse_requests_total"))
-        out.append(int(float(line.split()[-1])))
-    return out
 
 
 def test_each_part_is_reached_at_its_own_hosts_address(cluster, hosts):
@@ -102,45 +81,16 @@ def test_each_part_is_reached_at_its_own_hosts_address(cluster, hosts):
 
 def test_a_session_moves_host_and_reads_its_prefix_from_the_store_host(cluster):
     alice = OpenAI(base_url=cluster.url + "/v1", api_key=KEYS["alice"], max_retries=0)
-    system = {
-        "role": "system",
-        "content": "You are a careful coding agent. " + "Follow the repository rules. " * 30,
-    }
-    messages = [system, {"role": "user", "content": "List the files in src/ and explain each one."}]
+    operator = {"Authorization": f"Bearer {KEYS['@operator']}"}
+    messages = session_survives_its_replica(cluster, alice, PS, operator)  # the third turn on the other host
 
     def turn(client: OpenAI) -> dict:
-        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
-        return r.model_dump()
-
-    def step(client: OpenAI) -> dict:
-        out = turn(client)
-        messages.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
-        messages.append({"role": "user", "content": f"Now look at file number {len(messages)}."})
-        return out
-
-    before = _served_by(cluster)
-    first = step(alice)
-    second = step(alice)
-    assert (
-        second["usage"]["prompt_tokens_details"]["cached_tokens"]
-        >= first["usage"]["prompt_tokens"] // PS * PS - PS
-    )
-    after = _served_by(cluster)
-    owner = max(range(2), key=lambda i: after[i] - before[i])
-    assert after[owner] - before[owner] == 2  # cache-aware across hosts: both turns on one replica
-
-    cluster.kill_replica(owner)
-    third = step(alice)  # on the other host now, its prefix read from the store's host
-    tiers = third["kvreuse"]["cache"]["cached_by_tier"]
-    assert tiers["shared"] >= 0.9 * second["usage"]["prompt_tokens"], tiers
-    cached = third["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert tiers["pool"] + tiers["host"] + tiers["disk"] + tiers["shared"] == cached
-    assert _served_by(cluster)[1 - owner] == after[1 - owner] + 1
+        return client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=8, temperature=0
+        ).model_dump()
 
     # another tenant sending the same conversation finds nothing: not in the pool, not in the store
     bob = OpenAI(base_url=cluster.url + "/v1", api_key=KEYS["bob"], max_retries=0)
-    del messages[-1]  # the exact prompt alice's third turn sent
-    messages.append({"role": "user", "content": f"Now look at file number {len(messages) - 1}."})
     assert turn(bob)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert turn(alice)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same prompt is cached
 
