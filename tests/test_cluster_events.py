@@ -122,8 +122,9 @@ def cluster(tmp_path_factory):
 
 
 def test_events_routing_refuses_api_keys_in_one_line():
-    with pytest.raises(ValueError, match="does not pass a client's key to gRPC workers"):
-        Cluster(2, ["--api-key", "k"], routing="events")
+    for keys in (["--api-key", "k"], ["--api-key=k"]):  # the second form passed unnoticed before
+        with pytest.raises(ValueError, match="does not pass a client's key to gRPC workers"):
+            Cluster(2, keys, routing="events")
 
 
 def served(cluster) -> list[int]:

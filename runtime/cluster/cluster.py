@@ -98,13 +98,13 @@ class Cluster:
             raise ValueError(f"--replicas must be >= 1, got {replicas}")
         if routing not in ROUTINGS:
             raise ValueError(f"--routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
-        if routing == "events" and {"--api-key", "--api-key-file", "--operator-key"} & set(serve_args):
+        self.auth, self._auth_args = gateway_auth(list(serve_args))
+        if routing == "events" and self.auth != NO_AUTH:
             # SMG sends no client credentials over gRPC: every request would be refused (UNAUTHENTICATED)
             raise ValueError(
                 "--routing events cannot serve API keys: SMG does not pass a client's key to gRPC workers"
             )
         self.routing, self.placement = routing, placement
-        self.auth, self._auth_args = gateway_auth(list(serve_args))
         self.n, self.serve_args, self.policy, self.port = replicas, list(serve_args), policy, port
         self.shared_store, self.store_memory, self.gateway_args = shared_store, store_memory, gateway_args
         self.workdir = workdir or scratch_dir()
