@@ -18,7 +18,7 @@ from openai import OpenAI
 
 from benchmarks.emulated_hosts import EmulatedHosts, unavailable
 from runtime.cluster.cluster import Cluster, Placement
-from tests.cluster_checks import FAST_FAILOVER, session_survives_its_replica
+from tests.cluster_checks import FAST_FAILOVER, served_by, session_survives_its_replica
 from tests.helpers import make_tiny_model, metric_value
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -137,18 +137,14 @@ def test_events_routing_across_hosts_tokenizes_with_the_fetched_bundle(events_cl
 
     # a session's next turn goes where the events say its pages are
     session = [{"role": "user", "content": "List every file under src/ and say what each does. " * 4}]
-    before = [_requests(u) for u in c.urls]
+    before = served_by(c.urls)
     httpx.post(
         c.url + "/v1/chat/completions", json={**body, "messages": session}, timeout=60
     ).raise_for_status()
-    owner = max(range(2), key=lambda i: _requests(c.urls[i]) - before[i])
+    owner = max(range(2), key=lambda i: served_by(c.urls)[i] - before[i])
     time.sleep(1.0)  # the stored pages' events reach the gateway's index
     session += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "Now the tests."}]
     httpx.post(
         c.url + "/v1/chat/completions", json={**body, "messages": session}, timeout=60
     ).raise_for_status()
-    assert _requests(c.urls[owner]) - before[owner] == 2
-
-
-def _requests(url: str) -> int:
-    return int(metric_value(httpx.get(url + "/metrics", timeout=5).text, "kvreuse_requests_total"))
+    assert served_by(c.urls)[owner] - before[owner] == 2
