@@ -48,6 +48,20 @@ def working_set_pages(trace: Trace, page_size: int) -> int:
 
 def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
     """Cached tokens of each request under the offline optimum (see the module docstring)."""
+    return offline(trace, num_pages, page_size, knows_when=True)
+
+
+def which_oracle(trace: Trace, num_pages: int, page_size: int) -> list[int]:
+    """Cached tokens of each request when eviction knows *which* pages will be used again but not
+    *when*: pages never used again first (deepest first), LRU among the rest.  What Belady gains
+    beyond it is timing alone."""
+    return offline(trace, num_pages, page_size, knows_when=False)
+
+
+def offline(trace: Trace, num_pages: int, page_size: int, knows_when: bool) -> list[int]:
+    """Cached tokens of each request under an eviction that reads the future: its next use
+    (``knows_when``: Belady) or only whether there is one.  Both orders keep the cached set
+    prefix-closed: a page is used no later, and was used no earlier, than any page below it."""
     matchable, kept = [], []
     uses: dict[int, list[int]] = {}
     depth: dict[int, int] = {}
@@ -62,14 +76,16 @@ def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
             if d < n_match:
                 uses.setdefault(pid, []).append(r)
 
-    def next_use(pid: int, r: int) -> int:
+    def rank(pid: int, r: int) -> tuple[int, ...]:
+        """Smallest evicted first; ``r`` is the request that last used ``pid``."""
         lst = uses.get(pid, ())
         i = bisect.bisect_right(lst, r)
-        return lst[i] if i < len(lst) else NEVER
+        next_use = lst[i] if i < len(lst) else NEVER
+        return (-next_use, -depth[pid]) if knows_when else (next_use != NEVER, r, -depth[pid])
 
     cached: set[int] = set()
-    key: dict[int, int] = {}  # the next use each heap entry was pushed with (stale entries skipped)
-    heap: list[tuple[int, int, int]] = []
+    key: dict[int, tuple] = {}  # the rank each heap entry was pushed with (stale entries skipped)
+    heap: list[tuple] = []
     hits = []
     for r, ids in enumerate(matchable):
         n_hit = 0
@@ -78,17 +94,17 @@ def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
         hits.append(n_hit * page_size)
         held = set(ids[:n_hit])
         for pid in held:  # their next use moved on
-            key[pid] = next_use(pid, r)
-            heapq.heappush(heap, (-key[pid], -depth[pid], pid))
+            key[pid] = rank(pid, r)
+            heapq.heappush(heap, (*key[pid], pid))
         all_ids, resident = kept[r]
         new = resident - n_hit
         skipped = []
         while len(cached) + new > num_pages and heap:
-            nu, d, pid = heapq.heappop(heap)
-            if pid not in cached or key.get(pid) != -nu:
+            *k, pid = item = heapq.heappop(heap)
+            if pid not in cached or key.get(pid) != tuple(k):
                 continue
             if pid in held:
-                skipped.append((nu, d, pid))
+                skipped.append(item)
                 continue
             cached.discard(pid)
             del key[pid]
@@ -97,8 +113,8 @@ def belady(trace: Trace, num_pages: int, page_size: int) -> list[int]:
         for pid in all_ids[n_hit:]:
             if pid not in cached:
                 cached.add(pid)
-                key[pid] = next_use(pid, r)
-                heapq.heappush(heap, (-key[pid], -depth[pid], pid))
+                key[pid] = rank(pid, r)
+                heapq.heappush(heap, (*key[pid], pid))
     return hits
 
 

@@ -12,7 +12,9 @@ second half and the whole trace are held out (``proven``'s variant too, with the
 it has no knob of its own; ``answer``'s two were chosen on the first half and a synthetic
 trace).  ``before`` is the previous default (``reuse``), ``after`` the
 current one.  The figure is the token hit rate: cached prompt tokens over prompt
-tokens; ``infinite`` is what a pool that never evicts would hit.
+tokens; ``infinite`` is what a pool that never evicts would hit, and ``which_oracle`` what an
+eviction hits that knows *which* pages will be used again but not *when* (``belady.which_oracle``):
+an online policy can learn at best which, so that is the bound on what it can reach by that.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import argparse
 from pathlib import Path
 
 from benchmarks import mooncake
-from benchmarks.belady import Trace, belady, replay, working_set_pages
+from benchmarks.belady import Trace, belady, replay, which_oracle, working_set_pages
 from benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 
@@ -49,11 +51,17 @@ def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES) -> di
     for share in shares:
         pool = pool_for(trace, share, page, ws)
         opt = hit_rate(trace, belady(trace, pool, page))
+        which = hit_rate(trace, which_oracle(trace, pool, page))
         rates = {}
         for policy in policies:
             rates[policy] = hit_rate(trace, replay(trace, pool, page, policy, check=False))
             progress(f"  {share:.0%} {policy}: {rates[policy]:.3f} (belady {opt:.3f})")
-        out["pools"][f"{share:.2f}"] = {"pool_pages": pool, "belady": opt, "hit_rate": rates}
+        out["pools"][f"{share:.2f}"] = {
+            "pool_pages": pool,
+            "belady": opt,
+            "which_oracle": which,
+            "hit_rate": rates,
+        }
     return out
 
 
@@ -67,11 +75,11 @@ def traces(path: Path, quick: bool, which: list[str]) -> dict[str, list[mooncake
 
 def verdict(results: dict, policies: list[str]) -> dict:
     """Each policy but LRU against Belady and LRU on every trace, page size and pool."""
-    rows = [(name, page, share, r["belady"], r["hit_rate"])
+    rows = [(name, page, share, r["belady"], {**r["hit_rate"], "which_oracle": r["which_oracle"]})
             for name, by_page in results.items() for page, t in by_page.items()
             for share, r in t["pools"].items()]  # fmt: skip
     out = {}
-    for policy in (p for p in policies if p != "lru"):
+    for policy in (p for p in [*policies, "which_oracle"] if p != "lru"):
         xb = [(h[policy] / b if b else 1.0, f"{n} page {p} pool {s}") for n, p, s, b, h in rows]
         xl = [(h[policy] / h["lru"] if h["lru"] else 1.0, f"{n} page {p} pool {s}") for n, p, s, b, h in rows]
         out[policy] = {"min_x_belady": min(xb), "min_x_lru": min(xl),
@@ -95,10 +103,10 @@ def run(args: argparse.Namespace) -> dict:
             progress(f"{name}, page {label} trace tokens ({len(trace)} requests)")
             r = results[name][label] = run_trace(trace, page, policies)
             for share, pr in r["pools"].items():
-                table.append([name, label, share, r["infinite"], pr["belady"],
+                table.append([name, label, share, r["infinite"], pr["belady"], pr["which_oracle"],
                               *(pr["hit_rate"][p] for p in policies),
                               pr["hit_rate"][BEFORE] / pr["belady"], pr["hit_rate"][DEFAULT_POLICY] / pr["belady"]])  # fmt: skip
-    print(format_table(["trace", "page", "pool", "infinite", "Belady", *policies,
+    print(format_table(["trace", "page", "pool", "infinite", "Belady", "which-oracle", *policies,
                         f"{BEFORE} x Bel", f"{DEFAULT_POLICY} x Bel"], table))  # fmt: skip
     v = verdict(results, policies)
     print("verdict:", v)
