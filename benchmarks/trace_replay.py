@@ -14,7 +14,7 @@ trace).  ``before`` is the previous default (``reuse``), ``after`` the
 current one.  The figure is the token hit rate: cached prompt tokens over prompt
 tokens; ``infinite`` is what a pool that never evicts would hit, and ``which_oracle`` what an
 eviction hits that knows *which* pages will be used again but not *when* (``belady.which_oracle``):
-an online policy can learn at best which, so that is the bound on what it can reach by that.
+what Belady gains beyond it is knowing when.
 """
 
 from __future__ import annotations
