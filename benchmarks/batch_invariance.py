@@ -1,7 +1,7 @@
 """Does greedy output depend on what a request is batched with?  fp32 vs bf16, measured side by side.
 
 For each dtype: N prompts decoded greedily together (one batch), then each alone on a fresh cache;
-count the prompts whose tokens are identical, and time both.  ``python -m benchmarks.batch_invariance
+count the prompts whose tokens are identical, and time both.  ``python -m kvreuse.benchmarks.batch_invariance
 [--prompts 8] [--tokens 24] [--out benchmarks/results/batch_invariance.json]``.  Embedded model, CPU.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling.params import SamplingParams
 
 PROMPTS = [
     "The capital of France is",

@@ -1,6 +1,6 @@
 """Continuous batching: aggregate decode tokens/s by number of streams, and decode stalls under chunked prefill.
 
-Run from the repository root: ``python -m benchmarks.batching [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.batching [--quick] [--out PATH] [--threads N]``.
 
 * streams: N requests (fresh random prompts of ``--stream-prompt`` tokens) decode ``--decode-tokens`` greedy
   tokens together.  The engine is driven step by step; the decode window starts after the step in which
@@ -23,7 +23,7 @@ import math
 import sys
 import time
 
-from benchmarks.common import (
+from kvreuse.benchmarks.common import (
     base_parser,
     bench_main,
     format_table,
@@ -41,7 +41,7 @@ class Driver:
     """One engine, fresh prompts, and step-level timing of token arrivals."""
 
     def __init__(self) -> None:
-        from runtime.engine.engine import Engine
+        from kvreuse.runtime.engine.engine import Engine
 
         self.engine = Engine(dtype="float32", prefix_cache="off", kv_cache_memory="1G", max_running=64)
         self.seed = 10_000
@@ -51,7 +51,7 @@ class Driver:
         return synthetic_prompt(n, self.seed)
 
     def add(self, n_prompt: int, max_tokens: int) -> str:
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         return self.engine.add_request(
             self.fresh(n_prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True)

@@ -18,11 +18,11 @@ import bisect
 import heapq
 from collections.abc import Sequence
 
-from runtime.cache.manager import CacheManager
-from runtime.request import Request
-from runtime.sampling.params import SamplingParams
-from runtime.sampling.sampler import SampleResult
-from runtime.scheduler import Scheduler
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.request import Request
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.sampling.sampler import SampleResult
+from kvreuse.runtime.scheduler import Scheduler
 
 Trace = Sequence[tuple[list[int], list[int]]]
 NEVER = 1 << 60

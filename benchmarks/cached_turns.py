@@ -1,8 +1,8 @@
 """Cached-turn TTFT of an append-only agent conversation: kvreuse vs transformers reusing a DynamicCache.
 
-Run from the repository root: ``python -m benchmarks.cached_turns [--quick] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.cached_turns [--quick] [--threads N]``.
 
-The conversation (``benchmarks.ttft_multiturn.conversation_prompts``: a long system prompt, then turns of
+The conversation (``kvreuse.benchmarks.ttft_multiturn.conversation_prompts``: a long system prompt, then turns of
 ``--min-new``..``--max-new`` new tokens) is replayed per dtype.  kvreuse: the radix engine serves each
 turn's whole prompt (its cache holds the earlier turns); TTFT from the engine.  transformers: the
 fastest prefix reuse it offers, a ``DynamicCache`` kept by hand across turns, fed only the tokens the
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from benchmarks.common import base_parser, bench_main, format_table, median, model_dir, progress
-from benchmarks.ttft_multiturn import conversation_prompts
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, median, model_dir, progress
+from kvreuse.benchmarks.ttft_multiturn import conversation_prompts
 
 TARGET = 0.8
 
@@ -32,8 +32,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def run(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     out: dict = {"weights": "dense (dequantised GGUF)", "dtypes": args.dtypes, "per_dtype": {}}

@@ -6,14 +6,14 @@ import importlib
 import sys
 
 BENCHES = {
-    "patterns": ("benchmarks.pattern_runner", "context-management patterns report (the main job)"),
-    "throughput": ("benchmarks.throughput", "prefill/decode tokens/s vs transformers"),
-    "ttft": ("benchmarks.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
-    "batching": ("benchmarks.batching", "continuous batching throughput and chunked-prefill latency"),
-    "overhead": ("benchmarks.engine_overhead", "per-token engine overhead, 8 and 64 streams"),
-    "page-size": ("benchmarks.page_size", "page size trade-offs"),
-    "kernels": ("benchmarks.kernel_bench", "Triton vs reference attention kernels (GPU)"),
-    "gpu": ("benchmarks.gpu_bench", "real-size Qwen3 architectures on a GPU"),
+    "patterns": ("kvreuse.benchmarks.pattern_runner", "context-management patterns report (the main job)"),
+    "throughput": ("kvreuse.benchmarks.throughput", "prefill/decode tokens/s vs transformers"),
+    "ttft": ("kvreuse.benchmarks.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
+    "batching": ("kvreuse.benchmarks.batching", "continuous batching throughput and chunked-prefill latency"),
+    "overhead": ("kvreuse.benchmarks.engine_overhead", "per-token engine overhead, 8 and 64 streams"),
+    "page-size": ("kvreuse.benchmarks.page_size", "page size trade-offs"),
+    "kernels": ("kvreuse.benchmarks.kernel_bench", "Triton vs reference attention kernels (GPU)"),
+    "gpu": ("kvreuse.benchmarks.gpu_bench", "real-size Qwen3 architectures on a GPU"),
 }
 
 

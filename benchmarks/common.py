@@ -25,7 +25,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def base_parser(name: str, description: str) -> argparse.ArgumentParser:
     """Flags every benchmark takes: ``--quick``, ``--out``, ``--threads``, ``--reps``."""
-    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=description)
+    p = argparse.ArgumentParser(prog=f"python -m kvreuse.benchmarks.{name}", description=description)
     p.add_argument(
         "--quick", action="store_true", help="small sizes, one repetition: a correctness smoke run"
     )
@@ -170,7 +170,7 @@ def bench_main(
 
 
 def model_dir() -> Path:
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     return Path(resolve_model(None)[0])
 

@@ -12,12 +12,20 @@ import argparse
 import time
 from typing import Any
 
-from benchmarks.common import base_parser, bench_main, format_table, interleave, median, progress, reps
-from runtime.engine.engine import Engine
-from runtime.sampling import sampler
-from runtime.sampling.constrained import json_schema, tool_call
-from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.params import SamplingParams
+from kvreuse.benchmarks.common import (
+    base_parser,
+    bench_main,
+    format_table,
+    interleave,
+    median,
+    progress,
+    reps,
+)
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling import sampler
+from kvreuse.runtime.sampling.constrained import json_schema, tool_call
+from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.params import SamplingParams
 
 STORY = {
     "type": "object",

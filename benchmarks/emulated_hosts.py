@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from runtime.cluster.services import Host
+from kvreuse.runtime.cluster.services import Host
 
 
 def _ip(*args: str) -> None:
@@ -44,7 +44,7 @@ def unavailable() -> str | None:
 
 class EmulatedHosts:
     """``with EmulatedHosts(["store", "r0", "gw"]) as hosts``: ``hosts["r0"]`` is a
-    :class:`~runtime.cluster.services.Host` whose prefix runs a command in that namespace.
+    :class:`~kvreuse.runtime.cluster.services.Host` whose prefix runs a command in that namespace.
 
     ``rate`` (a ``tc`` rate such as ``"10gbit"``): each host's link is shaped to it both ways
     (token bucket; this kernel has no ``netem``, so no added latency).  ``hidden``: directories a

@@ -1,6 +1,6 @@
 """Per-token engine overhead: a decode step's time minus its model forward, at 8 and 64 streams.
 
-Run from the repository root: ``python -m benchmarks.engine_overhead [--quick] [--against DIR]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.engine_overhead [--quick] [--against DIR]``.
 
 Every stream's prompt is one shared ``--prompt-tokens`` prefix (cached once, so prefill is short) plus 16
 tokens of its own; each generates ``--decode-tokens`` greedy tokens.  Over the steps where every stream
@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,8 +33,8 @@ def measure(
     streams: int, prompt_tokens: int, decode_tokens: int, model_dir: str | None, seed: int = 0
 ) -> dict:
     """One engine, ``streams`` decoding together; per-step overhead and forward seconds."""
-    from benchmarks.common import median, synthetic_prompt
-    from runtime import Engine, SamplingParams  # the public API: the same in trees of any layout
+    from kvreuse.benchmarks.common import median, synthetic_prompt
+    from kvreuse.runtime import Engine, SamplingParams  # the public API: the same in trees of any layout
 
     eng = Engine(
         model_dir=model_dir, dtype="float32", device="cpu", kv_cache_memory="512M", max_running=streams,
@@ -91,8 +92,13 @@ def run_tree(tree: Path, args: argparse.Namespace) -> list[dict]:
     cmd += ["--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens)]
     cmd += ["--threads", str(args.threads or 1)]
     cmd += ["--model-dir", str(args.model_dir.resolve())] if args.model_dir else []
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    with tempfile.TemporaryDirectory() as stage:
+        # the tree's folders as kvreuse.<folder>, ahead of this checkout's editable install on sys.path
+        (Path(stage) / "kvreuse").mkdir()
+        for folder in ("runtime", "kernels", "chat_templates", "benchmarks"):
+            (Path(stage) / "kvreuse" / folder).symlink_to(tree / folder, target_is_directory=True)
+        env = {**os.environ, "PYTHONPATH": stage}
+        r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     if r.returncode or not line:
         raise RuntimeError(f"engine_overhead child in {tree} failed:\n{r.stderr[-2000:]}")
@@ -100,7 +106,7 @@ def run_tree(tree: Path, args: argparse.Namespace) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from benchmarks.common import format_table, median, progress, reps
+    from kvreuse.benchmarks.common import format_table, median, progress, reps
 
     trees = {"this": HERE.parents[1]}
     if args.against:
@@ -137,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from benchmarks.common import base_parser
+    from kvreuse.benchmarks.common import base_parser
 
     p = base_parser("engine_overhead", __doc__.splitlines()[0])
     p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[8, 64])
@@ -158,7 +164,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import bench_main
+    from kvreuse.benchmarks.common import bench_main
 
     args = parse_args(argv)
     if args.child:

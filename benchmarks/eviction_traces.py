@@ -1,6 +1,6 @@
 """Eviction policies on three agent traces, against LRU and Belady's offline optimum.
 
-Run from the repository root: ``python -m benchmarks.eviction_traces [--quick] [--out PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.eviction_traces [--quick] [--out PATH]``.
 
 Each trace is a sequence of requests (conversation turns: a turn's prompt is the conversation's
 previous prompt + output + new tokens) over a pool that holds only part of the working set:
@@ -27,9 +27,9 @@ import random
 import tempfile
 from pathlib import Path
 
-from benchmarks.belady import Trace, belady, replay, working_set_pages
-from benchmarks.common import base_parser, bench_main, format_table, progress
-from runtime.cache.eviction import POLICIES
+from kvreuse.benchmarks.belady import Trace, belady, replay, working_set_pages
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress
+from kvreuse.runtime.cache.eviction import POLICIES
 
 PAGE = 16
 BELADY_SHARE, LRU_GAIN = 0.8, 2.0
@@ -111,8 +111,8 @@ def hit_rate(trace: Trace, cached: list[int]) -> float:
 
 def engine_check(policies: list[str]) -> dict:
     """A short cyclic trace through the Engine (tiny random model): cached tokens == token-level replay."""
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
     from tests.helpers import make_tiny_model
 
     vocab, n_conv, first, new, out = 512, 3, 96, 16, 8

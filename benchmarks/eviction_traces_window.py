@@ -1,6 +1,6 @@
 """Eviction policies on the eviction traces for a sliding-window model, against Belady with window state.
 
-Run from the repository root: ``python -m benchmarks.eviction_traces_window [--quick] [--out PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.eviction_traces_window [--quick] [--out PATH]``.
 
 The three traces and pool sizes of ``benchmarks/eviction_traces.py`` (cyclic, subagents, zipf), run
 through a window model's cache (Gemma 3/4 with window paging): the pool holds the full-attention
@@ -14,7 +14,7 @@ snapshot of a model has one size, so ``--snapshot-memory`` is a count of them):
 
 Per trace and budget: the Belady-style reference with window state (``belady_window``), Belady on
 the pages alone (``belady``, window state ignored: an upper bound), and every policy of
-``runtime.cache.eviction.POLICIES`` replayed through the real scheduler, cache manager, radix tree
+``kvreuse.runtime.cache.eviction.POLICIES`` replayed through the real scheduler, cache manager, radix tree
 and ``NodeStates`` (token level, no model).  ``bound_holds``: no policy above the reference.  A short
 cyclic trace also runs through an Engine on a tiny random Gemma 3 for every policy, and its
 per-request ``cached_tokens`` must equal the window replay of the same requests (the result also
@@ -28,11 +28,11 @@ import random
 import tempfile
 from pathlib import Path
 
-from benchmarks.belady import Trace, belady, replay
-from benchmarks.common import base_parser, bench_main, format_table, progress
-from benchmarks.eviction_traces import PAGE, build, cyclic_steps, hit_rate, traces
-from benchmarks.window_belady import belady_window, window_cache
-from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from kvreuse.benchmarks.belady import Trace, belady, replay
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress
+from kvreuse.benchmarks.eviction_traces import PAGE, build, cyclic_steps, hit_rate, traces
+from kvreuse.benchmarks.window_belady import belady_window, window_cache
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 
 CHUNK = 512  # the engine's default chunk size: where long prompts' prefill chunks end
 
@@ -55,8 +55,8 @@ def window_replay(
 def engine_check_window(policies: list[str], snapshots: int = 6) -> dict:
     """A short cyclic trace through the Engine on a tiny random Gemma 3 (window 7, page 16) with a
     ``snapshots``-snapshot budget: cached tokens per request == the window replay of the same requests."""
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
     from tests.helpers import make_tiny_windowed
 
     n_conv, first, new, out, chunk = 3, 90, 13, 21, 64

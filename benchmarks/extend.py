@@ -1,6 +1,6 @@
 """Extend (cached-prefix) prefill cost vs cold prefill, against the FLOP model, fp32 and bf16.
 
-Run from the repository root: ``python -m benchmarks.extend [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.extend [--quick] [--out PATH] [--threads N]``.
 
 For every prefix length P and new-token count N, in one process, rounds interleaved: TTFT of
 ``cold_n`` (a fresh N-token prompt), ``cold_pn`` (a fresh P+N-token prompt) and ``cached`` (a fresh
@@ -22,7 +22,15 @@ import contextlib
 import subprocess
 import sys
 
-from benchmarks.common import base_parser, bench_main, format_table, median, progress, reps, synthetic_prompt
+from kvreuse.benchmarks.common import (
+    base_parser,
+    bench_main,
+    format_table,
+    median,
+    progress,
+    reps,
+    synthetic_prompt,
+)
 
 RATIO_TARGET = 1.1
 
@@ -40,8 +48,8 @@ def flops(cfg, new: int, before: int) -> float:
 def previous_extend(engine):
     """The extend path before the flash kernel (``kernels/cpu/extend_attention.c``) on ``engine``: the
     reference's, bf16 from oneDNN GEMMs plus the C row softmax (``kernels/cpu_matmul_attention.py``).
-    fp32 runs the same ``kernels.reference`` path on both sides."""
-    from kernels import reference
+    fp32 runs the same ``kvreuse.kernels.reference`` path on both sides."""
+    from kvreuse.kernels import reference
 
     runner = engine.runner
     saved = runner.backend
@@ -56,8 +64,8 @@ class Runs:
     """One radix engine per dtype; each method returns (TTFT seconds, cached tokens)."""
 
     def __init__(self, dtype: str, memory: str) -> None:
-        from runtime.engine.engine import Engine
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.engine.engine import Engine
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         self.engine = Engine(dtype=dtype, kv_cache_memory=memory)
         self.params = SamplingParams(max_tokens=1, ignore_eos=True)

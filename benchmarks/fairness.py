@@ -1,7 +1,7 @@
 """Fairness between tenants (issue 39): one tenant hammers a real ``kvreuse serve`` with slow schemas,
 pins and large bodies while another sends plain requests.
 
-Run from the repository root: ``python -m benchmarks.fairness [--quick] [--out PATH]`` (through
+Run from the repository root: ``python -m kvreuse.benchmarks.fairness [--quick] [--out PATH]`` (through
 ``../shared/tools/heavy`` on a shared machine).
 
 The victim (tenant A) sends plain one-token chats one after another, first alone (``baseline``),
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import base_parser, bench_main, median, percentile, progress
+from kvreuse.benchmarks.common import base_parser, bench_main, median, percentile, progress
 
 KEYS = {"victim": "key-victim", "attacker": "key-attacker", "operator": "key-operator"}
 
@@ -134,9 +134,9 @@ def prefill_cost(reps: int = 3, tokens: int = 1500) -> dict:
     ``reps`` interleaved rounds after one warm-up of each."""
     import torch
 
-    from runtime.engine.engine import Engine
-    from runtime.request import CacheScope
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.request import CacheScope
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     eng = Engine(dtype="float32", prefix_cache="off")
     ids = torch.randint(100, 40000, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -170,7 +170,9 @@ def prefill_cost(reps: int = 3, tokens: int = 1500) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.server.launcher import ServerProcess  # benchmarks drive a server process, never import it
+    from kvreuse.runtime.server.launcher import (
+        ServerProcess,  # benchmarks drive a server process, never import it
+    )
 
     n = 10 if args.quick else args.requests
     work = Path(tempfile.mkdtemp(prefix="fairness-"))

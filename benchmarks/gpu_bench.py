@@ -1,16 +1,16 @@
 """kvreuse against transformers (sdpa) on a GPU: real-size Qwen3 architectures with random weights.
 
-Run from the repository root: ``python -m benchmarks.gpu_bench [--out PATH] [--quick]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.gpu_bench [--out PATH] [--quick]``.
 
 One run, in this order, rewriting the JSON after every section so a timeout still leaves results:
 
-1. kernels: ``benchmarks.kernel_bench`` (Triton decode/extend vs the torch reference and the
+1. kernels: ``kvreuse.benchmarks.kernel_bench`` (Triton decode/extend vs the torch reference and the
    memory-bandwidth floor measured in the same run);
 2. per model (Qwen3-0.6B, then Qwen3-8B unless ``--quick`` or memory/time is short): a random bf16
    checkpoint is built on the GPU with transformers, saved as safetensors with a word-level tokenizer,
    loaded by ``Engine(model_dir=...)``; kvreuse, then the same in-memory transformers model, measure
    prefill tokens/s, decode tokens/s and TTFT with and without a cached prefix; the engine's decode
-   forward is also timed eagerly and replayed from CUDA graphs (``benchmarks.graph_bench``).
+   forward is also timed eagerly and replayed from CUDA graphs (``kvreuse.benchmarks.graph_bench``).
 
 ``--cpu-smoke`` runs the same code on CPU with a 2-layer config and small sizes (fp32), to test the path.
 """
@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from benchmarks.gpu_checkpoint import ARCHS, build_checkpoint
-from benchmarks.gpu_timing import decode_row, prompt, suffix_len, timed
-from benchmarks.hf_bench import bench_hf
-from runtime.engine.engine import Engine
-from runtime.sampling.params import SamplingParams
+from kvreuse.benchmarks.gpu_checkpoint import ARCHS, build_checkpoint
+from kvreuse.benchmarks.gpu_timing import decode_row, prompt, suffix_len, timed
+from kvreuse.benchmarks.hf_bench import bench_hf
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling.params import SamplingParams
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
 KV_CAP = {"qwen3-0.6b": 16 << 30, "qwen3-8b": 24 << 30, "smoke": 64 << 20}
@@ -170,7 +170,7 @@ def graph_section(
     a failure is recorded, not fatal: later sections still run."""
     if device.type != "cuda" or backend != "triton":
         return {"skipped": "needs CUDA and the triton attention backend"}
-    from benchmarks.graph_bench import bench_decode_graphs
+    from kvreuse.benchmarks.graph_bench import bench_decode_graphs
 
     try:
         return bench_decode_graphs(
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> dict:
     result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "transformers": transformers.__version__, "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
     if device.type == "cuda":
-        from benchmarks import kernel_bench
+        from kvreuse.benchmarks import kernel_bench
 
         result["kernels"] = kernel_bench.run(kernel_bench.parse_args([]))
     else:

@@ -1,4 +1,4 @@
-"""Timing helpers shared by the two sides of ``benchmarks.gpu_bench`` (kvreuse and transformers)."""
+"""Timing helpers shared by the two sides of ``kvreuse.benchmarks.gpu_bench`` (kvreuse and transformers)."""
 
 from __future__ import annotations
 

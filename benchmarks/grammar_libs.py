@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import base_parser, bench_main, format_table, median, model_dir, progress
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, median, model_dir, progress
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "weather_args": {
@@ -161,8 +161,8 @@ LIBS = {"xgrammar": bench_xgrammar, "llguidance": bench_llguidance, "outlines_co
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from runtime.loading.tokenizer import load_tokenizer
-    from runtime.models.config import ModelConfig
+    from kvreuse.runtime.loading.tokenizer import load_tokenizer
+    from kvreuse.runtime.models.config import ModelConfig
 
     d = model_dir()
     tok = load_tokenizer(d)

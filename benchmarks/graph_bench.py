@@ -1,6 +1,6 @@
 """Do CUDA graphs pay for decode?  One decode forward timed eagerly and replayed from a captured graph.
 
-Called by ``benchmarks.gpu_bench`` once its engine is gone: a model runner of its own (this measures the
+Called by ``kvreuse.benchmarks.gpu_bench`` once its engine is gone: a model runner of its own (this measures the
 runner's forward, below the engine) with a pool of exactly the pages the batches need, sequences of
 ``context`` tokens on their own pages (random leftover K/V: only the time matters, and eager vs graph).
 The graph runs with the page-table width of the longest allowed sequence (what an engine would
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.runner.cuda_graph import GRAPH_BATCH_SIZES, DecodeGraphRunner
-from runtime.runner.forward_batch import ForwardBatch
-from runtime.runner.model_runner import ModelRunner
+from kvreuse.runtime.runner.cuda_graph import GRAPH_BATCH_SIZES, DecodeGraphRunner
+from kvreuse.runtime.runner.forward_batch import ForwardBatch
+from kvreuse.runtime.runner.model_runner import ModelRunner
 
 PAGE_SIZE = 16
 

@@ -1,4 +1,4 @@
-"""The transformers side of ``benchmarks.gpu_bench``: the same measurements on an HF model (sdpa).
+"""The transformers side of ``kvreuse.benchmarks.gpu_bench``: the same measurements on an HF model (sdpa).
 
 transformers keeps no KV cache across calls, so its TTFT is a full prefill; ``manual_prefix_reuse_s``
 is what a caller gets by keeping a prefix's ``DynamicCache`` itself and feeding only the new suffix.
@@ -10,7 +10,7 @@ import inspect
 
 import torch
 
-from benchmarks.gpu_timing import decode_row, prompt, suffix_len, timed
+from kvreuse.benchmarks.gpu_timing import decode_row, prompt, suffix_len, timed
 
 
 @torch.inference_mode()

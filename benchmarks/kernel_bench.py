@@ -1,6 +1,6 @@
 """Time the Triton paged-attention kernels on a CUDA GPU against the torch reference and the bandwidth floor.
 
-Run from the repository root: ``python -m benchmarks.kernel_bench [--out PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.kernel_bench [--out PATH]``.
 
 Shapes are Qwen3-0.6B's attention (16 query heads, 8 kv heads, head_dim 128, bf16, page_size 16) with
 random data and a shuffled page table.  Decode is timed at each (context, batch) pair and compared with
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import reference
+from kvreuse.kernels import reference
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "kernels_gpu.json"
 HQ, HKV, HEAD_DIM, PAGE_SIZE, DTYPE = 16, 8, 128, 16, torch.bfloat16
@@ -75,7 +75,7 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
 
 
-def bench_decode(ctx: int, batch: int, bw_gbps: float, args: argparse.Namespace, kernels) -> dict:
+def bench_decode(ctx: int, batch: int, bw_gbps: float, args: argparse.Namespace, tk) -> dict:
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(ctx + batch)
     k_cache, v_cache, page_table, seq_lens_k = make_pool([ctx] * batch, device, gen)
@@ -83,9 +83,9 @@ def bench_decode(ctx: int, batch: int, bw_gbps: float, args: argparse.Namespace,
     call = (q, k_cache, v_cache, page_table, seq_lens_k, HEAD_DIM**-0.5)
     kv_bytes = 2 * batch * ctx * HKV * HEAD_DIM * k_cache.element_size()
     floor_ms = kv_bytes / (bw_gbps * 1e9) * 1e3
-    out = kernels.decode_attention(*call)
+    out = tk.decode_attention(*call)
     row = {"context": ctx, "batch": batch, "kv_bytes": kv_bytes, "floor_ms": floor_ms}
-    row["triton_ms"] = bench_ms(lambda: kernels.decode_attention(*call))
+    row["triton_ms"] = bench_ms(lambda: tk.decode_attention(*call))
     row["triton_fraction_of_floor"] = floor_ms / row["triton_ms"]
     row["triton_GBps"] = kv_bytes / (row["triton_ms"] * 1e-3) / 1e9
     if not args.no_reference:
@@ -100,7 +100,7 @@ def bench_decode(ctx: int, batch: int, bw_gbps: float, args: argparse.Namespace,
     return row
 
 
-def bench_extend(new: int, prefix: int, args: argparse.Namespace, kernels) -> dict:
+def bench_extend(new: int, prefix: int, args: argparse.Namespace, tk) -> dict:
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(new + prefix)
     k_cache, v_cache, page_table, seq_lens_k = make_pool([prefix + new], device, gen)
@@ -110,9 +110,9 @@ def bench_extend(new: int, prefix: int, args: argparse.Namespace, kernels) -> di
     # Causal pairs: new token j sees prefix + j + 1 keys; QK^T and PV are 2 flops per pair and dim each.
     pairs = new * prefix + new * (new + 1) // 2
     flops = 4 * pairs * HQ * HEAD_DIM
-    out = kernels.extend_attention(*call)
+    out = tk.extend_attention(*call)
     row = {"new_tokens": new, "prefix": prefix, "flops": flops}
-    row["triton_ms"] = bench_ms(lambda: kernels.extend_attention(*call))
+    row["triton_ms"] = bench_ms(lambda: tk.extend_attention(*call))
     row["triton_TFLOPs"] = flops / (row["triton_ms"] * 1e-3) / 1e12
     if not args.no_reference:
         try:
@@ -129,7 +129,7 @@ def bench_extend(new: int, prefix: int, args: argparse.Namespace, kernels) -> di
 def run(args: argparse.Namespace) -> dict:
     import triton
 
-    from kernels import triton_attention as kernels
+    from kvreuse.kernels import triton_attention as tk
 
     device = torch.device("cuda")
     bw = copy_bandwidth_gbps(device)
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> dict:
     for ctx in ints(args.contexts):
         for batch in ints(args.batches):
             try:
-                row = bench_decode(ctx, batch, bw, args, kernels)
+                row = bench_decode(ctx, batch, bw, args, tk)
             except torch.cuda.OutOfMemoryError:
                 row = {"context": ctx, "batch": batch, "error": "oom"}
             torch.cuda.empty_cache()
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> dict:
             print("decode", json.dumps(row), flush=True)
     for new in ints(args.prefill):
         for prefix in sorted({0, args.prefix}):
-            row = bench_extend(new, prefix, args, kernels)
+            row = bench_extend(new, prefix, args, tk)
             torch.cuda.empty_cache()
             result["extend"].append(row)
             print("extend", json.dumps(row), flush=True)

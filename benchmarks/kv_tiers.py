@@ -1,6 +1,6 @@
 """The disk tier: a restart that keeps the cache, and a working set larger than the pool.
 
-Run from the repository root: ``python -m benchmarks.kv_tiers [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.kv_tiers [--quick] [--out PATH] [--threads N]``.
 
 * **restart**: a 10-turn conversation (system prompt, then user/assistant turns; about 8K tokens of
   context by the last turn) sent as chat requests to a real ``kvreuse serve --kv-store``, in two
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import base_parser, bench_main, format_table, median, progress, reps
-from benchmarks.ttft_multiturn import _text
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, median, progress, reps
+from kvreuse.benchmarks.ttft_multiturn import _text
 
 RESTART_TARGET = 5.0
 LLAMA_CPP_SLOT_RESTORE_MBPS = 14.3 / 0.043  # 1,745-token slot, 14.3 MB restored in 43 ms (llama.cpp server)
@@ -76,9 +76,9 @@ def restart(args: argparse.Namespace, workdir: Path, shape: str) -> dict:
     """Turns 1..R on a server with a store, SIGTERM, a new server on that store for turns R+1..N;
     turn R+1's TTFT against the same prompt on a cold server and on one that still has turns 1..R
     in its pool (the best a store can do), same run."""
-    from benchmarks.common import model_dir
-    from runtime.loading.tokenizer import load_tokenizer
-    from runtime.server.launcher import ServerProcess
+    from kvreuse.benchmarks.common import model_dir
+    from kvreuse.runtime.loading.tokenizer import load_tokenizer
+    from kvreuse.runtime.server.launcher import ServerProcess
 
     system, new = SHAPES[shape] if not args.quick else (args.system_tokens, args.new_tokens)
     turns = conversation(load_tokenizer(model_dir()), args.turns, args.seed, system, new)
@@ -135,9 +135,9 @@ def restart(args: argparse.Namespace, workdir: Path, shape: str) -> dict:
 
 
 def eviction(args: argparse.Namespace, workdir: Path) -> dict:
-    from chat_templates import render
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.chat_templates import render
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     probe = Engine(dtype="float32", num_pages=8)
@@ -176,8 +176,8 @@ def eviction(args: argparse.Namespace, workdir: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from benchmarks.common import model_dir
-    from runtime.models.config import ModelConfig
+    from kvreuse.benchmarks.common import model_dir
+    from kvreuse.runtime.models.config import ModelConfig
 
     args.kv_bytes_per_token = ModelConfig.from_dir(model_dir()).kv_bytes_per_token(4)
     workdir = Path(tempfile.mkdtemp(prefix="kvreuse-tiers-"))

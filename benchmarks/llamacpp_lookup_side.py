@@ -1,4 +1,4 @@
-"""llama.cpp's side of ``benchmarks.speculative``: decode time of scripted replies, plain and with prompt
+"""llama.cpp's side of ``kvreuse.benchmarks.speculative``: decode time of scripted replies, plain and with prompt
 lookup decoding as ``llama-cpp-python``'s ``LlamaPromptLookupDecoding`` drafts it.
 
 Runs in a separate interpreter over the prebuilt CPU llama.cpp of the ``llama-cpp-cffi`` wheel (as

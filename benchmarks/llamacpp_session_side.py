@@ -1,4 +1,4 @@
-"""llama.cpp's side of ``benchmarks.window_paging``: prompt tokens llama.cpp evaluates per turn when it
+"""llama.cpp's side of ``kvreuse.benchmarks.window_paging``: prompt tokens llama.cpp evaluates per turn when it
 keeps one context between requests the way llama-server does with its default settings.
 
 Runs in a separate interpreter over the prebuilt ``llama-cpp-cffi`` CPU build (never a kvreuse

@@ -1,4 +1,4 @@
-"""llama.cpp's side of ``benchmarks.quantized``: greedy tokens, prefill and decode time on a GGUF.
+"""llama.cpp's side of ``kvreuse.benchmarks.quantized``: greedy tokens, prefill and decode time on a GGUF.
 
 Runs in a separate interpreter over a prebuilt llama.cpp (never a kvreuse dependency):
 ``python benchmarks/llamacpp_side.py MODULE_DIR`` reads one JSON job on stdin and writes one JSON result

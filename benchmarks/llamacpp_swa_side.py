@@ -1,4 +1,4 @@
-"""A current llama.cpp's side of ``benchmarks.window_paging``: its SWA cache (``swa_full`` off) and
+"""A current llama.cpp's side of ``kvreuse.benchmarks.window_paging``: its SWA cache (``swa_full`` off) and
 llama-server's prompt-cache decisions with context checkpoints, per request of a replayed session.
 
 Runs in a separate interpreter with cffi (ABI mode, no compiler) over a prebuilt ``libllama`` of

@@ -1,6 +1,6 @@
 """MoE decode speed on CPU: our Qwen3-MoE vs the dense model with the same active parameters, and vs transformers.
 
-Run from the repository root: ``python -m benchmarks.moe_decode [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.moe_decode [--quick] [--out PATH] [--threads N]``.
 
 For each of two shapes, random-weight models built in a temporary directory (fp32, 4 layers):
 
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (
+from kvreuse.benchmarks.common import (
     base_parser,
     bench_main,
     format_table,
@@ -105,7 +105,7 @@ class Sides:
     def __init__(self, root: Path, spec: dict, max_prompt: int, max_streams: int) -> None:
         from transformers import AutoModelForCausalLM
 
-        from runtime.engine.engine import Engine
+        from kvreuse.runtime.engine.engine import Engine
 
         moe, shape = spec["moe"], spec["shape"]
         active = moe["num_experts_per_tok"] * moe["moe_intermediate_size"]
@@ -130,7 +130,7 @@ class Sides:
         return [synthetic_prompt(n, self.seed * 100 + i, 3, VOCAB) for i in range(streams)]
 
     def ours_decode(self, which: str, prompt: int, n: int, streams: int) -> float:
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         outs = self.ours[which].generate(
             self.prompts(prompt, streams), SamplingParams(max_tokens=n, ignore_eos=True)
@@ -139,7 +139,7 @@ class Sides:
         return max(o.decode_s for o in outs)
 
     def ours_prefill(self, which: str, prompt: int) -> float:
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         ids = self.prompts(prompt, 1)
         return timed(lambda: self.ours[which].generate(ids, SamplingParams(max_tokens=1, ignore_eos=True)))[0]
@@ -166,7 +166,7 @@ class Sides:
 
 def run(args: argparse.Namespace) -> dict:
     streams = [int(s) for s in args.streams.split(",") if s]
-    from benchmarks.moe_shapes import shape_figures
+    from kvreuse.benchmarks.moe_shapes import shape_figures
 
     results: dict = {"dtype": "float32", "common": COMMON, "shapes": {}, "real_shapes": shape_figures()}
     for name, fig in results["real_shapes"].items():

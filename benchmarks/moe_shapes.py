@@ -1,7 +1,7 @@
 """Real MoE checkpoints' shapes from their configs alone (no weights): total vs active parameters per token.
 
 The models are built on the meta device, so nothing is allocated; the figures are what the load-time
-log line (``runtime.models.summary``) prints for the real checkpoint.
+log line (``kvreuse.runtime.models.summary``) prints for the real checkpoint.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from runtime.models.config import ModelConfig
+from kvreuse.runtime.models.config import ModelConfig
 
 # the published config.json fields that shape the parameters (Qwen/Qwen3-30B-A3B, Qwen/Qwen3-Next-80B-A3B-Instruct)
 REAL_CONFIGS: dict[str, dict[str, Any]] = {
@@ -33,8 +33,8 @@ REAL_CONFIGS: dict[str, dict[str, Any]] = {
 
 def shape_figures(dtype: torch.dtype = torch.bfloat16) -> dict[str, dict[str, Any]]:
     """Per real config: parameter counts, the load log line and KV bytes per token, in ``dtype``."""
-    from runtime.models.decoder import CausalLM
-    from runtime.models.qwen3_5 import HybridCausalLM
+    from kvreuse.runtime.models.decoder import CausalLM
+    from kvreuse.runtime.models.qwen3_5 import HybridCausalLM
 
     out = {}
     for name, c in REAL_CONFIGS.items():

@@ -1,10 +1,10 @@
 """gpt-oss MXFP4 experts kept quantized vs dequantized to bf16: decode speed, expert memory, perplexity.
 
-Run from the repository root: ``python -m benchmarks.mxfp4_decode [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.mxfp4_decode [--quick] [--out PATH] [--threads N]``.
 
 One random gpt-oss of a tiny-but-wide MoE shape (bf16 engines, 4 layers, hidden 1024, 16 experts of
 width 1024, top-4: 6 MiB bf16 expert matrices, whose weight reads dominate a decode step), its experts
-quantized to MXFP4 (``runtime.models.mxfp4.quantize``) and saved twice: as MXFP4 blocks + scales, and
+quantized to MXFP4 (``kvreuse.runtime.models.mxfp4.quantize``) and saved twice: as MXFP4 blocks + scales, and
 dequantized (transformers' ``convert_moe_packed_tensors``), so both engines hold the same values.
 ``mxfp4`` keeps the blocks and multiplies straight from them at decode (``kernels/cpu/mxfp4.c``: bf16
 activations as int8 per block of 32, MXFP4 x Q8_0); ``bf16`` runs the dequantized experts on the usual
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (
+from kvreuse.benchmarks.common import (
     base_parser,
     bench_main,
     format_table,
@@ -65,7 +65,7 @@ def save_pair(root: Path) -> dict[str, Path]:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-    from runtime.models.mxfp4 import quantize
+    from kvreuse.runtime.models.mxfp4 import quantize
 
     torch.manual_seed(0)
     cfg = AutoConfig.for_model("gpt_oss", **SHAPE)
@@ -102,8 +102,8 @@ def perplexity(eng, ids: list[int]) -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     streams = [int(s) for s in args.streams.split(",") if s]
     tmp = tempfile.TemporaryDirectory()

@@ -1,9 +1,9 @@
 """Pick the default KV page size from measurement: granularity loss, decode and prefill speed per page size.
 
-Run from the repository root: ``python -m benchmarks.page_size [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.page_size [--quick] [--out PATH] [--threads N]``.
 
 For each page size (1, 4, 16, 32, 64) an engine with the radix cache replays the 10-turn agent conversation
-of ``benchmarks.ttft_multiturn`` (one generated token a turn), then decodes ``--decode-tokens`` tokens after
+of ``kvreuse.benchmarks.ttft_multiturn`` (one generated token a turn), then decodes ``--decode-tokens`` tokens after
 its last prompt.  Measured per page size:
 
 * prefill tokens lost to page granularity: tokens prefilled minus the ideal (per turn, the tokens no earlier
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.common import (
+from kvreuse.benchmarks.common import (
     base_parser,
     bench_main,
     format_table,
@@ -28,8 +28,8 @@ from benchmarks.common import (
     progress,
     reps,
 )
-from benchmarks.ttft_multiturn import conversation_prompts
-from chat_templates.render import first_divergence
+from kvreuse.benchmarks.ttft_multiturn import conversation_prompts
+from kvreuse.chat_templates.render import first_divergence
 
 
 def ideal_prefill(prompts: list[list[int]], outputs: list[list[int]]) -> list[int]:
@@ -44,7 +44,7 @@ def ideal_prefill(prompts: list[list[int]], outputs: list[list[int]]) -> list[in
 
 
 def replay(engine, prompts: list[list[int]], decode_tokens: int) -> dict:
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     engine.reset_prefix_cache()
     one = SamplingParams(max_tokens=1, ignore_eos=True)
@@ -65,7 +65,7 @@ def replay(engine, prompts: list[list[int]], decode_tokens: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.engine.engine import Engine
+    from kvreuse.runtime.engine.engine import Engine
 
     sizes = [int(x) for x in args.page_sizes.split(",")]
     engines = {ps: Engine(dtype="float32", prefix_cache="radix", page_size=ps, kv_cache_memory=args.kv_cache_memory)

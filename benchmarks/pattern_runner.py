@@ -11,10 +11,10 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.patterns import select
-from benchmarks.patterns.plan import Job, timed_jobs, token_jobs
-from benchmarks.patterns.stacks import STACKS
-from benchmarks.workloads import ALL_WORKLOADS
+from kvreuse.benchmarks.patterns import select
+from kvreuse.benchmarks.patterns.plan import Job, timed_jobs, token_jobs
+from kvreuse.benchmarks.patterns.stacks import STACKS
+from kvreuse.benchmarks.workloads import ALL_WORKLOADS
 
 DEFAULT_OUT = Path("out/patterns")
 
@@ -136,9 +136,9 @@ def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.common import machine_info, progress
-    from benchmarks.patterns.sections import run_timed, run_tokens
-    from benchmarks.report import write_report
+    from kvreuse.benchmarks.common import machine_info, progress
+    from kvreuse.benchmarks.patterns.sections import run_timed, run_tokens
+    from kvreuse.benchmarks.report import write_report
 
     args = parse_args(argv)
     try:

@@ -2,7 +2,7 @@
 kernel (``_weight_int4pack_mm_for_cpu``) and the dequantize-then-dense path, on SmolLM2-135M's layer
 shapes (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536; random int4 weights), bf16 rows.
 
-Run from the repository root: ``python -m benchmarks.q4_linear [--rows 1,2,4,8,16]``.  Each figure is
+Run from the repository root: ``python -m kvreuse.benchmarks.q4_linear [--rows 1,2,4,8,16]``.  Each figure is
 ms for all 30 layers (the four shapes called in turn, the median of ``--reps`` rounds of ``--iters``
 calls each, x 30), the three paths interleaved in each round so that they share the machine's load.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import base_parser, bench_main, format_table, interleave, median, reps
-from kernels.native_cpu import load
-from runtime.models.quant_linear import GROUP, DequantScratch, quantize_int4
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, interleave, median, reps
+from kvreuse.kernels.native_cpu import load
+from kvreuse.runtime.models.quant_linear import GROUP, DequantScratch, quantize_int4
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS = 30

@@ -1,6 +1,6 @@
 """The embedded Q4_1 GGUF kept quantized (``--quantize gguf``) vs dense bf16 / fp32 and vs llama.cpp.
 
-Run from the repository root: ``python -m benchmarks.quantized [--quick] [--llamacpp-python PY
+Run from the repository root: ``python -m kvreuse.benchmarks.quantized [--quick] [--llamacpp-python PY
 --llamacpp-module DIR] [--threads N]``.
 
 * agreement: greedy 64 tokens on 5 chat prompts, ours (gguf) vs llama.cpp on the same GGUF file: tokens
@@ -29,7 +29,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import base_parser, bench_main, format_table, median, progress, reps, synthetic_prompt
+from kvreuse.benchmarks.common import (
+    base_parser,
+    bench_main,
+    format_table,
+    median,
+    progress,
+    reps,
+    synthetic_prompt,
+)
 
 PROMPTS = [
     "Write a haiku about the sea.",
@@ -69,7 +77,7 @@ def perplexity(engine, ids: list[int], chunk_size: int | None = None) -> float:
 
 
 def ours(engine, prompts: list[list[int]], new: int) -> list[dict]:
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     res = []
     for p in prompts:
@@ -97,8 +105,8 @@ def agreement(a: list[int], b: list[int]) -> tuple[float, int]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.engine.engine import Engine
-    from runtime.loading.model_source import embedded_gguf_path
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.loading.model_source import embedded_gguf_path
 
     args.gguf = embedded_gguf_path()
     # "cpu" is the fused C decode kernels (the default on CPU); "reference" the torch ops they replace

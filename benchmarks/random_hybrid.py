@@ -1,6 +1,6 @@
 """Random-weight Qwen3.5 text checkpoints for benchmarks: real architecture, no download.
 
-``python -m benchmarks.random_hybrid [--shape NAME]`` prints the checkpoint directory (built once
+``python -m kvreuse.benchmarks.random_hybrid [--shape NAME]`` prints the checkpoint directory (built once
 under ``<kvreuse cache>/bench``) to pass as ``--model`` to any benchmark.  Weights come from
 transformers' own initialisation (Qwen3_5ForCausalLM, seed 0); the tokenizer is the embedded
 SmolLM2's, so prompts are real text.  Speed and reuse do not depend on the weights' values.
@@ -15,8 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from runtime.loading.model_source import cache_dir, resolve_model
-from runtime.models.config import ModelConfig
+from kvreuse.runtime.loading.model_source import cache_dir, resolve_model
+from kvreuse.runtime.models.config import ModelConfig
 
 # cpu: the largest that keeps a 4K-token, 10-turn benchmark to minutes on 2 shared cores (~39M
 # non-embedding parameters); real: Qwen3.5-27B's text model (for GPUs with random weights).
@@ -91,7 +91,7 @@ def snapshot_bytes(overrides: dict, dtype_bytes: int = 2) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.random_hybrid", description=__doc__.splitlines()[0]
+        prog="python -m kvreuse.benchmarks.random_hybrid", description=__doc__.splitlines()[0]
     )
     p.add_argument("--shape", choices=sorted(SHAPES), default="cpu")
     p.add_argument("--sizes", action="store_true", help="print snapshot bytes of the real sizes instead")

@@ -1,6 +1,6 @@
 """Ray Serve's prefix-aware router in front of kvreuse replicas: the alternative gateway, measured.
 
-``python -m benchmarks.ray_gateway --port P --router prefix|round_robin URL...`` serves
+``python -m kvreuse.benchmarks.ray_gateway --port P --router prefix|round_robin URL...`` serves
 ``/v1/chat/completions`` on ``P`` through Ray Serve: one Ray replica per kvreuse server URL (replica
 rank ``i`` forwards to ``URL[i]``, streaming the server's SSE bytes back unchanged), routed by
 Ray Serve LLM's ``PrefixCacheAffinityRouter`` (a text prefix tree per replica, as SMG's
@@ -92,7 +92,9 @@ def build(urls: list[str], router: str, imbalanced_threshold: float):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ray_gateway", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m kvreuse.benchmarks.ray_gateway", description=__doc__.splitlines()[0]
+    )
     p.add_argument("urls", nargs="+", help="kvreuse servers, one Ray replica each")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--router", choices=sorted(ROUTERS), default="prefix")
@@ -103,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         import ray
         from ray import serve
     except ImportError:
-        print("benchmarks.ray_gateway: Ray Serve is not installed: pip install -e '.[ray]'", file=sys.stderr)
+        print(
+            "kvreuse.benchmarks.ray_gateway: Ray Serve is not installed: pip install -e '.[ray]'",
+            file=sys.stderr,
+        )
         return 2
     # SIGTERM (Service.stop) unwinds through the finally below, so Ray's own processes go too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -127,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def start_ray_gateway(workdir: Path, worker_urls: list[str], router: str, imbalanced_threshold: float):
     """The gateway as a child process, ready when it answers ``/health``: ``(service, url)`` like
-    ``runtime.cluster.services.start_gateway``."""
-    from runtime.cluster.services import Service, free_port
+    ``kvreuse.runtime.cluster.services.start_gateway``."""
+    from kvreuse.runtime.cluster.services import Service, free_port
 
     class RayGateway(Service):
         def stop(self, timeout_s: float = 60.0) -> None:
@@ -140,7 +145,7 @@ def start_ray_gateway(workdir: Path, worker_urls: list[str], router: str, imbala
                 pass
 
     port = free_port()
-    argv = [sys.executable, "-m", "benchmarks.ray_gateway", "--port", str(port), "--router", router,
+    argv = [sys.executable, "-m", "kvreuse.benchmarks.ray_gateway", "--port", str(port), "--router", router,
             "--imbalanced-threshold", str(imbalanced_threshold), *worker_urls]  # fmt: skip
     svc = RayGateway(f"ray gateway ({router})", argv, workdir / f"ray_{router}.log")
     url = f"http://127.0.0.1:{port}"

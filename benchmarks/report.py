@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.patterns.checks import acceptance
+from kvreuse.benchmarks.patterns.checks import acceptance
 
 
 def _n(v: Any) -> str:
@@ -134,7 +134,7 @@ def _header(meta: dict) -> list[str]:
 
 
 def _cost(runs: list[dict], stack: str = "qwen3-append") -> list[str]:
-    from benchmarks.patterns.cost import PRICE_RULES, QWEN3_8B, prefill_flops, session_dollars
+    from kvreuse.benchmarks.patterns.cost import PRICE_RULES, QWEN3_8B, prefill_flops, session_dollars
 
     lines = ["| provider | model | input $/MTok | output $/MTok | uncached input (write) | cached input (read) | source |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -156,7 +156,7 @@ def _cost(runs: list[dict], stack: str = "qwen3-append") -> list[str]:
 
 
 def _stack_table(runs: list[dict], workload: str) -> list[str]:
-    from benchmarks.report_plots import reference_ideal
+    from kvreuse.benchmarks.report_plots import reference_ideal
 
     ref = reference_ideal(runs)
     sel = [r for r in runs if r["workload"] == workload and r.get("replies") == "cached"]
@@ -217,7 +217,7 @@ def _timed(timed: list[dict], curve: list[dict]) -> list[str]:
 def main_runs(runs: list[dict], page: int) -> list[dict]:
     """The runs of the per-workload tables and plots: cache on, the run's page size, default sessions, no
     sweep cells (the cache-off contrasts, Experiment 2-3 and the status sweep have their own sections)."""
-    from benchmarks.patterns.sweep import SIZES
+    from kvreuse.benchmarks.patterns.sweep import SIZES
 
     sweep = {f"status_{m}_{n}" for n in SIZES for m in ("replace", "append")}
     return [r for r in runs if r.get("prefix_cache", "radix") == "radix" and r.get("page_size", page) == page
@@ -233,11 +233,11 @@ def _label(c: dict) -> str:
 def write_report(results: dict, out: Path) -> Path:
     """Write report.md (verdicts first, then costs, tables, checks, TTFT, explanations), the PNG plots and
     report.html (the same, one self-contained page)."""
-    from benchmarks.patterns.claims import verdicts
-    from benchmarks.patterns.verdicts import table as verdict_table
-    from benchmarks.report_html import write_html
-    from benchmarks.report_plots import all_plots
-    from benchmarks.report_sections import agent_scale, claim_counts, exp23, sweep
+    from kvreuse.benchmarks.patterns.claims import verdicts
+    from kvreuse.benchmarks.patterns.verdicts import table as verdict_table
+    from kvreuse.benchmarks.report_html import write_html
+    from kvreuse.benchmarks.report_plots import all_plots
+    from kvreuse.benchmarks.report_sections import agent_scale, claim_counts, exp23, sweep
 
     meta, all_runs, timed = results["meta"], results["runs"], results.get("timed", [])
     page = meta.get("page_size", 16)

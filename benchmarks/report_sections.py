@@ -84,7 +84,7 @@ def exp23(runs: list[dict]) -> list[str]:
 
 
 def sweep(runs: list[dict]) -> list[str]:
-    from benchmarks.patterns.sweep import cells, rule_of_thumb, table
+    from kvreuse.benchmarks.patterns.sweep import cells, rule_of_thumb, table
 
     cs = cells(runs)
     if not cs:

@@ -1,6 +1,6 @@
 """How far routing alone can lift the replicas benchmark's hit rate: perfect session affinity vs round-robin.
 
-Run from the repository root: ``python -m benchmarks.routing_bound [--quick]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.routing_bound [--quick]``.
 
 The same agent sessions as ``benchmarks/replicas.py`` (its ``sessions``: a shared system prompt,
 then each session's own turns, one token generated per turn), their requests in the order the
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.belady import Trace, belady, replay
-from benchmarks.common import base_parser, bench_main, format_table, model_dir, progress
-from benchmarks.replica_client import sessions, think_rng
-from runtime.cache.eviction import DEFAULT_POLICY
+from kvreuse.benchmarks.belady import Trace, belady, replay
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, model_dir, progress
+from kvreuse.benchmarks.replica_client import sessions, think_rng
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 
 PAGE = 16
 REPLICAS = 3
@@ -96,7 +96,7 @@ def mean_rates(runs: list[dict]) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.loading.tokenizer import load_tokenizer
+    from kvreuse.runtime.loading.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model_dir())
     convs = sessions(tok, args.sessions, args.turns, args.system_tokens, args.turn_tokens)

@@ -3,8 +3,8 @@
 ``benchmarks/speculative_workloads.py`` (replies scripted by forced decoding: see there), at batch 1
 and 8, with the mean tokens each decode step emitted.
 
-Run from the repository root: ``python -m benchmarks.speculative [--quick] [--threads N] [--dtype D]``;
-``--model`` takes another checkpoint, e.g. a hybrid's (``--model $(python -m benchmarks.random_hybrid)``:
+Run from the repository root: ``python -m kvreuse.benchmarks.speculative [--quick] [--threads N] [--dtype D]``;
+``--model`` takes another checkpoint, e.g. a hybrid's (``--model $(python -m kvreuse.benchmarks.random_hybrid)``:
 random Qwen3.5 weights with SmolLM2's tokenizer; the replies are scripted, so acceptance is the same).
 
 Every round uses new variants of the workloads (other seeds) under a new tenant namespace, so neither
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import base_parser, bench_main, format_table, median, progress, reps
-from benchmarks.speculative_workloads import WORKLOADS, make
-from runtime.engine.engine import Engine
-from runtime.request import CacheScope
-from runtime.sampling.params import SamplingParams
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, median, progress, reps
+from kvreuse.benchmarks.speculative_workloads import WORKLOADS, make
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.sampling.params import SamplingParams
 
 MODES = ("off", "ngram", "suffix")
 

@@ -1,4 +1,4 @@
-"""The four workloads of ``benchmarks.speculative``: a chat prompt and the reply to force, per variant.
+"""The four workloads of ``kvreuse.benchmarks.speculative``: a chat prompt and the reply to force, per variant.
 
 The embedded 135M model would not reproduce any of these replies by itself, so every reply is
 scripted (forced decoding, ``SamplingParams.forced_tokens``): the engine still runs every forward a

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.cache.store.disk import DiskStore
-from runtime.cache.store.page_keys import page_keys
-from runtime.cache.store.shared import SharedStore
+from kvreuse.runtime.cache.store.disk import DiskStore
+from kvreuse.runtime.cache.store.page_keys import page_keys
+from kvreuse.runtime.cache.store.shared import SharedStore
 
 
 def page_shape(model: Path, page_size: int) -> tuple[int, ...]:

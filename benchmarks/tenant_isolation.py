@@ -1,6 +1,6 @@
 """Tenant isolation: TTFT of tenant B sending tenant A's exact prompt vs a cold prompt.
 
-Run from the repository root: ``python -m benchmarks.tenant_isolation [--quick] [--out PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.tenant_isolation [--quick] [--out PATH]``.
 
 A cached prefix is observably faster (CVE-2025-46570); with tenants salting the cache, B's request
 for A's prompt must look like a cold prompt.  Per round, in one process and interleaved: A runs a
@@ -18,10 +18,10 @@ import random
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import base_parser, bench_main, median, percentile, progress
-from runtime.engine.engine import Engine
-from runtime.request import CacheScope
-from runtime.sampling.params import SamplingParams
+from kvreuse.benchmarks.common import base_parser, bench_main, median, percentile, progress
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.sampling.params import SamplingParams
 
 VOCAB, PROMPT = 49152, 400
 

@@ -1,6 +1,6 @@
 """Prefill and single-stream decode throughput: kvreuse vs transformers, same model, dtype and process.
 
-Run from the repository root: ``python -m benchmarks.throughput [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.throughput [--quick] [--out PATH] [--threads N]``.
 
 * prefill: tokens/s of one prompt of 512 and 2048 tokens.  kvreuse runs with ``prefix_cache="off"`` and a
   fresh random prompt every repetition (nothing can be cached) and ``chunk_size`` = the prompt length, so
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from benchmarks.common import (
+from kvreuse.benchmarks.common import (
     base_parser,
     bench_main,
     format_table,
@@ -51,7 +51,7 @@ class Sides:
     def __init__(self, max_prompt: int) -> None:
         from transformers import AutoModelForCausalLM
 
-        from runtime.engine.engine import Engine
+        from kvreuse.runtime.engine.engine import Engine
 
         self.engine = Engine(
             dtype="float32", prefix_cache="off", chunk_size=max_prompt, kv_cache_memory="512M"
@@ -64,7 +64,7 @@ class Sides:
         return synthetic_prompt(n, self.seed)
 
     def kv_prefill(self, n: int) -> float:
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         out = self.engine.generate([self.fresh(n)], SamplingParams(max_tokens=1, ignore_eos=True))[0]
         assert out.prefilled_tokens == n and out.cached_tokens == 0
@@ -76,7 +76,7 @@ class Sides:
             return timed(lambda: self.hf(ids))[0]
 
     def kv_decode(self, prompt: int, n: int) -> float:
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         out = self.engine.generate([self.fresh(prompt)], SamplingParams(max_tokens=n, ignore_eos=True))[0]
         assert len(out.output_token_ids) == n

@@ -1,6 +1,6 @@
 """Eviction policies on a production-shaped trace (Mooncake format), against LRU, Belady and an infinite cache.
 
-Run from the repository root: ``python -m benchmarks.trace_replay [--quick] [--trace PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.trace_replay [--quick] [--trace PATH]``.
 
 The trace (``benchmarks/mooncake.py``; kept out of the repository, read from
 ``../shared/traces/`` at run time) replays token level through the real scheduler, cache manager
@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import mooncake
-from benchmarks.belady import Trace, belady, replay, which_oracle, working_set_pages
-from benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
-from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from kvreuse.benchmarks import mooncake
+from kvreuse.benchmarks.belady import Trace, belady, replay, which_oracle, working_set_pages
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 
 SHARES = (0.03, 0.10, 0.30)
 BEFORE = "reuse"  # the default these traces were first replayed against (issue 33)

@@ -1,6 +1,6 @@
 """Eviction shadows on the Mooncake trace: what each shadow reports, which policy it would pick, what it costs.
 
-Run from the repository root: ``python -m benchmarks.trace_shadows [--quick] [--trace PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.trace_shadows [--quick] [--trace PATH]``.
 
 No policy wins on every trace (``docs/traces.md``), so ``kvreuse serve --eviction-shadows`` replays
 each finished request through page-only copies of the pool under other policies
@@ -19,12 +19,12 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import mooncake
-from benchmarks.belady import belady, replay, working_set_pages
-from benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
-from benchmarks.trace_replay import SHARES, hit_rate, pool_for, traces
-from runtime.cache.eviction import DEFAULT_POLICY
-from runtime.cache.manager import CacheManager
+from kvreuse.benchmarks import mooncake
+from kvreuse.benchmarks.belady import belady, replay, working_set_pages
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
+from kvreuse.benchmarks.trace_replay import SHARES, hit_rate, pool_for, traces
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
+from kvreuse.runtime.cache.manager import CacheManager
 
 CANDIDATES = ("lru", "hazard", "proven", "answer")
 CHUNK = 512  # the replay's and the shadows' prefill chunk (the engine's default)

@@ -1,6 +1,6 @@
 """Host tier sized by a production-shaped trace: hit rate against tier size with the pool fixed.
 
-Run from the repository root: ``python -m benchmarks.trace_tiers [--quick] [--trace PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.trace_tiers [--quick] [--trace PATH]``.
 
 The Mooncake-format trace (``benchmarks/mooncake.py``) replays token level through the real
 scheduler, cache manager and ``TieredRadixCache`` with a real ``HostStore`` below the pool
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import mooncake
-from benchmarks.belady import belady, replay, working_set_pages
-from benchmarks.common import RESULTS_DIR, base_parser, bench_main, format_table, progress, shown_path
-from benchmarks.trace_replay import hit_rate, pool_for
-from runtime.cache.eviction import DEFAULT_POLICY
-from runtime.cache.manager import CacheManager
-from runtime.cache.store.host import HostStore
-from runtime.cache.store.tiers import LowerTiers
+from kvreuse.benchmarks import mooncake
+from kvreuse.benchmarks.belady import belady, replay, working_set_pages
+from kvreuse.benchmarks.common import RESULTS_DIR, base_parser, bench_main, format_table, progress, shown_path
+from kvreuse.benchmarks.trace_replay import hit_rate, pool_for
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.cache.store.host import HostStore
+from kvreuse.runtime.cache.store.tiers import LowerTiers
 
 TIER_SHARES = (0.0, 0.1, 0.2, 0.4, 0.7, 1.0)
 RECOVER = 0.9

@@ -1,6 +1,6 @@
 """A slice of a Mooncake-format trace replayed in time against ``kvreuse serve``, cache on vs off, by AIPerf.
 
-Run from the repository root: ``python -m benchmarks.trace_timed [--quick] [--trace PATH]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.trace_timed [--quick] [--trace PATH]``.
 
 The load generator is NVIDIA's AIPerf (``aiperf profile --custom-dataset-type mooncake_trace
 --fixed-schedule``: it builds each prompt from the trace's ``hash_ids``, equal ids giving equal
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import mooncake
-from benchmarks.common import base_parser, bench_main, format_table, progress
-from runtime.loading.model_source import embedded_model_dir
-from runtime.server.launcher import ServerProcess
+from kvreuse.benchmarks import mooncake
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress
+from kvreuse.runtime.loading.model_source import embedded_model_dir
+from kvreuse.runtime.server.launcher import ServerProcess
 
 
 def pick_slice(reqs: list[mooncake.TraceRequest], families: int) -> list[mooncake.TraceRequest]:

@@ -1,6 +1,6 @@
 """TTFT per turn of a 10-turn agent conversation, prefix cache on vs off, against the suffix-prefill limit.
 
-Run from the repository root: ``python -m benchmarks.ttft_multiturn [--quick] [--out PATH] [--threads N]``.
+Run from the repository root: ``python -m kvreuse.benchmarks.ttft_multiturn [--quick] [--out PATH] [--threads N]``.
 
 The conversation is seeded text in the model's chat template (a system prompt, then user/assistant turns of
 ``--min-new``..``--max-new`` new tokens each), rendered to token ids for every turn; each turn's prompt
@@ -19,7 +19,7 @@ import random
 import sys
 import time
 
-from benchmarks.common import (
+from kvreuse.benchmarks.common import (
     base_parser,
     bench_main,
     format_table,
@@ -27,7 +27,7 @@ from benchmarks.common import (
     progress,
     reps,
 )
-from chat_templates.render import first_divergence
+from kvreuse.chat_templates.render import first_divergence
 
 SPEEDUP_TARGET, LIMIT_TARGET = 5.0, 1.3
 WORDS = (
@@ -75,7 +75,7 @@ class SuffixLimit:
     """
 
     def __init__(self, engine, max_tokens: int) -> None:
-        from runtime.runner.model_runner import ModelRunner
+        from kvreuse.runtime.runner.model_runner import ModelRunner
 
         self.page_size = engine.page_size
         n_pages = -(-max_tokens // self.page_size)
@@ -85,9 +85,9 @@ class SuffixLimit:
         self.tokens: list[int] = []  # whose K/V the pool holds, at their positions
 
     def _forward(self, tokens: list[int], start: int) -> None:
-        from runtime.runner.forward_batch import SeqChunk, StepInput
-        from runtime.runner.state_pool import StateInput
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.runner.forward_batch import SeqChunk, StepInput
+        from kvreuse.runtime.runner.state_pool import StateInput
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         pages = self.pages[: -(-(start + len(tokens)) // self.page_size)]
         # a hybrid's linear layers run from slot 0's state: the same work as from the real snapshot
@@ -112,8 +112,8 @@ class SuffixLimit:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     opts = dict(dtype="float32", kv_cache_memory="512M", page_size=args.page_size, chunk_size=args.chunk_size)
     opts["model"] = args.model  # None: the embedded SmolLM2; a hybrid (Qwen3.5) reuses through snapshots

@@ -9,14 +9,14 @@ a snapshot dropped with its node's pages).  Every snapshot of one model has the 
 byte budget is a count of snapshots, and both sides here are given it as ``snapshots``.
 
 **Where snapshots go** is the engine's own code: ``window_states`` builds the engine's
-``HybridStates`` (through ``runtime.engine.states.hybrid_states``, as ``Engine`` does) over
+``HybridStates`` (through ``kvreuse.runtime.engine.states.hybrid_states``, as ``Engine`` does) over
 ``ReplayWindowPool``, which answers ``WindowPool``'s slot calls and hands out snapshots that have
 only a size.  ``placements`` feeds that object a request's chunks (prefill in ``chunk_size`` pieces
 from its hit, then one decode token at a time, as the single-request scheduler does) and reads back
 the points it snapshots: the prompt's last page boundary, the request's end (prompt + output), a
 cut-back KV match (a divergence point), every ``--snapshot-every`` pages.
 
-**The replay** (``window_cache`` passed to ``benchmarks.belady.replay``) runs the trace through the
+**The replay** (``window_cache`` passed to ``kvreuse.benchmarks.belady.replay``) runs the trace through the
 real scheduler, cache manager, radix tree and ``NodeStates`` with that ``HybridStates``: exactly the
 engine's window-model cache without the model (``tests/test_window_belady.py`` checks it against an
 Engine on a tiny random Gemma 3, request by request).
@@ -42,7 +42,7 @@ snapshot points move with the hits, so with two resources Belady's exchange argu
 gives the optimum.  The reference is a feasible offline schedule (both budgets hold, snapshots only
 where the engine places them for the same hits), so at most the true optimum; it is checked never
 to fall below any policy's replay (the benchmark's ``bound_holds`` on every trace and budget,
-``tests/test_window_belady.py`` on the quick traces).  ``benchmarks.belady.belady`` on the same pool
+``tests/test_window_belady.py`` on the quick traces).  ``kvreuse.benchmarks.belady.belady`` on the same pool
 ignores window state (every page boundary resumes): window state only cuts hits back, so it is the
 upper bound, reported beside the reference.
 """
@@ -55,14 +55,14 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import NamedTuple
 
-from benchmarks.belady import NEVER, Trace, page_ids
-from runtime.cache.hybrid_states import HybridStates
-from runtime.cache.manager import CacheManager
-from runtime.engine.config import EngineConfig
-from runtime.engine.states import hybrid_states
-from runtime.request import Request
-from runtime.runner.window_pool import WindowPool
-from runtime.sampling.params import SamplingParams
+from kvreuse.benchmarks.belady import NEVER, Trace, page_ids
+from kvreuse.runtime.cache.hybrid_states import HybridStates
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.engine.config import EngineConfig
+from kvreuse.runtime.engine.states import hybrid_states
+from kvreuse.runtime.request import Request
+from kvreuse.runtime.runner.window_pool import WindowPool
+from kvreuse.runtime.sampling.params import SamplingParams
 
 
 class SizedSnapshot(NamedTuple):
@@ -115,7 +115,7 @@ def window_cache(
     num_pages: int, page_size: int, policy: str, snapshots: int, snapshot_every: int = 0
 ) -> CacheManager:
     """The cache manager a window model's engine builds (pool pages of the full layers, snapshots in
-    ``NodeStates``), for ``benchmarks.belady.replay(..., cache=...)``."""
+    ``NodeStates``), for ``kvreuse.benchmarks.belady.replay(..., cache=...)``."""
     states, budget = window_states(page_size, snapshots, snapshot_every)
     return CacheManager(num_pages, page_size, "radix", policy, states=states, state_budget=budget)
 

@@ -1,7 +1,7 @@
 """Sliding-window models: KV memory at 8K context against a full-attention twin, and prefix reuse over a
 10-turn tool-using session (issue #30).
 
-Run from the repository root: ``python -m benchmarks.window_paging [--quick] [--threads N]`` (fp32, CPU).
+Run from the repository root: ``python -m kvreuse.benchmarks.window_paging [--quick] [--threads N]`` (fp32, CPU).
 
 Models: random-weight checkpoints of transformers' own classes (the embedded SmolLM2 tokenizer, window
 512): ``gemma3`` (5 sliding layers per full one, as Gemma 3), its ``twin`` (the same with every layer
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import base_parser, bench_main, format_table, progress
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress
 
 WINDOW = 512
 BASE = dict(
@@ -69,7 +69,7 @@ def model_path(name: str) -> Path:
     """The random checkpoint for ``name``, written once under the kvreuse cache."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from runtime.loading.model_source import cache_dir, resolve_model
+    from kvreuse.runtime.loading.model_source import cache_dir, resolve_model
 
     out = cache_dir() / "bench" / f"window-{name}"
     if (out / ".complete").is_file():
@@ -86,7 +86,7 @@ def model_path(name: str) -> Path:
 
 
 def engine(name: str, **kw):
-    from runtime.engine.engine import Engine
+    from kvreuse.runtime.engine.engine import Engine
 
     opts = dict(
         dtype="float32", device="cpu", page_size=16, chunk_size=512, kv_cache_memory="1G", max_running=4
@@ -95,7 +95,7 @@ def engine(name: str, **kw):
 
 
 def run_one(eng, prompt: list[int], max_tokens: int):
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     req = eng.make_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     eng.submit(req)
@@ -106,7 +106,7 @@ def run_one(eng, prompt: list[int], max_tokens: int):
 
 def memory_at(name: str, context: int) -> dict:
     """KV bytes one ``context``-token prompt holds in ``name``'s pool, rings and snapshots."""
-    from benchmarks.common import synthetic_prompt
+    from kvreuse.benchmarks.common import synthetic_prompt
 
     eng = engine(name)
     run_one(eng, synthetic_prompt(context, seed=1), 1)
@@ -128,7 +128,7 @@ def memory_at(name: str, context: int) -> dict:
 def session(name: str, turns: int, seed: int, log: list | None = None, **kw) -> list[dict]:
     """The 10-turn tool session on one engine: per turn prompt, cached, prefilled, ideal; each request's
     prompt and reply ids appended to ``log`` (for llama.cpp's replay)."""
-    from benchmarks.common import synthetic_prompt
+    from kvreuse.benchmarks.common import synthetic_prompt
 
     eng = engine(name, **kw)
     tok = eng.tokenizer
@@ -151,7 +151,7 @@ def session(name: str, turns: int, seed: int, log: list | None = None, **kw) -> 
 
 def same_turn(name: str, log: list | None = None) -> dict:
     """A prompt computed, then the same prompt with a tool result appended before any output is kept."""
-    from benchmarks.common import synthetic_prompt
+    from kvreuse.benchmarks.common import synthetic_prompt
 
     eng = engine(name)
     first = synthetic_prompt(1500, 7)
@@ -168,7 +168,7 @@ def gguf_for(args: argparse.Namespace, name: str) -> Path:
     """``name``'s checkpoint as an f32 GGUF, converted once by llama.cpp's own ``convert_hf_to_gguf.py``
     (from ``--llamacpp-src``): Gemma 3 with no ``tokenizer.model`` takes the tokenizer.json path, a GPT-2
     BPE vocabulary with SmolLM's pre-tokenizer, so llama.cpp and kvreuse share the token ids."""
-    from runtime.loading.model_source import cache_dir
+    from kvreuse.runtime.loading.model_source import cache_dir
 
     out = Path(args.llamacpp_gguf or cache_dir() / "bench" / f"window-{name}-f32.gguf")  # not in the HF dir
     if not out.is_file():

@@ -7,9 +7,9 @@ content) so multi-turn thinking conversations stay a token prefix of the next re
 model sees its earlier reasoning, which Qwen's training did not, and the context grows.  See README.md.
 """
 
-from chat_templates.conversations import Conversation, default_conversations
-from chat_templates.parsers import OutputParser, collect, parse_full
-from chat_templates.render import (
+from kvreuse.chat_templates.conversations import Conversation, default_conversations
+from kvreuse.chat_templates.parsers import OutputParser, collect, parse_full
+from kvreuse.chat_templates.render import (
     BUNDLED_TEMPLATES,
     RenderedPrompt,
     Segment,
@@ -20,8 +20,8 @@ from chat_templates.render import (
     render,
     render_text,
 )
-from chat_templates.template_check import StepReport, check_prefix_stability
-from chat_templates.tool_calls import ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
+from kvreuse.chat_templates.template_check import StepReport, check_prefix_stability
+from kvreuse.chat_templates.tool_calls import ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
 
 __all__ = [
     "BUNDLED_TEMPLATES",

@@ -14,7 +14,7 @@ extends this one's tokens).
 ``analysis`` -> reasoning, ``final`` -> content, a ``commentary`` message to ``functions.NAME`` -> a
 tool call (emitted whole when its message ends); a plain ``commentary`` message (a preamble) is content.
 
-The encoding needs the o200k ranks; ``runtime.loading.harmony_vocab.harmony_encoding`` loads them
+The encoding needs the o200k ranks; ``kvreuse.runtime.loading.harmony_vocab.harmony_encoding`` loads them
 offline (this package imports nothing of ``runtime``: callers pass the encoding in).
 """
 
@@ -40,7 +40,7 @@ from openai_harmony import (
     ToolDescription,
 )
 
-from chat_templates.tool_calls import CallIds, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
+from kvreuse.chat_templates.tool_calls import CallIds, ParsedDelta, ParsedOutput, ToolCall, ToolCallDelta
 
 EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 

@@ -9,7 +9,7 @@ markup is returned as plain content: never lost, never an exception.
 
 from __future__ import annotations
 
-from chat_templates.tool_calls import (
+from kvreuse.chat_templates.tool_calls import (
     CallIds,
     ParsedDelta,
     ParsedOutput,

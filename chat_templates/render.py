@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from chat_templates.segments import find_segments
+from kvreuse.chat_templates.segments import find_segments
 
 BUNDLED_TEMPLATES = ("chatml", "qwen3", "llama3", "qwen3_5", "gemma3", "gpt_oss")
 

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from chat_templates.conversations import Conversation, default_conversations, without_reasoning
-from chat_templates.render import RenderedPrompt, describe, first_divergence, locate_char, render
+from kvreuse.chat_templates.conversations import Conversation, default_conversations, without_reasoning
+from kvreuse.chat_templates.render import RenderedPrompt, describe, first_divergence, locate_char, render
 
 HARMONY_END = ("<|return|>", "<|call|>")
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<turn|>")

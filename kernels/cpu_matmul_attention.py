@@ -8,7 +8,7 @@ attention is, per block of query rows: ``q k^T`` (bf16 GEMM, fp32 accumulation, 
 to bf16 as transformers' eager attention rounds them), a row softmax computed in fp32, and ``p v``.
 The prefix needs no mask; the chunk's own keys are hidden on their ``q_len x q_len`` corner only, so
 one softmax covers prefix and chunk and no log-sum-exp merge is needed.  A block stops at its last
-position's key, so the waste is a triangle per block.  The softmax is ``kernels.cpu_softmax`` (a
+position's key, so the waste is a triangle per block.  The softmax is ``kvreuse.kernels.cpu_softmax`` (a
 small C kernel, causal limit from the row index) where it builds, else ``-inf`` fill + torch.
 
 Layout: the query heads of one KV group are folded into the row axis, ordered (position, head) so
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import cpu_softmax
+from kvreuse.kernels import cpu_softmax
 
 # Rows (positions x group heads) per block, and at most this many scores per block (2 MiB of bf16):
 # a block's scores stay in cache between the GEMMs and the softmax (best of 192-768 rows and

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_build import compile_library
+from kvreuse.kernels.cpu_build import compile_library
 
 SOURCE = Path(__file__).with_name("cpu") / "softmax_rows.c"
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels import gated_delta as ref
+from kvreuse.kernels import gated_delta as ref
 
 
 class LinearAttnBackend(NamedTuple):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.cpu_build import compile_library
+from kvreuse.kernels.cpu_build import compile_library
 
 MAX_ROWS = 8  # rows of one expert: the kernel keeps one accumulator per row
 _P, _I = ctypes.c_void_p, ctypes.c_int64

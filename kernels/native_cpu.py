@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from kernels import reference
-from kernels.cpu_build import compile_library
+from kvreuse.kernels import reference
+from kvreuse.kernels.cpu_build import compile_library
 
 SOURCES = [
     Path(__file__).with_name("cpu") / f
@@ -167,7 +167,7 @@ class NativeOps:
                          sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """The backend's ``extend_attention``: bf16 through the flash kernel (pages read in place, sinks
         too), other dtypes, head sizes (``head_dim % 64``) and sliding windows through
-        ``kernels.reference``."""
+        ``kvreuse.kernels.reference``."""
         nh, d = q.shape[1:]
         if (window is not None or self.extend_bf16 is None or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
                 or d % 64 or d > 256 or q.stride(2) != 1 or q.stride(1) != d):  # fmt: skip

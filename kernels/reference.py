@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_matmul_attention import matmul_extend
+from kvreuse.kernels.cpu_matmul_attention import matmul_extend
 
 
 def store_kv(

@@ -1,6 +1,6 @@
 """Triton decode attention over the paged KV pool, split along the sequence (flash-decoding).
 
-Same contract as ``kernels.reference.decode_attention``.  Stage 1: one program per (sequence, kv head,
+Same contract as ``kvreuse.kernels.reference.decode_attention``.  Stage 1: one program per (sequence, kv head,
 split) reads its share of the keys once for all query heads of the GQA group and writes a partial
 output normalised by its own softmax sum, plus that sum's log (log2 units).  Stage 2 merges the
 splits of each (sequence, query head).  The split count depends only on tensor shapes, never on
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_extend import LOG2E, check_inputs, dot_settings, output_buffer, paged_attend_block
+from kvreuse.kernels.triton_extend import LOG2E, check_inputs, dot_settings, output_buffer, paged_attend_block
 
 _BLOCK_N = 64
 # A split shorter than this spends more on its partial-result round trip than it saves.
@@ -164,7 +164,7 @@ def decode_attention(
     wider than the live sequences leaves some splits empty; they exit after writing a zero partial.
     ``num_kv_splits`` overrides the heuristic (tests use it to exercise the merge on short inputs);
     ``out`` is an optional caller-owned result buffer; ``sinks [Hq]``: a learned logit per query head in
-    the softmax's denominator (gpt-oss, ``kernels.reference``), merged with the splits.
+    the softmax's denominator (gpt-oss, ``kvreuse.kernels.reference``), merged with the splits.
     A sequence with no keys gets a zero output.
     """
     check_inputs(q, k_cache, v_cache)

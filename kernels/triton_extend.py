@@ -1,6 +1,6 @@
 """Triton extend (prefill-with-cached-prefix) attention over the paged KV pool.
 
-Same contract as ``kernels.reference.extend_attention``.  One program handles ``BLOCK_M`` new tokens
+Same contract as ``kvreuse.kernels.reference.extend_attention``.  One program handles ``BLOCK_M`` new tokens
 of one sequence for one query head and streams that sequence's keys (cached prefix, then the new
 tokens, all already stored in the pool) ``BLOCK_N`` at a time through the page table, with an online
 softmax in fp32.  Each key's slot is ``page_table[seq, pos // page_size] * page_size + pos % page_size``,
@@ -221,7 +221,7 @@ def extend_attention(
 
     q: [total_q, Hq, D] -> out [total_q, Hq, D] (fp32 accumulation, output in q's dtype), written
     into ``out`` when given.  ``window``: a sliding-window layer's W; ``sinks [Hq]``: a learned logit
-    per query head in the softmax's denominator (both as ``kernels.reference``).
+    per query head in the softmax's denominator (both as ``kvreuse.kernels.reference``).
 
     The grid needs the longest query run of the batch.  With one sequence that is ``total_q``
     (a shape, no sync); with several it is read from ``cu_seqlens_q`` on the host, one device sync

@@ -1,7 +1,7 @@
 """Grouped GEMM for MoE experts in Triton: rows sorted by expert times each row's expert's matrix.
 
 The rows of ``x [M, K]`` are grouped by expert (``counts[e]`` consecutive rows for expert ``e``,
-experts in order, as ``runtime.models.moe.group_by_expert`` leaves them); ``w [E, N, K]`` holds every
+experts in order, as ``kvreuse.runtime.models.moe.group_by_expert`` leaves them); ``w [E, N, K]`` holds every
 expert's weight in the ``nn.Linear`` layout.  One program computes a ``BLOCK_M x BLOCK_N`` tile of
 one expert's rows, so each active expert's weight tile is read once per ``BLOCK_M`` of its rows and
 inactive experts are never read.
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.triton_extend import dot_settings
+from kvreuse.kernels.triton_extend import dot_settings
 
 
 class ExpertBlocks(NamedTuple):

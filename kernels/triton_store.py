@@ -1,6 +1,6 @@
 """Triton kernel that scatters new keys/values into their page slots.
 
-Same contract as ``kernels.reference.store_kv``; see that module for the cache layout.
+Same contract as ``kvreuse.kernels.reference.store_kv``; see that module for the cache layout.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """kvreuse runtime: the public API is ``Engine``, ``AsyncEngine`` and ``SamplingParams``.
 
-Imported lazily, so ``import runtime.cli.main`` (and ``kvreuse --help``) does not load torch.
+Imported lazily, so ``import kvreuse.runtime.cli.main`` (and ``kvreuse --help``) does not load torch.
 """
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runtime.engine.async_engine import AsyncEngine
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.async_engine import AsyncEngine
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
 
 __all__ = ["AsyncEngine", "Engine", "SamplingParams"]
 
 _HOMES = {
-    "Engine": "runtime.engine.engine",
-    "AsyncEngine": "runtime.engine.async_engine",
-    "SamplingParams": "runtime.sampling.params",
+    "Engine": "kvreuse.runtime.engine.engine",
+    "AsyncEngine": "kvreuse.runtime.engine.async_engine",
+    "SamplingParams": "kvreuse.runtime.sampling.params",
 }
 
 
@@ -26,4 +26,4 @@ def __getattr__(name: str):
         import importlib
 
         return getattr(importlib.import_module(_HOMES[name]), name)
-    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    raise AttributeError(f"module 'kvreuse.runtime' has no attribute {name!r}")

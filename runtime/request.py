@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.params import SamplingParams
 
 
 # Who a request's cache belongs to.

@@ -21,11 +21,11 @@ import time
 from collections import deque
 from typing import NamedTuple
 
-from runtime.cache.manager import CacheManager
-from runtime.request import Request, Status
-from runtime.runner.forward_batch import SeqChunk, StepInput
-from runtime.sampling.sampler import SampleResult
-from runtime.speculative.drafter import NoDrafts, PromptLookup
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.request import Request, Status
+from kvreuse.runtime.runner.forward_batch import SeqChunk, StepInput
+from kvreuse.runtime.sampling.sampler import SampleResult
+from kvreuse.runtime.speculative.drafter import NoDrafts, PromptLookup
 
 POLICIES = ("fcfs", "lpm")
 LPM_MAX_QUEUE = 256  # matching every waiting request each step costs O(queue * prompt)

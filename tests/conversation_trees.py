@@ -12,8 +12,8 @@ import copy
 import torch
 from hypothesis import strategies as st
 
-from runtime.engine.engine import Engine
-from runtime.request import Request
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.request import Request
 from tests.engine_drive import assert_logits_close, assert_no_request_pages, greedy, random_ids, run_checked
 from tests.helpers import load_hf
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.engine.outputs import RequestOutput
-from runtime.request import Request
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.request import Request
+from kvreuse.runtime.sampling.params import SamplingParams
 
 
 def tiny_engine(model_dir: Path, record_logits: bool = False, **options) -> Engine:

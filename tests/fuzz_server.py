@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.server.launcher import ServerProcess
 
 SERVER_ARGS = [
     "--max-model-len",

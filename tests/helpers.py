@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.loading.model_source import resolve_model
+from kvreuse.runtime.loading.model_source import resolve_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 

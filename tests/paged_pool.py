@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference
+from kvreuse.kernels import reference
 
 
 def poisoned_pool(seq_lens: list[int], q_lens: list[int], window: int | None, hkv: int, d: int, page_size: int,

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.models.gated_deltanet import StateBatch
-from runtime.request import Request
-from runtime.runner.forward_batch import build_forward_batch
-from runtime.runner.window_pool import WindowPool, ring_batch
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.models.gated_deltanet import StateBatch
+from kvreuse.runtime.request import Request
+from kvreuse.runtime.runner.forward_batch import build_forward_batch
+from kvreuse.runtime.runner.window_pool import WindowPool, ring_batch
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.cache.radix_cache import InsertResult, RadixCache, TreeNode
+from kvreuse.runtime.cache.radix_cache import InsertResult, RadixCache, TreeNode
 
 
 def tree_pages(tree: RadixCache) -> dict[tuple[int, ...], int]:

@@ -11,10 +11,10 @@ import anthropic
 import pytest
 from fastapi.testclient import TestClient
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "smol"
@@ -237,7 +237,7 @@ def test_models_in_anthropic_shape(client):
 
 
 def test_error_mid_stream_is_an_error_event(app, monkeypatch):
-    from runtime.server.anthropic import messages
+    from kvreuse.runtime.server.anthropic import messages
 
     async def boom(self):
         raise RuntimeError("the pin table went away")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.server.anthropic.convert import NONCE_PREFIX, convert
-from runtime.server.anthropic.messages import message_params
-from runtime.server.anthropic.protocol import MessagesRequest
-from runtime.server.errors import APIError
+from kvreuse.runtime.server.anthropic.convert import NONCE_PREFIX, convert
+from kvreuse.runtime.server.anthropic.messages import message_params
+from kvreuse.runtime.server.anthropic.protocol import MessagesRequest
+from kvreuse.runtime.server.errors import APIError
 
 TOOL = {"name": "read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
         "cache_control": {"type": "ephemeral"}}  # fmt: skip

@@ -10,10 +10,10 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
 
 MODEL = "smol"
 LIMIT = 4096  # --max-request-bytes

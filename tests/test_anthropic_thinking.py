@@ -10,12 +10,12 @@ import anthropic
 import pytest
 from fastapi.testclient import TestClient
 
-from chat_templates.render import render
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.core.reasoning_budget import CLOSE
-from runtime.server.state import ServerConfig
+from kvreuse.chat_templates.render import render
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.core.reasoning_budget import CLOSE
+from kvreuse.runtime.server.state import ServerConfig
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "smol"

@@ -6,8 +6,8 @@ import random
 
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import alone, assert_no_request_pages, greedy, random_ids, run_checked, tiny_engine
 
 

@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from runtime.cache.events import ROOT_HASH, CacheEvents, Cleared, PageEvents, Removed, Stored
-from runtime.cache.page_allocator import PageAllocator
-from runtime.cache.radix_cache import RadixCache
-from runtime.request import PUBLIC, CacheScope
+from kvreuse.runtime.cache.events import ROOT_HASH, CacheEvents, Cleared, PageEvents, Removed, Stored
+from kvreuse.runtime.cache.page_allocator import PageAllocator
+from kvreuse.runtime.cache.radix_cache import RadixCache
+from kvreuse.runtime.request import PUBLIC, CacheScope
 from tests.radix_checks import tree_pages
 
 PS = 4

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 import torch
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine, EngineError
-from runtime.request import Status
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine, EngineError
+from kvreuse.runtime.request import Status
 from tests.engine_drive import alone, assert_no_request_pages, greedy, random_ids, tiny_engine
 
 PS = 16

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from chat_templates import first_divergence, load_template, locate, render
-from runtime.loading.model_source import resolve_model
+from kvreuse.chat_templates import first_divergence, load_template, locate, render
+from kvreuse.runtime.loading.model_source import resolve_model
 
 WEATHER = {
     "type": "function",

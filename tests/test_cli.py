@@ -12,7 +12,10 @@ from tests.helpers import make_tiny_model
 
 def kvreuse(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "runtime.cli.main", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "kvreuse.runtime.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -54,7 +57,7 @@ def test_help_on_every_command(cmd):
 
 
 def test_generate_on_tiny_model(tiny):
-    from runtime import Engine, SamplingParams
+    from kvreuse.runtime import Engine, SamplingParams
 
     r = kvreuse("generate", "--model", str(tiny), "--prompt", "hello there", "--max-tokens", "5")
     assert r.returncode == 0, r.stderr

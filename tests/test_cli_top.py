@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from runtime.server.launcher import ServerProcess, free_port
+from kvreuse.runtime.server.launcher import ServerProcess, free_port
 from tests.helpers import make_tiny_model
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -31,7 +31,7 @@ def server(tmp_path_factory):
 
 def _top(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "160", "KVREUSE_API_KEY": ""}
-    cmd = [sys.executable, "-m", "runtime.cli.main", "top", "--once", *args]
+    cmd = [sys.executable, "-m", "kvreuse.runtime.cli.main", "top", "--once", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
 
 

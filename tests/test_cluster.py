@@ -12,8 +12,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from runtime.cluster.cluster import Cluster
-from runtime.cluster.services import ServiceError, free_port, start_gateway
+from kvreuse.runtime.cluster.cluster import Cluster
+from kvreuse.runtime.cluster.services import ServiceError, free_port, start_gateway
 from tests.cluster_checks import FAST_FAILOVER, session_survives_its_replica
 from tests.helpers import make_tiny_model
 
@@ -58,7 +58,7 @@ def test_the_store_going_away_degrades_replicas_never_fails_a_request(cluster):
 
 
 def test_cluster_command_refuses_bad_arguments_in_one_line(capsys):
-    from runtime.cli.main import main
+    from kvreuse.runtime.cli.main import main
 
     assert main(["cluster", "--replicas", "0"]) == 2
     err = capsys.readouterr().err.strip()

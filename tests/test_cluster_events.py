@@ -18,10 +18,10 @@ import pytest
 from openai import OpenAI
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from chat_templates.render import render
-from runtime.cluster.cluster import Cluster
-from runtime.cluster.services import free_port, launch_replica, wait_replica
-from runtime.server.templates import resolve_template
+from kvreuse.chat_templates.render import render
+from kvreuse.runtime.cluster.cluster import Cluster
+from kvreuse.runtime.cluster.services import free_port, launch_replica, wait_replica
+from kvreuse.runtime.server.templates import resolve_template
 from tests.helpers import make_tiny_model, metric_value
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

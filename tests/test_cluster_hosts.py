@@ -16,8 +16,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from benchmarks.emulated_hosts import EmulatedHosts, unavailable
-from runtime.cluster.cluster import Cluster, Placement
+from kvreuse.benchmarks.emulated_hosts import EmulatedHosts, unavailable
+from kvreuse.runtime.cluster.cluster import Cluster, Placement
 from tests.cluster_checks import FAST_FAILOVER, served_by, session_survives_its_replica
 from tests.helpers import make_tiny_model, metric_value
 

@@ -18,9 +18,9 @@ import time
 import httpx
 import pytest
 
-from runtime.cluster.cluster import Cluster
-from runtime.loading.tokenizer import load_tokenizer
-from runtime.models.config import ModelConfig
+from kvreuse.runtime.cluster.cluster import Cluster
+from kvreuse.runtime.loading.tokenizer import load_tokenizer
+from kvreuse.runtime.models.config import ModelConfig
 from tests.helpers import make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 import torch
 
-from runtime.engine.engine import Engine, EngineError
-from runtime.sampling.constrained import json_object, json_schema, tool_call
-from runtime.sampling.masking import apply_constraints
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine, EngineError
+from kvreuse.runtime.sampling.constrained import json_object, json_schema, tool_call
+from kvreuse.runtime.sampling.masking import apply_constraints
+from kvreuse.runtime.sampling.params import SamplingParams
 
 PERSON = {
     "type": "object",

@@ -16,10 +16,10 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from runtime.engine.engine import Engine  # noqa: E402
-from runtime.runner.cuda_graph import DecodeGraphRunner  # noqa: E402
-from runtime.runner.forward_batch import build_forward_batch  # noqa: E402
-from runtime.sampling.params import SamplingParams  # noqa: E402
+from kvreuse.runtime.engine.engine import Engine  # noqa: E402
+from kvreuse.runtime.runner.cuda_graph import DecodeGraphRunner  # noqa: E402
+from kvreuse.runtime.runner.forward_batch import build_forward_batch  # noqa: E402
+from kvreuse.runtime.sampling.params import SamplingParams  # noqa: E402
 from tests.helpers import make_tiny_model  # noqa: E402
 
 PAGE_SIZE = 4

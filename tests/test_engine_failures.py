@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from runtime.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
-from runtime.engine.engine import Engine
-from runtime.sampling import sampler
-from runtime.sampling.params import MIN_TEMPERATURE, SamplingParams
+from kvreuse.runtime.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling import sampler
+from kvreuse.runtime.sampling.params import MIN_TEMPERATURE, SamplingParams
 from tests.engine_drive import alone, assert_no_request_pages, greedy, random_ids, run_checked, tiny_engine
 
 TINY_TEMPERATURES = (1e-300, 5e-324, 1e-38, 1e-20, MIN_TEMPERATURE / 2)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.server.loads import worker_load
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.loads import worker_load
 from tests.engine_drive import greedy, random_ids, tiny_engine
 
 

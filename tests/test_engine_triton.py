@@ -19,9 +19,9 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from runtime.engine.engine import Engine  # noqa: E402
-from runtime.request import Request  # noqa: E402
-from runtime.sampling.params import SamplingParams  # noqa: E402
+from kvreuse.runtime.engine.engine import Engine  # noqa: E402
+from kvreuse.runtime.request import Request  # noqa: E402
+from kvreuse.runtime.sampling.params import SamplingParams  # noqa: E402
 from tests.engine_drive import trace_logits  # noqa: E402
 from tests.helpers import make_tiny_model  # noqa: E402
 

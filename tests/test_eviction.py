@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from benchmarks.belady import belady, replay, which_oracle
-from benchmarks.eviction_traces import PAGE, engine_check, hit_rate, traces
-from runtime.cache.eviction import POLICIES, EvictionPolicy, make_policy
-from runtime.cache.manager import CacheManager
-from runtime.cache.page_allocator import PageAllocator
-from runtime.cache.radix_cache import RadixCache
+from kvreuse.benchmarks.belady import belady, replay, which_oracle
+from kvreuse.benchmarks.eviction_traces import PAGE, engine_check, hit_rate, traces
+from kvreuse.runtime.cache.eviction import POLICIES, EvictionPolicy, make_policy
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.cache.page_allocator import PageAllocator
+from kvreuse.runtime.cache.radix_cache import RadixCache
 from tests.radix_checks import check_structure, insert_fresh, seq
 
 
@@ -186,7 +186,7 @@ def test_with_states_leaves_no_match_can_end_at_go_first():
     """A hybrid's or window model's leaf without a state (its snapshot never taken, or evicted from the
     budget) only extends KV matches that are cut back: it goes before any resumable leaf, even a
     less recently used one (LRU alone would take the older, resumable path)."""
-    from runtime.cache.node_states import NodeStates
+    from kvreuse.runtime.cache.node_states import NodeStates
     from tests.test_radix_cache_model import State
 
     tree = RadixCache(1, PageAllocator(16), "lru", NodeStates(10))
@@ -215,7 +215,7 @@ def test_states_leave_their_budget_in_the_policys_order():
     """A short state budget frees the state of the node the eviction policy ranks lowest, not the least
     recently stored one: in LRU order 8 conversations over 7 snapshots never find theirs
     (benchmarks/eviction_traces_window.py)."""
-    from runtime.cache.node_states import NodeStates
+    from kvreuse.runtime.cache.node_states import NodeStates
     from tests.test_radix_cache_model import State
 
     tree = RadixCache(1, PageAllocator(16), _ByFirstToken(), NodeStates(2 * State(()).nbytes))
@@ -228,7 +228,7 @@ def test_states_leave_their_budget_in_the_policys_order():
 def test_a_trimming_policy_evicts_a_leaf_holding_a_state_whole():
     """The state sits at the leaf's end: trimming its tail would drop the state and leave pages that
     resume nowhere, so the whole leaf goes (before: 2 pages freed, 6 left as a tombstone)."""
-    from runtime.cache.node_states import NodeStates
+    from kvreuse.runtime.cache.node_states import NodeStates
     from tests.test_radix_cache_model import State
 
     tree = RadixCache(1, PageAllocator(16), "lru-tail", NodeStates(10 * State(()).nbytes))

@@ -10,15 +10,15 @@ import argparse
 import pytest
 from fastapi.testclient import TestClient
 
-from benchmarks.belady import replay
-from benchmarks.eviction_traces import PAGE, traces
-from runtime.cache.eviction import POLICIES
-from runtime.cache.manager import CacheManager
-from runtime.engine.args import add_engine_args
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
+from kvreuse.benchmarks.belady import replay
+from kvreuse.benchmarks.eviction_traces import PAGE, traces
+from kvreuse.runtime.cache.eviction import POLICIES
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.engine.args import add_engine_args
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
 from tests.helpers import make_tiny_hybrid, make_tiny_model, metric_value
 
 pytestmark = pytest.mark.timeout(300)

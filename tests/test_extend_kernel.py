@@ -1,6 +1,6 @@
 """The bf16 flash extend kernel (``kernels/cpu/extend_attention.c``) against the torch reference.
 
-The oracle is ``kernels.reference.extend_attention`` run in fp32 on the same bf16 inputs (the
+The oracle is ``kvreuse.kernels.reference.extend_attention`` run in fp32 on the same bf16 inputs (the
 reference is checked against transformers by the parity tests).  The kernel's only roundings are
 the probabilities (bf16, for ``p v``) and the output, so its error must stay at bf16's output
 rounding and below that of the bf16 GEMM path it replaces, which also rounds the scores.
@@ -13,8 +13,8 @@ import shutil
 import pytest
 import torch
 
-from kernels import reference as ref
-from kernels.native_cpu import load
+from kvreuse.kernels import reference as ref
+from kvreuse.kernels.native_cpu import load
 
 HAS_CC = shutil.which("cc") is not None or shutil.which("gcc") is not None
 pytestmark = pytest.mark.skipif(not HAS_CC, reason="no C compiler: the torch path runs instead")
@@ -85,7 +85,7 @@ def test_other_dtypes_and_head_sizes_take_the_reference_path(ops, dtype, d) -> N
 def test_bf16_engine_scores_like_the_reference_backend(ops, tmp_path) -> None:
     """A whole bf16 model scoring a prompt in chunks (each chunk an extend over the cached ones): the
     cpu backend's flash kernel ran, and its logprobs track the reference backend's GEMM path."""
-    from runtime.engine.engine import Engine
+    from kvreuse.runtime.engine.engine import Engine
     from tests.helpers import make_tiny_model
 
     path = make_tiny_model(tmp_path / "m", arch="qwen3", vocab=512, seed=4, head_dim=64)
@@ -110,7 +110,7 @@ def test_bf16_engine_scores_like_the_reference_backend(ops, tmp_path) -> None:
 
 def test_a_step_is_split_into_groups_of_bounded_scratch(ops, monkeypatch) -> None:
     """Many sequences at once: run in groups whose packed keys fit the scratch budget, same output."""
-    import kernels.native_cpu as native
+    import kvreuse.kernels.native_cpu as native
 
     q, k, v, table, cu, lens = _batch(SEQS, 9, 3, 64, seed=3)
     whole = ops.extend_attention(q, k, v, table, cu, lens, 0.125)

@@ -17,7 +17,7 @@ fla_ops = pytest.importorskip(
     "fla.ops.gated_delta_rule", reason="fla-core is not installed (pip install fla-core)"
 )
 
-from kernels.gated_delta import recurrent_gated_delta_step  # noqa: E402
+from kvreuse.kernels.gated_delta import recurrent_gated_delta_step  # noqa: E402
 
 
 def _inputs(seed: int, t: int = 12, h: int = 2, d: int = 16):

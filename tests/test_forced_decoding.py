@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids, tiny_engine
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.gated_delta import (
+from kvreuse.kernels.gated_delta import (
     causal_conv1d,
     causal_conv1d_step,
     chunk_gated_delta_rule,
     recurrent_gated_delta_step,
 )
-from kernels.linear_attention import chunk_with_captures, select_linear_backend
+from kvreuse.kernels.linear_attention import chunk_with_captures, select_linear_backend
 
 LENS = [1, 5, 64, 65, 130]
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.models.config import ModelConfig
-from runtime.models.moe_config import MoEConfig
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.moe_config import MoEConfig
 from tests.engine_drive import random_ids, tiny_engine
 from tests.helpers import TOKENIZER_FILES, load_hf, make_tiny_windowed
 from tests.parity import all_logits

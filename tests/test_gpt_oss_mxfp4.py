@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from runtime.models.mxfp4 import Mxfp4Experts, byte_table, dequantize, quantize
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.models.mxfp4 import Mxfp4Experts, byte_table, dequantize, quantize
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids, tiny_engine
 from tests.helpers import TOKENIZER_FILES, load_hf, make_tiny_model
 from tests.parity import all_logits
@@ -125,7 +125,7 @@ def test_expert_bytes_and_greedy_against_the_dequantized_model(dirs):
 
 
 def _kernel_case(seed: int, experts: int = 3):
-    from kernels.mxfp4_cpu import load
+    from kvreuse.kernels.mxfp4_cpu import load
 
     kernel = load()
     if kernel is None:
@@ -142,7 +142,7 @@ def _grouped_reference(x, counts, ids, w) -> torch.Tensor:
 
 def test_c_kernel_fp32_matches_the_decoded_matmul():
     """fp32 activations: exact weights and fp32 products, so only the summation order differs."""
-    from kernels.mxfp4_cpu import MAX_ROWS
+    from kvreuse.kernels.mxfp4_cpu import MAX_ROWS
 
     kernel, g, blocks, scales, w = _kernel_case(4)
     for counts, ids in (([1], [2]), ([3, 1], [0, 2]), ([MAX_ROWS, 2, 5], [1, 0, 2])):
@@ -157,7 +157,7 @@ def test_c_kernel_q8_stays_within_the_int8_rounding_bound():
     block's step (max|x| / 127 / 2), so each output by at most that times the block's sum |w|
     (``q8_error_bound``); the tolerance is that bound plus fp32 summation slack (1e-5 relative),
     and the error must be real rounding, not an exact product by accident."""
-    from kernels.mxfp4_cpu import q8_error_bound
+    from kvreuse.kernels.mxfp4_cpu import q8_error_bound
 
     kernel, g, blocks, scales, w = _kernel_case(5)
     for counts, ids in (([1], [1]), ([4, 4, 4, 4], [0, 1, 2, 0]), ([8, 1], [2, 0])):
@@ -173,7 +173,7 @@ def test_c_kernel_q8_stays_within_the_int8_rounding_bound():
 
 
 def test_c_kernel_refuses_a_group_it_cannot_hold():
-    from kernels.mxfp4_cpu import MAX_ROWS
+    from kvreuse.kernels.mxfp4_cpu import MAX_ROWS
 
     kernel, g, blocks, scales, _ = _kernel_case(6)
     for dtype in (torch.float32, torch.bfloat16):

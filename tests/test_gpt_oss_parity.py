@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.models.config import ModelConfig
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import alone, random_ids, tiny_engine
 from tests.helpers import load_hf, make_tiny_model
 from tests.parity import (
@@ -132,7 +132,7 @@ def test_yarn_tables_match_transformers_on_the_real_config(truncate):
     from transformers import GptOssConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from runtime.models.layers import rope_attention_factor, rope_inv_freq
+    from kvreuse.runtime.models.layers import rope_attention_factor, rope_inv_freq
 
     hf = GptOssConfig()
     hf.rope_parameters = dict(hf.rope_parameters, rope_theta=150000.0, truncate=truncate)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.cache.shadows import ShadowStats
-from runtime.engine.stats import EngineStats
-from runtime.server.cache_info import CacheCollector, CacheSnapshot
-from runtime.server.metrics import ServerMetrics
+from kvreuse.runtime.cache.shadows import ShadowStats
+from kvreuse.runtime.engine.stats import EngineStats
+from kvreuse.runtime.server.cache_info import CacheCollector, CacheSnapshot
+from kvreuse.runtime.server.metrics import ServerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "kvreuse.json"
 

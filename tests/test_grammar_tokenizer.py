@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from runtime.sampling.constrained.compiler import GrammarCompiler, GrammarError
-from runtime.sampling.constrained.spec import json_object
+from kvreuse.runtime.sampling.constrained.compiler import GrammarCompiler, GrammarError
+from kvreuse.runtime.sampling.constrained.spec import json_object
 from tests.helpers import embedded_dir
 
 

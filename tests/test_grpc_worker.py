@@ -12,13 +12,13 @@ import asyncio
 import pytest
 from smg_grpc_proto.generated import vllm_engine_pb2
 
-from runtime.cache.page_allocator import PageAllocator
-from runtime.cache.radix_cache import RadixCache
-from runtime.request import CacheScope
-from runtime.server.errors import APIError
-from runtime.server.grpc import kv_stream
-from runtime.server.grpc.kv_stream import KvEventHub, Overflow
-from runtime.server.grpc.servicer import sampling_params
+from kvreuse.runtime.cache.page_allocator import PageAllocator
+from kvreuse.runtime.cache.radix_cache import RadixCache
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.server.errors import APIError
+from kvreuse.runtime.server.grpc import kv_stream
+from kvreuse.runtime.server.grpc.kv_stream import KvEventHub, Overflow
+from kvreuse.runtime.server.grpc.servicer import sampling_params
 
 PS = 4
 

@@ -14,9 +14,9 @@ import json
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from chat_templates.harmony import HarmonyParser, parse_harmony, render_harmony
-from chat_templates.render import load_template
-from runtime.loading.harmony_vocab import O200K_SHA256, harmony_encoding, hf_tokenizer_dir, o200k_dir
+from kvreuse.chat_templates.harmony import HarmonyParser, parse_harmony, render_harmony
+from kvreuse.chat_templates.render import load_template
+from kvreuse.runtime.loading.harmony_vocab import O200K_SHA256, harmony_encoding, hf_tokenizer_dir, o200k_dir
 
 TOOLS = [
     {

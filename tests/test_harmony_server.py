@@ -18,14 +18,14 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from chat_templates.harmony import HarmonyParser
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.engine.outputs import RequestOutput
-from runtime.loading.harmony_vocab import harmony_encoding
-from runtime.server.app import create_app
-from runtime.server.core.chat_run import token_feed
-from runtime.server.state import ServerConfig
+from kvreuse.chat_templates.harmony import HarmonyParser
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.loading.harmony_vocab import harmony_encoding
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.core.chat_run import token_feed
+from kvreuse.runtime.server.state import ServerConfig
 from tests.harmony_model import TOOLS, make_gpt_oss
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Time in Oslo?"}]

@@ -16,7 +16,7 @@ import json
 import openai
 import pytest
 
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.server.launcher import ServerProcess
 from tests.harmony_model import TOOLS, make_gpt_oss
 
 pytestmark = pytest.mark.timeout(300)

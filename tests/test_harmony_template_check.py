@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from chat_templates import check_prefix_stability
-from chat_templates.template_check import main as check_main
-from runtime.loading.harmony_vocab import hf_tokenizer_dir
+from kvreuse.chat_templates import check_prefix_stability
+from kvreuse.chat_templates.template_check import main as check_main
+from kvreuse.runtime.loading.harmony_vocab import hf_tokenizer_dir
 
 RETURN_NOTE = "<|return|> written <|end|>"
 
@@ -55,7 +55,7 @@ def test_string_arguments_render_as_json_for_gpt_oss_only(tok):
     """OpenAI clients send a call's arguments as a JSON string: gpt-oss's template writes them with
     ``tojson`` (a string would come out quoted), so they are decoded for it; templates with a string
     branch (ChatML, Qwen3) keep the client's string as written."""
-    from chat_templates.render import render_text
+    from kvreuse.chat_templates.render import render_text
 
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
     msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.engine import Engine
+from kvreuse.runtime.engine.engine import Engine
 from tests.conversation_trees import check_conversation_tree, tree_atol
 from tests.conversation_trees import run_all as _run
 from tests.engine_drive import random_ids, tiny_engine
@@ -144,7 +144,7 @@ def test_snapshot_policy_replayed_predicts_the_engines_reuse(model_dir, every):
     """benchmarks/patterns/snapshots.py derives, from the documented policy alone, what a hybrid reuses;
     the pattern checks rely on it, so it must agree with the engine request by request: prompts that
     share a system prompt and diverge at one point (a timestamp), then extend each other."""
-    from benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
+    from kvreuse.benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
 
     eng = _engine(model_dir, page_size=4, chunk_size=24, snapshot_every=every)
     assert eng.snapshot_policy == (4, 24, every)

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from runtime.cache.store import DiskStore, HostStore, StoreError, page_keys, root_key
+from kvreuse.runtime.cache.store import DiskStore, HostStore, StoreError, page_keys, root_key
 
 PS = 4
 SHAPE = (2, 2, PS, 1, 3)  # layers, k/v, page_size, kv_heads, head_dim
@@ -156,7 +156,7 @@ def test_sigkill_during_writes_serves_nothing_corrupt(tmp_path):
         import sys, torch
         sys.path.insert(0, {os.getcwd()!r})
         from tests.test_kv_store import put_chain
-        from runtime.cache.store import DiskStore
+        from kvreuse.runtime.cache.store import DiskStore
         s = DiskStore({str(tmp_path)!r}, {FP!r}, 1 << 30)
         print("open", flush=True)
         i = 0
@@ -193,7 +193,7 @@ def test_host_tier_lru_writes_back_to_disk(tmp_path):
 
 
 def test_lower_tiers_write_in_background_and_serve_meanwhile(tmp_path):
-    from runtime.cache.store.tiers import LowerTiers
+    from kvreuse.runtime.cache.store.tiers import LowerTiers
 
     disk = DiskStore(tmp_path, FP, 1 << 20)
     tiers = LowerTiers(None, disk)
@@ -216,7 +216,7 @@ def test_lower_tiers_write_in_background_and_serve_meanwhile(tmp_path):
 
 
 def test_prefetch_stages_disk_pages_so_the_load_reads_no_file(tmp_path):
-    from runtime.cache.store.tiers import LowerTiers
+    from kvreuse.runtime.cache.store.tiers import LowerTiers
 
     disk = DiskStore(tmp_path, FP, 1 << 20)
     keys = put_chain(disk, list(range(16)))
@@ -233,7 +233,7 @@ def test_prefetch_stages_disk_pages_so_the_load_reads_no_file(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_group_file_reads_back_what_was_written_without_a_copy(tmp_path, dtype):
-    from runtime.cache.store import group_file
+    from kvreuse.runtime.cache.store import group_file
 
     kv = torch.randn(5, 2, 2, 4, 1, 8).to(dtype)
     keys = [bytes([i]) * 20 for i in range(5)]
@@ -249,7 +249,7 @@ def test_group_file_reads_back_what_was_written_without_a_copy(tmp_path, dtype):
 
 
 def test_read_ahead_pages_are_viewed_when_consecutive_and_stacked_otherwise():
-    from runtime.cache.store.tiers import _rows
+    from kvreuse.runtime.cache.store.tiers import _rows
 
     group = torch.randn(6, 3, 4)
     pages = list(group)  # what the read-ahead stages: one view per page

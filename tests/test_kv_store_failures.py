@@ -13,13 +13,13 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from runtime.cache.store import DiskStore, StoreError
-from runtime.cache.store.fingerprint import fingerprint
-from runtime.cache.store.tiers import LowerTiers
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
+from kvreuse.runtime.cache.store import DiskStore, StoreError
+from kvreuse.runtime.cache.store.fingerprint import fingerprint
+from kvreuse.runtime.cache.store.tiers import LowerTiers
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
 from tests.helpers import make_tiny_model
 from tests.test_kv_store import FP, page_kv, put_chain
 
@@ -46,7 +46,7 @@ def test_a_failed_write_makes_the_disk_tier_read_only_and_flush_returns(tmp_path
         shutil.rmtree(tmp_path / "s" / "groups")
         (tmp_path / "s" / "groups").write_text("not a directory")
     new = list(range(100, 108))
-    from runtime.cache.store import page_keys, root_key
+    from kvreuse.runtime.cache.store import page_keys, root_key
 
     nkeys = page_keys(new, 4, parent=root_key(""))
     kv = torch.stack([page_kv(k) for k in nkeys])

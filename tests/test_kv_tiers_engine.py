@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.cache.store import StoreError
-from runtime.engine.engine import EngineError
+from kvreuse.runtime.cache.store import StoreError
+from kvreuse.runtime.engine.engine import EngineError
 from tests.engine_drive import assert_logits_close, greedy, random_ids, run_checked, tiny_engine
 from tests.helpers import make_tiny_model
 
@@ -120,7 +120,7 @@ def test_host_tier_alone(model, off, tmp_path):
 
 
 def test_cache_cli_save_inspect_load_clear(model, tmp_path, capsys):
-    from runtime.cli.cache import main
+    from kvreuse.runtime.cli.cache import main
 
     gen = torch.Generator().manual_seed(4)
     prompts = tmp_path / "prompts.jsonl"

@@ -15,29 +15,37 @@ from pathlib import Path
 import grimp
 import pytest
 
+from tests.import_stage import FOLDERS, stage
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "kernels", "chat_templates", "benchmarks")
 
 
-def lint_imports(root: Path) -> subprocess.CompletedProcess:
+def lint_imports(root: Path, staged: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
     if exe is None:
         pytest.fail("lint-imports not installed: pip install -e '.[test]' (import-linter)")
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(stage(staged, root))}
     return subprocess.run([exe, "--no-cache"], cwd=root, capture_output=True, text=True, env=env, timeout=300)
 
 
-def import_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
+def build_graph(package: str, staged: Path, root: Path = ROOT, **kwargs) -> grimp.ImportGraph:
+    """grimp's graph of ``kvreuse.<package>`` as laid out under ``root``."""
+    # grimp finds the package through sys.path; an already-imported one would be found in sys.modules
+    loaded = {m: sys.modules.pop(m) for m in list(sys.modules) if m == "kvreuse" or m.startswith("kvreuse.")}
+    sys.path.insert(0, str(stage(staged, root)))
+    try:
+        return grimp.build_graph(f"kvreuse.{package}", cache_dir=None, **kwargs)
+    finally:
+        sys.path.remove(str(staged))
+        for m in [m for m in sys.modules if m == "kvreuse" or m.startswith("kvreuse.")]:
+            del sys.modules[m]
+        sys.modules.update(loaded)
+
+
+def import_cycles(package: str, staged: Path, root: Path = ROOT) -> list[list[str]]:
     """Every strongly connected set of two or more modules of ``package``, imports under
     ``TYPE_CHECKING`` and inside functions included (Tarjan over grimp's graph)."""
-    # grimp finds the package through sys.path; an already-imported one would be found in sys.modules
-    loaded = {m: sys.modules.pop(m) for m in list(sys.modules) if m == package or m.startswith(package + ".")}
-    sys.path.insert(0, str(root))
-    try:
-        graph = grimp.build_graph(package, exclude_type_checking_imports=False, cache_dir=None)
-    finally:
-        sys.path.remove(str(root))
-        sys.modules.update(loaded)
+    graph = build_graph(package, staged, root, exclude_type_checking_imports=False)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -73,23 +81,24 @@ def import_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
     return cycles
 
 
-def test_import_contracts_hold():
-    r = lint_imports(ROOT)
+def test_import_contracts_hold(tmp_path: Path):
+    r = lint_imports(ROOT, tmp_path / "stage")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 broken" in r.stdout
 
 
 @pytest.mark.parametrize("package", ["runtime", "benchmarks"])
-def test_no_import_cycles(package: str):
-    assert import_cycles(package) == []
+def test_no_import_cycles(package: str, tmp_path: Path):
+    assert import_cycles(package, tmp_path) == []
 
 
 @pytest.fixture()
 def tree_copy(tmp_path: Path) -> Path:
-    for name in PACKAGES:
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    return tmp_path
+    tree = tmp_path / "tree"
+    for name in FOLDERS:
+        shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")
+    return tree
 
 
 def _append(path: Path, line: str) -> None:
@@ -97,32 +106,39 @@ def _append(path: Path, line: str) -> None:
 
 
 def test_an_upward_import_breaks_a_contract(tree_copy: Path):
-    _append(tree_copy / "runtime/cache/pins.py", "import runtime.scheduler  # noqa")  # cache -> scheduler
-    r = lint_imports(tree_copy)
-    assert r.returncode != 0 and "runtime.cache is not allowed to import runtime.scheduler" in r.stdout
+    _append(
+        tree_copy / "runtime/cache/pins.py", "import kvreuse.runtime.scheduler  # noqa"
+    )  # cache -> scheduler
+    r = lint_imports(tree_copy, tree_copy.parent / "stage")
+    assert (
+        r.returncode != 0
+        and "kvreuse.runtime.cache is not allowed to import kvreuse.runtime.scheduler" in r.stdout
+    )
 
 
 def test_a_cycle_is_found(tree_copy: Path):
     # two leaves of one layer that never imported each other: no contract names this pair
-    _append(tree_copy / "runtime/server/metrics.py", "import runtime.server.fingerprint  # noqa")
-    _append(tree_copy / "runtime/server/fingerprint.py", "import runtime.server.metrics  # noqa")
-    assert import_cycles("runtime", tree_copy) == [["runtime.server.fingerprint", "runtime.server.metrics"]]
+    _append(tree_copy / "runtime/server/metrics.py", "import kvreuse.runtime.server.fingerprint  # noqa")
+    _append(tree_copy / "runtime/server/fingerprint.py", "import kvreuse.runtime.server.metrics  # noqa")
+    assert import_cycles("runtime", tree_copy.parent / "stage", tree_copy) == [
+        ["kvreuse.runtime.server.fingerprint", "kvreuse.runtime.server.metrics"]
+    ]
 
 
-def test_the_contracts_name_every_module():
+def test_the_contracts_name_every_module(tmp_path: Path):
     """Every top-level package of ``runtime`` is in the main layers contract, and every module of a
     package with its own layers contract is in that contract: a new module must take a layer."""
     import tomllib
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    graph = grimp.build_graph("runtime", cache_dir=None)
+    graph = build_graph("runtime", tmp_path)
     unlisted = {}
     for c in contracts:
         if c.get("type") != "layers":
             continue
         named = {part.strip() for layer in c["layers"] for part in layer.split("|")}
-        for container in c.get("containers", ["runtime"]):
-            prefix = "" if "containers" in c else "runtime."
+        for container in c.get("containers", ["kvreuse.runtime"]):
+            prefix = "" if "containers" in c else "kvreuse.runtime."
             kids = {k.split(".")[-1] for k in graph.find_children(container)}
             missing = sorted(k for k in kids if (prefix + k) not in named and k not in named)
             if missing:

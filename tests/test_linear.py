@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.models.linear import Linear, onednn_packs
+from kvreuse.runtime.models.linear import Linear, onednn_packs
 
 needs_onednn = pytest.mark.skipif(
     not onednn_packs(torch.empty(1)), reason="this torch build cannot pack fp32 weights for oneDNN"
@@ -44,7 +44,7 @@ def test_unsupported_dtype_keeps_dense_weight() -> None:
 
 @needs_onednn
 def test_engine_packs_every_linear_and_keeps_tied_embedding(tmp_path) -> None:
-    from runtime.runner.model_runner import ModelRunner
+    from kvreuse.runtime.runner.model_runner import ModelRunner
     from tests.helpers import make_tiny_model
 
     path = make_tiny_model(tmp_path / "m", arch="llama", tie=True)

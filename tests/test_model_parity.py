@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.helpers import load_hf
 from tests.parity import all_logits, assert_greedy_matches_generate, assert_logits_match
 

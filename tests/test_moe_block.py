@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.linear import Linear, onednn_packs
-from runtime.models.moe import Experts, SparseMoE
-from runtime.models.moe_config import MoEConfig
+from kvreuse.runtime.models.linear import Linear, onednn_packs
+from kvreuse.runtime.models.moe import Experts, SparseMoE
+from kvreuse.runtime.models.moe_config import MoEConfig
 
 HIDDEN = 64
 COMMON = dict(
@@ -159,7 +159,7 @@ def test_only_the_routed_experts_are_read(monkeypatch, tokens, path):
 def test_gathered_rows_equal_grouped_gemms_and_do_not_depend_on_the_batch(monkeypatch, dtype):
     """Up to ``GATHER_MAX_TOKENS`` rows (few-stream decode) vs the grouped GEMMs on the same packed
     weights, at the boundary too; and a row's output is the same alone as inside a batch."""
-    from runtime.models import moe
+    from kvreuse.runtime.models import moe
 
     torch.manual_seed(3)
     cfg, hf = _hf_block("qwen3_next", norm_topk_prob=True)

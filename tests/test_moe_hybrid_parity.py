@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.models.config import ModelConfig
-from runtime.models.moe import SparseMoE
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.moe import SparseMoE
 from tests.engine_drive import random_ids, tiny_engine
 from tests.helpers import load_hf, make_tiny_model
 from tests.test_moe_parity import check_batched_chunked_cached_equal_alone
@@ -128,7 +128,7 @@ def test_multimodal_checkpoint_and_fused_experts_load_the_same(models, tmp_path)
 
 
 def test_tensor_parallel_refuses_the_moe_hybrids(models):
-    from runtime.runner.distributed.sharding import local_config
+    from kvreuse.runtime.runner.distributed.sharding import local_config
 
     for d in models.values():
         with pytest.raises(ValueError, match="mixture-of-experts"):

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from runtime.engine.engine import Engine
-from runtime.models.config import ModelConfig
-from runtime.models.moe import SparseMoE
-from runtime.models.weights import WeightsError, load_weights
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.moe import SparseMoE
+from kvreuse.runtime.models.weights import WeightsError, load_weights
 from tests.engine_drive import (
     alone,
     assert_logits_close,
@@ -119,7 +119,7 @@ def test_fused_expert_checkpoint_loads_the_same(moe_models, tmp_path):
 
 
 def test_expert_weight_errors_are_clear(moe_models, tmp_path):
-    from runtime.models import build_model
+    from kvreuse.runtime.models import build_model
 
     d = moe_models["top2-norm"]
     cfg = ModelConfig.from_dir(d)
@@ -149,7 +149,7 @@ def test_qwen3_30b_a3b_shape_counts_30b_total_3b_active():
     """The real model's config on the meta device (no memory): transformers' count, and the A3B in its name."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from runtime.models.decoder import CausalLM
+    from kvreuse.runtime.models.decoder import CausalLM
 
     c = dict(
         model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,

@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import reference as ref
-from kernels import select_backend
-from kernels.native_cpu import load
-from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+from kvreuse.kernels import reference as ref
+from kvreuse.kernels.backends import select_backend
+from kvreuse.kernels.native_cpu import load
+from kvreuse.runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 
 HAS_CC = shutil.which("cc") is not None or shutil.which("gcc") is not None
 pytestmark = pytest.mark.skipif(not HAS_CC, reason="no C compiler: the torch path runs instead")
@@ -147,9 +147,9 @@ def test_q8_linear_error_is_within_the_activation_rounding_bound(ops, dtype) -> 
 def test_fused_decode_engine_matches_the_reference_backend(ops, tmp_path, monkeypatch) -> None:
     """Whole decode steps: the fused path and the torch path give the same greedy tokens and close
     logprobs on a tiny Qwen3 (q/k norm) with batched streams."""
-    import runtime.models.decoder as decoder
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    import kvreuse.runtime.models.decoder as decoder
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
     from tests.helpers import make_tiny_model
 
     fused_calls = []
@@ -185,9 +185,9 @@ def test_embedded_gguf_head_keeps_its_q8_0_blocks_and_tracks_the_dense_model(ops
     import numpy as np
     from gguf import GGUFReader, quants
 
-    from runtime.engine.engine import Engine
-    from runtime.loading.model_source import embedded_gguf_path
-    from runtime.models.block_int8 import BlockInt8Linear
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.loading.model_source import embedded_gguf_path
+    from kvreuse.runtime.models.block_int8 import BlockInt8Linear
 
     q = Engine(dtype="bfloat16", quantize="gguf", kv_cache_memory="32M")
     dense = Engine(dtype="float32", kv_cache_memory="32M")
@@ -212,7 +212,7 @@ def test_embedded_gguf_head_keeps_its_q8_0_blocks_and_tracks_the_dense_model(ops
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dequantize_kernel_rounds_like_the_torch_ops(ops, kind, dtype) -> None:
     """QuantLinear's prefill weight: one C pass and its four torch ops give the same bits."""
-    from runtime.models.quant_linear import DequantScratch, quantize_int4, quantize_int8
+    from kvreuse.runtime.models.quant_linear import DequantScratch, quantize_int4, quantize_int8
 
     g = torch.Generator().manual_seed(8)
     w = torch.randn(48, 576, generator=g) * torch.rand(48, 1, generator=g)  # scales vary by row

@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.server.launcher import ServerProcess
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

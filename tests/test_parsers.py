@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat_templates import OutputParser, ParsedOutput, collect, parse_full
+from kvreuse.chat_templates import OutputParser, ParsedOutput, collect, parse_full
 
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|python_tag|>")
 

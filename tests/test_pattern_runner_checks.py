@@ -8,10 +8,10 @@ import copy
 
 import pytest
 
-from benchmarks.pattern_runner import add_savings, make_plan, parse_args
-from benchmarks.patterns.checks import CHECKED, acceptance
-from benchmarks.patterns.projection import CostModel, expected_prefill
-from benchmarks.workloads import load
+from kvreuse.benchmarks.pattern_runner import add_savings, make_plan, parse_args
+from kvreuse.benchmarks.patterns.checks import CHECKED, acceptance
+from kvreuse.benchmarks.patterns.projection import CostModel, expected_prefill
+from kvreuse.benchmarks.workloads import load
 from tests.test_patterns import FakeEngine, run_all
 
 
@@ -19,7 +19,7 @@ from tests.test_patterns import FakeEngine, run_all
 def runs():
     import transformers
 
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     tok = transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
     return run_all(FakeEngine(tok), [*CHECKED, "naive"], load("coding", "quick"))
@@ -80,7 +80,7 @@ def test_every_check_fails_against_a_cache_off_run():
     """The same patterns sent to a target whose cache is off: every check must FAIL (reuse was required)."""
     import transformers
 
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     tok = transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
     off = run_all(FakeEngine(tok, cache=False), [*CHECKED, "status_append"], load("coding", "quick"))

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from benchmarks.patterns import PATTERNS
-from benchmarks.workloads import Turn
+from kvreuse.benchmarks.patterns import PATTERNS
+from kvreuse.benchmarks.workloads import Turn
 from tests.test_patterns import tiny_trajectory
 
 NAMES = ["append_only", "timestamp_end", "naive"]
@@ -24,7 +24,7 @@ def four_turns():
 
 
 def measure(target, tokenizer, traj):
-    from benchmarks.patterns.run import run_pattern
+    from kvreuse.benchmarks.patterns.run import run_pattern
 
     # an OpenAI API cannot force a reply, so both sides replay the replies (the first edition's mode)
     return {
@@ -40,9 +40,9 @@ def counts(run):
 
 @pytest.mark.slow
 def test_server_target_accounts_like_the_in_process_engine(tmp_path):
-    from benchmarks.patterns.targets import InProcessTarget, ServerTarget
-    from runtime.engine.engine import Engine
-    from runtime.server.launcher import ServerProcess
+    from kvreuse.benchmarks.patterns.targets import InProcessTarget, ServerTarget
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.server.launcher import ServerProcess
 
     traj = four_turns()
     args = ["--chat-template", "qwen3", "--kv-cache-memory", "256M", "--page-size", "16"]

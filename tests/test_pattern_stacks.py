@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.patterns import PATTERNS
-from benchmarks.patterns.events import event_turns, tools_first
-from benchmarks.patterns.stacks import STACKS, render_request, reply_tokens, template_source
-from benchmarks.workloads import load
+from kvreuse.benchmarks.patterns import PATTERNS
+from kvreuse.benchmarks.patterns.events import event_turns, tools_first
+from kvreuse.benchmarks.patterns.stacks import STACKS, render_request, reply_tokens, template_source
+from kvreuse.benchmarks.workloads import load
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     import transformers
 
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     return transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
 
@@ -48,7 +48,7 @@ def test_stock_template_rewrites_the_reply_after_a_new_user_query(tokenizer):
 
 
 def test_tools_first_template_moves_the_system_text_after_the_tools(tokenizer):
-    from chat_templates import load_template, render
+    from kvreuse.chat_templates import load_template, render
 
     traj = load("coding", "quick")
     msgs = [{"role": "system", "content": "SYSTEM-TEXT"}, {"role": "user", "content": "hi"}]
@@ -64,7 +64,7 @@ def test_tools_first_template_moves_the_system_text_after_the_tools(tokenizer):
      ("date_in_messages", "date_in_system"), ("tools_dynamic_after", "tools_dynamic_sorted_in")],
 )  # fmt: skip
 def test_event_pairs_do_the_same_thing_and_only_the_bad_one_rewrites_the_prefix(good, bad, tokenizer):
-    from chat_templates import first_divergence
+    from kvreuse.chat_templates import first_divergence
 
     traj, stack = load("coding", "default"), STACKS["smollm2"]
     source = template_source(stack, tokenizer)
@@ -109,9 +109,9 @@ def test_agent_scale_workload_shape(tokenizer):
 
 def test_timed_rounds_are_summarised_and_reported(tokenizer, tmp_path):
     """Interleaved rounds -> medians and spreads per request; the curve and the TTFT section render."""
-    from benchmarks.pattern_runner import add_savings
-    from benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
-    from benchmarks.report import write_report
+    from kvreuse.benchmarks.pattern_runner import add_savings
+    from kvreuse.benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
+    from kvreuse.benchmarks.report import write_report
     from tests.test_patterns import FakeEngine, run_all, tiny_trajectory
 
     assert rotated([1, 2, 3], 1) == [2, 3, 1] and rotated([1, 2, 3], 3) == [1, 2, 3]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.patterns import PATTERNS, ideal_prefill
-from benchmarks.patterns.history import RESULT_BUDGET_CHARS, WINDOW_MESSAGES
-from benchmarks.workloads import load
+from kvreuse.benchmarks.patterns import PATTERNS, ideal_prefill
+from kvreuse.benchmarks.patterns.history import RESULT_BUDGET_CHARS, WINDOW_MESSAGES
+from kvreuse.benchmarks.workloads import load
 
 TEMPLATE = "qwen3"
 
@@ -15,7 +15,7 @@ TEMPLATE = "qwen3"
 def tokenizer():
     import transformers
 
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     return transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
 
@@ -26,7 +26,7 @@ def coding():
 
 
 def ids(tokenizer, req):
-    from chat_templates import render
+    from kvreuse.chat_templates import render
 
     return render(tokenizer, req.messages, req.tools, template=TEMPLATE, **req.template_kwargs)
 
@@ -55,7 +55,7 @@ def test_status_append_is_append_only_and_status_replace_keeps_one_status(tokeni
 
 @pytest.mark.parametrize("name", ["timestamp_start", "timestamp_end", "status_in_system"])
 def test_system_prompt_patterns_differ_only_inside_the_system_message(name, tokenizer, coding):
-    from chat_templates import first_divergence, locate
+    from kvreuse.chat_templates import first_divergence, locate
 
     for k in range(len(coding.turns)):
         base, req = PATTERNS["append_only"].build(coding, k), PATTERNS[name].build(coding, k)
@@ -67,7 +67,7 @@ def test_system_prompt_patterns_differ_only_inside_the_system_message(name, toke
 
 
 def test_timestamp_start_breaks_earlier_than_timestamp_end(tokenizer, coding):
-    from chat_templates import first_divergence
+    from kvreuse.chat_templates import first_divergence
 
     def div(name):
         a, b = (ids(tokenizer, PATTERNS[name].build(coding, k)).token_ids for k in (0, 1))
@@ -176,7 +176,7 @@ def test_ideal_on_a_hand_made_example():
 
 def tiny_trajectory():
     """Three short turns of one thread, small enough for the real engine in a test."""
-    from benchmarks.workloads import Trajectory, Turn
+    from kvreuse.benchmarks.workloads import Trajectory, Turn
 
     tool = {"type": "function", "function": {"name": "grep", "description": "Search files.",
             "parameters": {"type": "object", "properties": {"regex": {"type": "string"}}, "required": ["regex"]}}}  # fmt: skip
@@ -230,9 +230,9 @@ class FakeEngine:
 
 
 def run_all(engine, names, traj, replies="cached"):
-    from benchmarks.pattern_runner import add_savings
-    from benchmarks.patterns.run import run_pattern
-    from benchmarks.patterns.targets import InProcessTarget
+    from kvreuse.benchmarks.pattern_runner import add_savings
+    from kvreuse.benchmarks.patterns.run import run_pattern
+    from kvreuse.benchmarks.patterns.targets import InProcessTarget
 
     target = InProcessTarget(engine, max_tokens=2)
     runs = [
@@ -244,7 +244,7 @@ def run_all(engine, names, traj, replies="cached"):
 
 
 def test_runner_bookkeeping_and_report_with_a_fake_engine(tokenizer, tmp_path):
-    from benchmarks.report import write_report
+    from kvreuse.benchmarks.report import write_report
 
     runs = run_all(FakeEngine(tokenizer), ["append_only", "naive", "timestamp_start"], tiny_trajectory())
     ap, naive, ts = runs["append_only"]["totals"], runs["naive"]["totals"], runs["timestamp_start"]["totals"]
@@ -268,9 +268,9 @@ def test_runner_bookkeeping_and_report_with_a_fake_engine(tokenizer, tmp_path):
 @pytest.mark.slow
 def test_accounting_on_a_small_workload_with_the_real_engine():
     try:
-        from runtime.engine.engine import Engine
+        from kvreuse.runtime.engine.engine import Engine
     except ImportError as e:  # the engine is written in parallel; this test needs it
-        pytest.skip(f"runtime.engine.engine is not importable yet: {e}")
+        pytest.skip(f"kvreuse.runtime.engine.engine is not importable yet: {e}")
     engine = Engine(None, page_size=16)
     # replayed replies: decoding forced replies on the 135M model is slow on a CPU, and forced decoding has
     # its own engine test on a tiny model (tests/test_forced_decoding.py)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.request import CacheScope, Request
+from kvreuse.runtime.request import CacheScope, Request
 from tests.engine_drive import greedy, random_ids, run_checked, tiny_engine
 
 PAGE, POOL = 16, 64  # 1024 tokens of KV; pins may hold 32 pages

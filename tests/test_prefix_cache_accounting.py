@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.request import Request
+from kvreuse.runtime.request import Request
 from tests.engine_drive import assert_no_request_pages, greedy, random_ids, run_checked, tiny_engine
 
 TURNS = 10

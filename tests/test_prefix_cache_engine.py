@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.request import Request
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.request import Request
 from tests.engine_drive import (
     assert_logits_close,
     assert_no_request_pages,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from runtime.server.errors import APIError
-from runtime.server.prep import PrepPool
+from kvreuse.runtime.server.errors import APIError
+from kvreuse.runtime.server.prep import PrepPool
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,9 +17,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 
-from kernels.native_cpu import Q4_ROWS, load  # noqa: E402
-from runtime.models.quant_linear import int4_from_grid  # noqa: E402
-from runtime.models.quantize import _grid  # noqa: E402
+from kvreuse.kernels.native_cpu import Q4_ROWS, load  # noqa: E402
+from kvreuse.runtime.models.quant_linear import int4_from_grid  # noqa: E402
+from kvreuse.runtime.models.quantize import _grid  # noqa: E402
 
 HAS_CC = shutil.which("cc") is not None or shutil.which("gcc") is not None
 pytestmark = pytest.mark.skipif(not HAS_CC, reason="no C compiler: the torch path runs instead")
@@ -120,9 +120,9 @@ def test_speculative_greedy_output_equals_plain_decoding_on_the_gguf(ops, mode, 
     plain decoding's greedy tokens exactly (bf16, the default CPU dtype, and fp32): its rows run as
     decode rows (``build_forward_batch``'s ``drafts_as_decode``) through kernels that compute each row
     alone."""
-    from runtime.engine.engine import Engine
-    from runtime.models.quant_linear import QuantLinear
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.models.quant_linear import QuantLinear
+    from kvreuse.runtime.sampling.params import SamplingParams
     from tests.engine_drive import run_checked
 
     code = "".join(
@@ -148,7 +148,7 @@ def test_q8_tiles_head_matches_the_row_kernel_and_is_row_invariant(ops, dtype) -
     """The Q8_0 head in tiles (``BlockInt8Linear`` with the kernels): the file's codes and scales come
     back exactly, each row is within q8_linear's activation-rounding bound of float64 ``x W^T``, and
     each row's bits are the same at every row count."""
-    from runtime.models.block_int8 import BlockInt8Linear
+    from kvreuse.runtime.models.block_int8 import BlockInt8Linear
 
     n, k = 1000, 576  # n not a multiple of the 16-output tile
     g = torch.Generator().manual_seed(6)

@@ -10,12 +10,12 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from gguf import quants  # noqa: E402
 
-from runtime.models.quant_linear import (  # noqa: E402
+from kvreuse.runtime.models.quant_linear import (  # noqa: E402
     int4_from_grid,  # noqa: E402
     quantize_int4,
     quantize_int8,
 )
-from runtime.models.quantize import _grid, _unpermute_rows  # noqa: E402
+from kvreuse.runtime.models.quantize import _grid, _unpermute_rows  # noqa: E402
 
 BLOCK_BYTES = {T.Q4_0: 18, T.Q4_1: 20, T.Q8_0: 34, T.Q4_K: 144, T.Q6_K: 210}
 BLOCK_VALUES = {T.Q4_0: 32, T.Q4_1: 32, T.Q8_0: 32, T.Q4_K: 256, T.Q6_K: 256}
@@ -106,8 +106,8 @@ def test_unpermute_matches_transformers_gguf_loader() -> None:
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_engine_tracks_the_dense_one(tmp_path, mode: str) -> None:
     """A tiny HF model under --quantize: every decoder linear swapped, next-token logits close to dense."""
-    from runtime.models.quant_linear import QuantLinear
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.models.quant_linear import QuantLinear
+    from kvreuse.runtime.sampling.params import SamplingParams
     from tests.engine_drive import generate_checked, tiny_engine
     from tests.helpers import make_tiny_model
 
@@ -125,7 +125,7 @@ def test_quantized_engine_tracks_the_dense_one(tmp_path, mode: str) -> None:
 
 
 def test_quantize_gguf_without_a_gguf_is_a_clear_error(tmp_path) -> None:
-    from runtime.engine.engine import Engine
+    from kvreuse.runtime.engine.engine import Engine
     from tests.helpers import make_tiny_model
 
     path = make_tiny_model(tmp_path / "m")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import tiny_engine
 from tests.helpers import HYBRID_SHAPES as SHAPES
 from tests.helpers import load_hf, make_tiny_hybrid, make_tiny_model

@@ -8,11 +8,11 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from chat_templates import check_prefix_stability, default_conversations
-from chat_templates.parsers import OutputParser, parse_full
-from chat_templates.render import render_text
-from runtime.loading.model_source import resolve_model
-from runtime.server.templates import forced_tool_prefix, resolve_template
+from kvreuse.chat_templates import check_prefix_stability, default_conversations
+from kvreuse.chat_templates.parsers import OutputParser, parse_full
+from kvreuse.chat_templates.render import render_text
+from kvreuse.runtime.loading.model_source import resolve_model
+from kvreuse.runtime.server.templates import forced_tool_prefix, resolve_template
 
 OUTPUT = (
     "Paris first.\n</think>\n\nChecking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"

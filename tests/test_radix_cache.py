@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.cache.page_allocator import OutOfPages, PageAllocator
-from runtime.cache.radix_cache import RadixCache
+from kvreuse.runtime.cache.page_allocator import OutOfPages, PageAllocator
+from kvreuse.runtime.cache.radix_cache import RadixCache
 from tests.radix_checks import check_structure, insert_fresh, path_tokens, seq
 
 # ---------------------------------------------------------------- allocator

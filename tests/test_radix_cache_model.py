@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.cache.eviction import POLICIES
-from runtime.cache.node_states import NodeStates
-from runtime.cache.page_allocator import PageAllocator
-from runtime.cache.radix_cache import MatchResult, RadixCache, TreeNode
+from kvreuse.runtime.cache.eviction import POLICIES
+from kvreuse.runtime.cache.node_states import NodeStates
+from kvreuse.runtime.cache.page_allocator import PageAllocator
+from kvreuse.runtime.cache.radix_cache import MatchResult, RadixCache, TreeNode
 from tests.radix_checks import check_structure, node_ends, path_tokens, tree_pages, tree_states
 
 NUM_PAGES = 24

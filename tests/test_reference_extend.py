@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_matmul_attention, cpu_softmax, reference
+from kvreuse.kernels import cpu_matmul_attention, cpu_softmax, reference
 
 
 def masked_attention_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -11,12 +11,12 @@ import argparse
 
 import pytest
 
-from benchmarks.patterns import PATTERNS
-from benchmarks.patterns.run import run_pattern
-from benchmarks.patterns.sections import engine_for
-from benchmarks.patterns.stacks import STACKS
-from benchmarks.patterns.targets import InProcessTarget
-from benchmarks.workloads import load
+from kvreuse.benchmarks.patterns import PATTERNS
+from kvreuse.benchmarks.patterns.run import run_pattern
+from kvreuse.benchmarks.patterns.sections import engine_for
+from kvreuse.benchmarks.patterns.stacks import STACKS
+from kvreuse.benchmarks.patterns.targets import InProcessTarget
+from kvreuse.benchmarks.workloads import load
 
 FIELDS = (
     "prompt_tokens",

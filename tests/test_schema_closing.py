@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jsonschema
 
-from runtime.sampling.constrained import spec
+from kvreuse.runtime.sampling.constrained import spec
 
 
 def _nested(depth: int) -> dict:

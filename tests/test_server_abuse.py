@@ -11,10 +11,10 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -285,8 +285,8 @@ def test_output_that_stops_short_of_the_schema_is_not_a_normal_stop(client, sche
 def test_a_grammar_that_errors_stops_the_request_as_grammar_error(engine):
     """The stop decision itself (``Request.stop_reason``), with a real llguidance matcher put in error
     by a token its grammar rejects (what a schema past llguidance's limits does mid-generation)."""
-    from runtime.sampling.constrained import json_object
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.sampling.constrained import json_object
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     eng = engine.engine
     req = eng.make_request("Hi", SamplingParams(max_tokens=8, grammar=json_object()))
@@ -299,7 +299,7 @@ def test_a_grammar_that_errors_stops_the_request_as_grammar_error(engine):
 def test_concurrent_requests_with_one_new_grammar_compile_it_once(engine):
     from concurrent.futures import ThreadPoolExecutor
 
-    from runtime.sampling.constrained import json_schema
+    from kvreuse.runtime.sampling.constrained import json_schema
 
     grammars = engine.engine.grammars
     g = json_schema(_big_schema(40, "concurrent"))

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.server.launcher import ServerProcess
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,9 +9,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from chat_templates.render import first_divergence, render
-from runtime.loading.model_source import resolve_model
-from runtime.server.diagnostics import CacheDiagnostics, HistoryEntry
+from kvreuse.chat_templates.render import first_divergence, render
+from kvreuse.runtime.loading.model_source import resolve_model
+from kvreuse.runtime.server.diagnostics import CacheDiagnostics, HistoryEntry
 
 PAGE = 16
 

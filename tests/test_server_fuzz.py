@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
 
 pytestmark = pytest.mark.timeout(300)
 

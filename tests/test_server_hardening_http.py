@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from runtime.server.launcher import ServerProcess, free_port
+from kvreuse.runtime.server.launcher import ServerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
@@ -135,7 +135,7 @@ def test_stream_cut_by_shutdown_timeout_ends_with_error_and_done(tmp_path):
 
 CRASHING_SERVER = """
 import sys
-import runtime.engine.engine as engine
+import kvreuse.runtime.engine.engine as engine
 
 real = engine.Engine.step
 
@@ -146,7 +146,7 @@ def step(self):  # fault injection: the loop itself breaks once something was ge
     return outs
 
 engine.Engine.step = step
-from runtime.server.cli import main
+from kvreuse.runtime.server.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

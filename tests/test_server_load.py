@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.server.launcher import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -119,8 +119,8 @@ def _shared_prompt_tokens() -> int:
     """Tokens every load prompt shares, from the model's own chat template (not from the server)."""
     from transformers import AutoTokenizer
 
-    from chat_templates.render import first_divergence, render
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.chat_templates.render import first_divergence, render
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model(None)[0]))
     a, b = (

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.server.launcher import ServerProcess
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 

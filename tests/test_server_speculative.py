@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
 from tests.helpers import make_tiny_model, metric_value
 
 pytestmark = pytest.mark.timeout(300)

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat_templates.parsers import parse_full
-from runtime.engine.outputs import RequestOutput
-from runtime.server.core.streaming import merge_streams
-from runtime.server.openai.chat import ChatCompletionRun, complete, stream_events
-from runtime.server.openai.protocol import ChatCompletionRequest
-from runtime.server.openai.usage import StreamUsage
-from runtime.server.templates import TemplateInfo
+from kvreuse.chat_templates.parsers import parse_full
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.server.core.streaming import merge_streams
+from kvreuse.runtime.server.openai.chat import ChatCompletionRun, complete, stream_events
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest
+from kvreuse.runtime.server.openai.usage import StreamUsage
+from kvreuse.runtime.server.templates import TemplateInfo
 
 OUTPUT = (
     "Let me check.\n<tool_call>\n"

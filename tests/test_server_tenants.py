@@ -9,12 +9,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.server.app import create_app
-from runtime.server.state import ServerConfig
-from runtime.server.tenants import load_keys
-from runtime.server.ui.routes import is_page
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
+from kvreuse.runtime.server.tenants import load_keys
+from kvreuse.runtime.server.ui.routes import is_page
 from tests.helpers import make_tiny_model
 
 pytestmark = pytest.mark.timeout(300)

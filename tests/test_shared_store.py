@@ -14,9 +14,9 @@ import logging
 import pytest
 import torch
 
-from runtime.cache.store.shared import SharedStore
-from runtime.cluster.services import start_valkey
-from runtime.request import CacheScope
+from kvreuse.runtime.cache.store.shared import SharedStore
+from kvreuse.runtime.cluster.services import start_valkey
+from kvreuse.runtime.request import CacheScope
 from tests.engine_drive import greedy, random_ids, run_checked, tiny_engine
 
 pytestmark = pytest.mark.timeout(300)

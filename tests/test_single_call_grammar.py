@@ -16,14 +16,14 @@ import pytest
 import transformers
 from fastapi.testclient import TestClient
 
-from chat_templates.parsers import parse_full
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import Engine
-from runtime.loading.model_source import resolve_model
-from runtime.server.app import create_app
-from runtime.server.core.constraints import tool_grammar
-from runtime.server.core.prompting import ChatInput
-from runtime.server.state import ServerConfig
+from kvreuse.chat_templates.parsers import parse_full
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.loading.model_source import resolve_model
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.core.constraints import tool_grammar
+from kvreuse.runtime.server.core.prompting import ChatInput
+from kvreuse.runtime.server.state import ServerConfig
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [

@@ -21,8 +21,8 @@ if not torch.cuda.is_available():
 
 from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward  # noqa: E402
 
-from kernels import reference  # noqa: E402
-from kernels.native_cpu import load  # noqa: E402
+from kvreuse.kernels import reference  # noqa: E402
+from kvreuse.kernels.native_cpu import load  # noqa: E402
 from tests.paged_pool import poisoned_pool  # noqa: E402
 
 HKV, GROUP, PS = 2, 3, 4
@@ -63,26 +63,26 @@ def _expected(q, dense, seq_lens, q_lens, window, sinks):
 
 
 def _extend_kernels():
-    kernels = [("reference", reference.extend_attention)]
+    impls = [("reference", reference.extend_attention)]
     ops = load()
     if ops is not None and ops.extend_bf16 is not None:
-        kernels.append(("cpu", ops.extend_attention))
+        impls.append(("cpu", ops.extend_attention))
     if pytest.importorskip("triton"):
-        from kernels import triton_attention
+        from kvreuse.kernels import triton_attention
 
-        kernels.append(("triton", triton_attention.extend_attention))
-    return kernels
+        impls.append(("triton", triton_attention.extend_attention))
+    return impls
 
 
 def _decode_kernels():
-    kernels = [("reference", reference.decode_attention)]
+    impls = [("reference", reference.decode_attention)]
     ops = load()
     if ops is not None:
-        kernels.append(("cpu", ops.paged_decode_attention))
-    from kernels import triton_attention
+        impls.append(("cpu", ops.paged_decode_attention))
+    from kvreuse.kernels import triton_attention
 
-    kernels.append(("triton", triton_attention.decode_attention))
-    return kernels
+    impls.append(("triton", triton_attention.decode_attention))
+    return impls
 
 
 @pytest.mark.parametrize("window", [None, 5, 12])

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.request import CacheScope
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import assert_no_request_pages, greedy, random_ids, run_checked, tiny_engine
 from tests.helpers import make_tiny_hybrid, make_tiny_windowed
 
@@ -164,9 +164,9 @@ def test_auto_drafts_from_the_suffix_history_where_the_model_allows(tiny_models,
     a rejected draft's state back), ``off`` on a window-paged model instead of refusing to start."""
     import argparse
 
-    from kernels.native_cpu import load as load_native
-    from runtime.engine.args import add_engine_args
-    from runtime.speculative.drafter import NoDrafts, SuffixLookup
+    from kvreuse.kernels.native_cpu import load as load_native
+    from kvreuse.runtime.engine.args import add_engine_args
+    from kvreuse.runtime.speculative.drafter import NoDrafts, SuffixLookup
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.cache import hybrid_states
-from runtime.engine.engine import Engine, EngineError
-from runtime.models.gated_deltanet import replay
-from runtime.request import PUBLIC
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.cache import hybrid_states
+from kvreuse.runtime.engine.engine import Engine, EngineError
+from kvreuse.runtime.models.gated_deltanet import replay
+from kvreuse.runtime.request import PUBLIC
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import assert_no_request_pages, random_ids, run_checked, tiny_engine
 from tests.helpers import make_tiny_hybrid, make_tiny_windowed
 from tests.test_speculative_sampling import two_sample_pvalue

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from runtime.request import CacheScope
-from runtime.sampling.params import SamplingParams
-from runtime.speculative.draft_length import DraftLength
-from runtime.speculative.drafter import SuffixLookup
-from runtime.speculative.ngram_index import NgramIndex
-from runtime.speculative.verify import verify
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.speculative.draft_length import DraftLength
+from kvreuse.runtime.speculative.drafter import SuffixLookup
+from kvreuse.runtime.speculative.ngram_index import NgramIndex
+from kvreuse.runtime.speculative.verify import verify
 from tests.engine_drive import random_ids, tiny_engine
 
 

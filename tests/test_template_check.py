@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from chat_templates import Conversation, check_prefix_stability, default_conversations
-from chat_templates.template_check import main as check_main
-from runtime.loading.model_source import resolve_model
+from kvreuse.chat_templates import Conversation, check_prefix_stability, default_conversations
+from kvreuse.chat_templates.template_check import main as check_main
+from kvreuse.runtime.loading.model_source import resolve_model
 
 THINKING = Conversation(
     "thinking",
@@ -80,7 +80,7 @@ def test_cli_exit_codes(capsys):
 def test_gemma3_turns_are_append_only_and_tool_turns_are_refused(tok, capsys):
     """Gemma 3's template (bundled as ``gemma3``): the system prompt folds into the first user turn,
     the assistant is ``model``; it raises on tool turns, which template-check reports, not as a break."""
-    from chat_templates.render import render
+    from kvreuse.chat_templates.render import render
 
     msgs = [{"role": "system", "content": "Be helpful."}, {"role": "user", "content": "Hello"}]
     text = render(tok, msgs, None, template="gemma3", add_generation_prompt=True).text

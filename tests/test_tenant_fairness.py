@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.request import CacheScope, Status
-from runtime.scheduler import MIN_TENANT_CHUNK, StepClock
+from kvreuse.runtime.request import CacheScope, Status
+from kvreuse.runtime.scheduler import MIN_TENANT_CHUNK, StepClock
 from tests.engine_drive import greedy, random_ids, tiny_engine
 
 CHUNK, TENANT_CHUNK = 256, 32

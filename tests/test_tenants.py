@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.request import CacheScope
+from kvreuse.runtime.request import CacheScope
 from tests.engine_drive import greedy, random_ids, run_checked, tiny_engine
 
 PAGE = 16

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from runtime.runner.distributed.launch import TPError
+from kvreuse.runtime.runner.distributed.launch import TPError
 from tests.engine_drive import assert_logits_close, generate_checked, greedy, random_ids, tiny_engine
 from tests.helpers import make_tiny_model
 
@@ -89,7 +89,7 @@ def test_a_dead_rank_ends_the_run_with_an_error(tiny_models):
 
 
 def test_torchrun_launch_runs_every_rank_with_one_command(tmp_path):
-    """``torchrun --nproc-per-node 2 -m runtime.cli.main generate --tensor-parallel-size 2``: rank 0 prints
+    """``torchrun --nproc-per-node 2 -m kvreuse.runtime.cli.main generate --tensor-parallel-size 2``: rank 0 prints
     the completion the single-device engine prints, rank 1 serves its steps and exits 0."""
     import os
     import subprocess
@@ -99,12 +99,12 @@ def test_torchrun_launch_runs_every_rank_with_one_command(tmp_path):
     args = ["generate", "--model", d, "--dtype", "float32", "--prompt", "hello world", "--max-tokens", "8"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     single = subprocess.run(
-        [sys.executable, "-m", "runtime.cli.main", *args], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "kvreuse.runtime.cli.main", *args], capture_output=True, text=True, env=env
     )
     assert single.returncode == 0, single.stderr
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
-         "-m", "runtime.cli.main", *args, "--tensor-parallel-size", "2"],
+         "-m", "kvreuse.runtime.cli.main", *args, "--tensor-parallel-size", "2"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]

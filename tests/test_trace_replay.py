@@ -15,10 +15,10 @@ import random
 import httpx
 import pytest
 
-from benchmarks import mooncake
-from benchmarks.belady import replay
-from runtime.cache.eviction import DEFAULT_POLICY
-from runtime.server.launcher import ServerProcess
+from kvreuse.benchmarks import mooncake
+from kvreuse.benchmarks.belady import replay
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
+from kvreuse.runtime.server.launcher import ServerProcess
 from tests.helpers import make_tiny_model
 
 PAGE, CHUNK, UNIT, VOCAB = 16, 64, 16, 512  # a 512-token block is 32 tokens here

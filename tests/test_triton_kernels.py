@@ -19,8 +19,9 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from kernels import reference, select_backend  # noqa: E402
-from kernels import triton_attention as ta  # noqa: E402
+from kvreuse.kernels import reference  # noqa: E402
+from kvreuse.kernels import triton_attention as ta  # noqa: E402
+from kvreuse.kernels.backends import select_backend  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}

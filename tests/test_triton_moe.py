@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from kernels.triton_moe import expert_blocks, grouped_gemm, grouped_swiglu  # noqa: E402
-from runtime.models.moe import Experts, expert_counts, group_by_expert, route  # noqa: E402
+from kvreuse.kernels.triton_moe import expert_blocks, grouped_gemm, grouped_swiglu  # noqa: E402
+from kvreuse.runtime.models.moe import Experts, expert_counts, group_by_expert, route  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}

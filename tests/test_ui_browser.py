@@ -10,7 +10,7 @@ import openai
 import pytest
 from playwright.sync_api import expect
 
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.server.launcher import ServerProcess
 from tests.ui_browser import SYSTEM, browser, converse, keep_screenshot, shown_figures
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]

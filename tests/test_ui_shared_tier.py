@@ -15,8 +15,8 @@ import openai
 import pytest
 from playwright.sync_api import expect
 
-from runtime.cluster.services import start_valkey
-from runtime.server.launcher import ServerProcess
+from kvreuse.runtime.cluster.services import start_valkey
+from kvreuse.runtime.server.launcher import ServerProcess
 from tests.helpers import make_tiny_model, metric_value
 from tests.ui_browser import browser, keep_screenshot
 

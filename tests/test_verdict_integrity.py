@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from benchmarks.patterns.claims import verdicts
+from kvreuse.benchmarks.patterns.claims import verdicts
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "patterns_default" / "results.json"
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.belady import belady, replay, working_set_pages
-from benchmarks.eviction_traces import PAGE, hit_rate, traces
-from benchmarks.eviction_traces_window import budgets, engine_check_window, window_replay
-from benchmarks.window_belady import belady_window, window_cache
-from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from kvreuse.benchmarks.belady import belady, replay, working_set_pages
+from kvreuse.benchmarks.eviction_traces import PAGE, hit_rate, traces
+from kvreuse.benchmarks.eviction_traces_window import budgets, engine_check_window, window_replay
+from kvreuse.benchmarks.window_belady import belady_window, window_cache
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 
 
 def test_engine_cached_tokens_equal_the_window_replay():

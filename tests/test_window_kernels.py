@@ -15,8 +15,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first `import triton`
 
-from kernels import reference  # noqa: E402
-from kernels.native_cpu import load  # noqa: E402
+from kvreuse.kernels import reference  # noqa: E402
+from kvreuse.kernels.native_cpu import load  # noqa: E402
 from tests.paged_pool import poisoned_pool  # noqa: E402
 
 HKV, GROUP, D, PS = 2, 3, 16, 4
@@ -50,7 +50,7 @@ def test_extend_window_reference_and_triton(window):
     got = reference.extend_attention(q, kc, vc, table, cu, lens, 0.3, window=window)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     pytest.importorskip("triton")
-    from kernels import triton_attention as ta
+    from kvreuse.kernels import triton_attention as ta
 
     got = ta.extend_attention(q, kc, vc, table, cu, lens, 0.3, window=window)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
@@ -75,7 +75,7 @@ def test_decode_window_every_backend(window):
         got = ops.paged_decode_attention(q, kc, vc, table, lens, 0.3, window=window)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     pytest.importorskip("triton")
-    from kernels import triton_attention as ta
+    from kvreuse.kernels import triton_attention as ta
 
     got = ta.decode_attention(q, kc, vc, table, lens, 0.3, window=window, num_kv_splits=3)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

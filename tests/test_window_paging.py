@@ -17,8 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.runner.window_pool import WindowPool
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.runner.window_pool import WindowPool
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.conversation_trees import check_conversation_tree, tree_atol
 from tests.conversation_trees import run_all as _run
 from tests.engine_drive import random_ids, tiny_engine

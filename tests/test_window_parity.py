@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine.engine import Engine
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids, tiny_engine
 from tests.helpers import WINDOW_SHAPES, load_hf, make_tiny_windowed, window_of
 from tests.parity import (

@@ -95,7 +95,7 @@ def test_restart_finds_window_sessions_on_the_store(model, off, tmp_path):
     assert r2.cached_tokens == r2.cached_disk_tokens == _roomy(model, turn1, turn2) > 0
     assert r2.output_ids == _run(off, turn2).output_ids
     eng2.close()
-    from runtime.cli.cache import main
+    from kvreuse.runtime.cli.cache import main
 
     assert main(["clear", "--kv-store", str(tmp_path)]) == 0
     assert not list((tmp_path / "window_states").glob("*.state"))
@@ -136,7 +136,7 @@ def test_tiers_match_off_on_random_conversation_trees(model, off, atol, snap_byt
 def test_snapshot_files_stay_within_their_share_of_the_store_size(model, off, snap_bytes, tmp_path):
     """``--kv-store-size`` bounds the whole folder: the pages get 3/4, the window snapshot files 1/4
     (before, the snapshot files grew without bound beside a store that counted only its pages)."""
-    from runtime.engine.states import SNAPSHOT_STORE_SHARE
+    from kvreuse.runtime.engine.states import SNAPSHOT_STORE_SHARE
 
     size = 16 * snap_bytes
     eng = tiny_engine(model, page_size=PS, num_pages=24, kv_store=str(tmp_path), kv_store_size=size)

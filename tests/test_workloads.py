@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.workloads import DATA_DIR, DEFAULT_SEED, VARIANTS, WORKLOADS, data_path, load
-from benchmarks.workloads.generate import build
+from kvreuse.benchmarks.workloads import DATA_DIR, DEFAULT_SEED, VARIANTS, WORKLOADS, data_path, load
+from kvreuse.benchmarks.workloads.generate import build
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     import transformers
 
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     return transformers.AutoTokenizer.from_pretrained(resolve_model(None)[0])
 
@@ -38,7 +38,7 @@ def test_data_stays_small():
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_static_prefix_is_2k_to_5k_tokens(name, tokenizer):
-    from chat_templates import render
+    from kvreuse.chat_templates import render
 
     traj = load(name)
     sys = [{"role": "system", "content": traj.system}]
@@ -79,8 +79,8 @@ def test_fanout_has_a_parent_and_three_sub_agents():
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_same_seed_same_tokens(name, tokenizer):
     """Two builds from one seed render to identical token streams, request by request."""
-    from benchmarks.patterns import PATTERNS
-    from chat_templates import render
+    from kvreuse.benchmarks.patterns import PATTERNS
+    from kvreuse.chat_templates import render
 
     def streams(traj):
         reqs = PATTERNS["append_only"].requests(traj)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.patterns import compression, dynamic, events, history, layout, sessions, sweep
-from benchmarks.patterns.ideal import ideal_prefill
-from benchmarks.patterns.request import Request, append_only
-from benchmarks.workloads import Trajectory
+from kvreuse.benchmarks.patterns import compression, dynamic, events, history, layout, sessions, sweep
+from kvreuse.benchmarks.patterns.ideal import ideal_prefill
+from kvreuse.benchmarks.patterns.request import Request, append_only
+from kvreuse.benchmarks.workloads import Trajectory
 
 
 @dataclass(frozen=True)

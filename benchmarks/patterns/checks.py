@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.patterns.request import Request
+from kvreuse.benchmarks.patterns.request import Request
 
 TIMESTAMP_LABEL = "Current time: "
 CHECKED = ("append_only", "timestamp_start", "timestamp_end", "tools_reordered", "sliding_window")

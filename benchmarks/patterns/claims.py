@@ -9,10 +9,10 @@ bar, five compression layers, sub-agent isolation).  Section names are the seeds
 
 from __future__ import annotations
 
-from benchmarks.patterns.claims_compression import COMPRESSION_CLAIMS
-from benchmarks.patterns.claims_extra import EXTRA_CLAIMS
-from benchmarks.patterns.claims_measured import MEASURED_CLAIMS
-from benchmarks.patterns.verdicts import (
+from kvreuse.benchmarks.patterns.claims_compression import COMPRESSION_CLAIMS
+from kvreuse.benchmarks.patterns.claims_extra import EXTRA_CLAIMS
+from kvreuse.benchmarks.patterns.claims_measured import MEASURED_CLAIMS
+from kvreuse.benchmarks.patterns.verdicts import (
     Contrast,
     Invalidates,
     NotMeasurable,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from benchmarks.patterns.compression import LAYER_PATTERNS
-from benchmarks.patterns.verdicts import Measured, NotMeasurable, Runs
+from kvreuse.benchmarks.patterns.compression import LAYER_PATTERNS
+from kvreuse.benchmarks.patterns.verdicts import Measured, NotMeasurable, Runs
 
 S = "003 §生产级的分层压缩机制"
 LAYERS = [n for n in LAYER_PATTERNS if n != "compress_layered"]
@@ -80,8 +80,8 @@ def _identifiers(R: Runs) -> tuple[str, float, float] | None:
     w = _workload(R)
     if w is None:
         return None
-    from benchmarks.patterns import PATTERNS
-    from benchmarks.workloads import load
+    from kvreuse.benchmarks.patterns import PATTERNS
+    from kvreuse.benchmarks.workloads import load
 
     traj = load(w)
     last = max(k for k, t in enumerate(traj.turns) if t.thread == 0)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from benchmarks.patterns.verdicts import Contrast
+from kvreuse.benchmarks.patterns.verdicts import Contrast
 
 
 def new_sessions_first(run: dict) -> float:

@@ -3,12 +3,12 @@ isolation, context size, the status-bar sweep.  Each compute returns (number tex
 
 from __future__ import annotations
 
-from benchmarks.patterns.verdicts import MAIN, AllOf, Contrast, Measured, Runs
+from kvreuse.benchmarks.patterns.verdicts import MAIN, AllOf, Contrast, Measured, Runs
 
 
 def _dollars(provider: str):  # noqa: ANN202 - a Measure
     def measure(run: dict) -> float:
-        from benchmarks.patterns.cost import PRICE_RULES, session_dollars
+        from kvreuse.benchmarks.patterns.cost import PRICE_RULES, session_dollars
 
         rule = next(r for r in PRICE_RULES if r.provider == provider)
         # one price rule for both arms and both cache settings (a cache-off run simply has no cached tokens),
@@ -23,7 +23,7 @@ def _money(provider: str):  # noqa: ANN202 - a compute
         on, off = R.get("coding", "append_only"), R.get("coding", "append_only", cache="off")
         if on is None or off is None:
             return None
-        from benchmarks.patterns.cost import PRICE_RULES, session_dollars
+        from kvreuse.benchmarks.patterns.cost import PRICE_RULES, session_dollars
 
         rule = next(r for r in PRICE_RULES if r.provider == provider)
         c, u = session_dollars(on["requests"], rule), session_dollars(off["requests"], rule, cache=False)
@@ -81,7 +81,7 @@ def _compaction(R: Runs) -> tuple[str, float, float] | None:
 
 
 def _sub_flops(R: Runs) -> tuple[str, float, float] | None:
-    from benchmarks.patterns.verdicts import sub_flops
+    from kvreuse.benchmarks.patterns.verdicts import sub_flops
 
     al, own = R.get("fanout", "append_only"), R.get("fanout", "subagent_own_system")
     if al is None or own is None:
@@ -130,7 +130,7 @@ def _tokenizers(R: Runs) -> tuple[str, float, float] | None:
 
 
 def _rule_of_thumb(R: Runs) -> tuple[str, float, float] | None:
-    from benchmarks.patterns.sweep import cells, rule_of_thumb
+    from kvreuse.benchmarks.patterns.sweep import cells, rule_of_thumb
 
     got = rule_of_thumb(cells(list(R.by.values())))
     return None if got is None else (got[0], got[1], got[2])

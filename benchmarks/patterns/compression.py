@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.patterns.history import _history_chars, summary_text
-from benchmarks.patterns.request import BASE_KWARGS, Request, pair_safe_start, system_message
-from benchmarks.workloads import Message, Trajectory
+from kvreuse.benchmarks.patterns.history import _history_chars, summary_text
+from kvreuse.benchmarks.patterns.request import BASE_KWARGS, Request, pair_safe_start, system_message
+from kvreuse.benchmarks.workloads import Message, Trajectory
 
 BUDGET_CHARS = 1500
 PREVIEW_CHARS = 300

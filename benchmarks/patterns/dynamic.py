@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from benchmarks.patterns.request import (
+from kvreuse.benchmarks.patterns.request import (
     BASE_KWARGS,
     Request,
     system_message,
@@ -12,7 +12,7 @@ from benchmarks.patterns.request import (
     tool_call_count,
     turn_rng,
 )
-from benchmarks.workloads import Message, Trajectory
+from kvreuse.benchmarks.workloads import Message, Trajectory
 
 
 def timestamp_start(traj: Trajectory, k: int) -> Request:

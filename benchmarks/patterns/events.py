@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import copy
 
-from benchmarks.patterns.request import BASE_KWARGS, Request, append_only, system_message
-from benchmarks.workloads import Message, Trajectory
-from benchmarks.workloads.prompts import _fn, _s
+from kvreuse.benchmarks.patterns.request import BASE_KWARGS, Request, append_only, system_message
+from kvreuse.benchmarks.workloads import Message, Trajectory
+from kvreuse.benchmarks.workloads.prompts import _fn, _s
 
 
 def event_turns(traj: Trajectory) -> tuple[int, int]:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.patterns.request import BASE_KWARGS, Request, append_only, pair_safe_start, system_message
-from benchmarks.workloads import Message, Trajectory
+from kvreuse.benchmarks.patterns.request import (
+    BASE_KWARGS,
+    Request,
+    append_only,
+    pair_safe_start,
+    system_message,
+)
+from kvreuse.benchmarks.workloads import Message, Trajectory
 
 WINDOW_MESSAGES = 8
 RESULT_BUDGET_CHARS = 6000  # tool-result characters kept verbatim before the oldest become stubs

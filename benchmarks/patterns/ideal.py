@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from chat_templates.render import first_divergence
+from kvreuse.chat_templates.render import first_divergence
 
 
 def best_prefix(prompt: Sequence[int], earlier: Sequence[Sequence[int]]) -> int:

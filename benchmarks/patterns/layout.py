@@ -6,9 +6,9 @@ the main thread's event turns (``events.event_turns``).
 
 from __future__ import annotations
 
-from benchmarks.patterns.events import SKILL_TEXT, _insert_at, _name, _reminder, event_turns
-from benchmarks.patterns.request import BASE_KWARGS, Request, append_only, system_message, timestamp
-from benchmarks.workloads import Message, Trajectory
+from kvreuse.benchmarks.patterns.events import SKILL_TEXT, _insert_at, _name, _reminder, event_turns
+from kvreuse.benchmarks.patterns.request import BASE_KWARGS, Request, append_only, system_message, timestamp
+from kvreuse.benchmarks.workloads import Message, Trajectory
 
 
 def _main(traj: Trajectory, k: int) -> bool:

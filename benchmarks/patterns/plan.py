@@ -107,7 +107,7 @@ def exp23_jobs() -> list[Job]:
 
 def sweep_jobs(full: bool) -> list[Job]:
     """The status-bar sweep: replace vs append at four status sizes, over sessions of 10, 12 (and 65)."""
-    from benchmarks.patterns.sweep import SIZES
+    from kvreuse.benchmarks.patterns.sweep import SIZES
 
     workloads = ["coding", "research"] + (["agent"] if full else [])
     return [Job(w, "default", MAIN_STACK, f"status_{mode}_{n}", "cached") for w in workloads for n in SIZES

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.patterns.ideal import best_prefix
+from kvreuse.benchmarks.patterns.ideal import best_prefix
 
 
 def expected_prefill(prompts: Sequence[Sequence[int]], cache: bool, page: int) -> list[int]:

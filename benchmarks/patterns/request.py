@@ -6,7 +6,7 @@ import random
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from benchmarks.workloads import Message, Trajectory
+from kvreuse.benchmarks.workloads import Message, Trajectory
 
 # Every pattern renders history with its reasoning, exactly as it was generated, unless the pattern
 # under test is the reasoning one; otherwise Qwen3's default stripping would break append-only.

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.patterns import Pattern, ideal_prefill
-from benchmarks.patterns.checks import change_start
-from benchmarks.patterns.ideal import best_prefix, computed_streams
-from benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
-from benchmarks.patterns.stacks import STACKS, Stack, render_request, reply_tokens, template_source
-from benchmarks.patterns.targets import Measured
-from benchmarks.workloads import Trajectory
+from kvreuse.benchmarks.patterns import Pattern, ideal_prefill
+from kvreuse.benchmarks.patterns.checks import change_start
+from kvreuse.benchmarks.patterns.ideal import best_prefix, computed_streams
+from kvreuse.benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
+from kvreuse.benchmarks.patterns.stacks import STACKS, Stack, render_request, reply_tokens, template_source
+from kvreuse.benchmarks.patterns.targets import Measured
+from kvreuse.benchmarks.workloads import Trajectory
 
 DEFAULT_STACK = STACKS["smollm2"]
 
@@ -29,7 +29,7 @@ def render_all(
     source = template_source(stack, tokenizer, pattern.template)
     reqs = pattern.requests(traj)
     if fast is not None:  # no segments: text and ids only (``fast`` is a PieceTokenizer)
-        from chat_templates import RenderedPrompt, render_text
+        from kvreuse.chat_templates import RenderedPrompt, render_text
 
         texts = [render_text(tokenizer, r.messages, r.tools, template=source, **{**r.template_kwargs, **stack.kwargs})
                  for r in reqs]  # fmt: skip
@@ -47,7 +47,7 @@ def render_all(
 
 def divergence(rendered: list[Any], traj: Trajectory, k: int) -> dict[str, Any]:
     """Where request k first differs from the previous request of its thread, and in which segment."""
-    from chat_templates import first_divergence, locate
+    from kvreuse.chat_templates import first_divergence, locate
 
     earlier = [j for j in traj.thread_turns(k)[:-1]] or list(range(k))
     if not earlier:

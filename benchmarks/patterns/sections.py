@@ -9,18 +9,18 @@ from typing import Any
 
 import torch
 
-from benchmarks.patterns import PATTERNS
-from benchmarks.patterns.plan import Job
-from benchmarks.patterns.stacks import STACKS
-from benchmarks.patterns.targets import AccountingTarget, InProcessTarget, ServerTarget
-from benchmarks.workloads import load
+from kvreuse.benchmarks.patterns import PATTERNS
+from kvreuse.benchmarks.patterns.plan import Job
+from kvreuse.benchmarks.patterns.stacks import STACKS
+from kvreuse.benchmarks.patterns.targets import AccountingTarget, InProcessTarget, ServerTarget
+from kvreuse.benchmarks.workloads import load
 
 
 def engine_for(
     family: str | None, args: argparse.Namespace, prefix_cache: str = "radix", page: int = 0
 ) -> Any:
     """The in-process engine of a stack: the tiny real-vocabulary model, or ``--model`` (embedded)."""
-    from runtime.engine.engine import Engine
+    from kvreuse.runtime.engine.engine import Engine
 
     page = page or args.page_size
     if family is None:
@@ -29,7 +29,7 @@ def engine_for(
             args.model, page_size=page, snapshot_every=getattr(args, "snapshot_every", 0),
             prefix_cache=prefix_cache, **{k: v for k, v in tiers.items() if v is not None},
         )  # fmt: skip
-    from benchmarks.real_vocab import tiny_model_dir
+    from kvreuse.benchmarks.real_vocab import tiny_model_dir
 
     # one chunk for any prompt (the agent session's reach ~50K tokens): a 1-layer model's step cost is
     # mostly per-step overhead and attention, and one causal call over a whole prompt skips the masked
@@ -44,7 +44,7 @@ def engine_for(
 def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict]:
     """The token-exact jobs, grouped by engine (tokenizer family, prefix cache, page size) so each tiny
     model loads once per setting; ``log`` gets one line per job (progress in a non-TTY log)."""
-    from benchmarks.patterns.run import run_pattern
+    from kvreuse.benchmarks.patterns.run import run_pattern
 
     runs: list[dict] = []
     groups: dict[tuple, list[Job]] = {}
@@ -63,7 +63,7 @@ def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict
             traj, stack = PATTERNS[j.pattern].prepare(load(j.workload, j.variant)), STACKS[j.stack]
             page_size = j.page or args.page_size
             if j.workload in accounted(args):  # the engine's rule, for a quick look at agent scale
-                from benchmarks.real_vocab import load_tokenizer
+                from kvreuse.benchmarks.real_vocab import load_tokenizer
 
                 tokenizer = load_tokenizer(family)
                 target: Any = AccountingTarget(tokenizer, page_size)
@@ -76,8 +76,8 @@ def run_tokens(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict
             pre = None
             if isinstance(target, AccountingTarget) or j.workload == "agent":  # memoised piece tokenisation:
                 # 65 prompts of up to ~50K tokens; segments (which message a divergence falls in) are skipped
-                from benchmarks.patterns.run import render_all
-                from benchmarks.patterns.stacks import PieceTokenizer
+                from kvreuse.benchmarks.patterns.run import render_all
+                from kvreuse.benchmarks.patterns.stacks import PieceTokenizer
 
                 fast = pieces.setdefault(family, PieceTokenizer(tokenizer))
                 pre = render_all(tokenizer, PATTERNS[j.pattern], traj, stack, j.replies, fast)
@@ -105,9 +105,9 @@ def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list
     """Interleaved rounds of the timed jobs, then the TTFT-vs-context curve (in-process only)."""
     import transformers
 
-    from benchmarks.patterns.run import render_all, run_pattern
-    from benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
-    from runtime.loading.model_source import resolve_model
+    from kvreuse.benchmarks.patterns.run import render_all, run_pattern
+    from kvreuse.benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
+    from kvreuse.runtime.loading.model_source import resolve_model
 
     rounds_n = args.rounds or (1 if args.quick else 3)
     if args.server:
@@ -149,6 +149,6 @@ def run_timed(jobs: list[Job], args: argparse.Namespace, log: Any) -> tuple[list
 
 
 def engine_params(n: int) -> Any:
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     return SamplingParams(max_tokens=n)

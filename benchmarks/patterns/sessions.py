@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import copy
 
-from benchmarks.patterns.request import timestamp
-from benchmarks.workloads import Message, Trajectory, Turn
-from benchmarks.workloads.prompts import _fn, _s
+from kvreuse.benchmarks.patterns.request import timestamp
+from kvreuse.benchmarks.workloads import Message, Trajectory, Turn
+from kvreuse.benchmarks.workloads.prompts import _fn, _s
 
 TIME_TOOL = _fn(
     "get_current_time",
@@ -20,7 +20,7 @@ TIME_TOOL = _fn(
 
 
 def _event_turns(traj: Trajectory) -> tuple[int, int]:
-    from benchmarks.patterns.events import event_turns
+    from kvreuse.benchmarks.patterns.events import event_turns
 
     return event_turns(traj)
 

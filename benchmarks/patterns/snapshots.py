@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from benchmarks.patterns.ideal import best_prefix, computed_streams
+from kvreuse.benchmarks.patterns.ideal import best_prefix, computed_streams
 
 
 class SnapshotPolicy(NamedTuple):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from benchmarks.patterns.request import Request
+from kvreuse.benchmarks.patterns.request import Request
 
 
 class Stack(NamedTuple):
@@ -47,14 +47,14 @@ STACKS = {
 
 def template_source(stack: Stack, tokenizer: Any, transform: Any = None) -> str:
     """The stack's Jinja source, optionally rewritten by a pattern (e.g. tools before the system text)."""
-    from chat_templates import load_template
+    from kvreuse.chat_templates import load_template
 
     src = load_template(stack.template, tokenizer)
     return transform(src) if transform is not None else src
 
 
 def render_request(tokenizer: Any, source: str, stack: Stack, req: Request, generation: bool = True) -> Any:
-    from chat_templates import render
+    from kvreuse.chat_templates import render
 
     kwargs = {**req.template_kwargs, **stack.kwargs}
     return render(
@@ -70,7 +70,7 @@ def reply_tokens(
     Only the text from the generation prompt's turn-start token on is tokenised: tokenizers split at special
     tokens, so this gives the same ids as tokenising the whole conversation, at a fraction of the cost.
     """
-    from chat_templates import render_text
+    from kvreuse.chat_templates import render_text
 
     kwargs = {**req.template_kwargs, **stack.kwargs}
     done = render_text(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.patterns.dynamic import append_only_messages, status_text
-from benchmarks.patterns.request import BASE_KWARGS, Request
-from benchmarks.workloads import Message, Trajectory
+from kvreuse.benchmarks.patterns.dynamic import append_only_messages, status_text
+from kvreuse.benchmarks.patterns.request import BASE_KWARGS, Request
+from kvreuse.benchmarks.workloads import Message, Trajectory
 
 SIZES = (65, 150, 300, 500)  # nominal status size in tokens (the report gives the measured size)
 _STEPS = ["read the failing test", "trace the refund path", "check the currency rounding",
@@ -46,7 +46,7 @@ def append_builder(tokens: int) -> Any:
     def build(traj: Trajectory, k: int) -> Request:
         import copy
 
-        from benchmarks.patterns.request import system_message
+        from kvreuse.benchmarks.patterns.request import system_message
 
         msgs: list[Message] = [system_message(traj)]
         for j in traj.thread_turns(k):
@@ -62,8 +62,8 @@ def append_builder(tokens: int) -> Any:
 
 def cells(runs: list[dict], stack: str = "qwen3-append") -> list[dict]:
     """One cell per (workload, size): both modes' totals, the measured status size, dollars per price table."""
-    from benchmarks.patterns.cost import PRICE_RULES, session_dollars
-    from benchmarks.patterns.verdicts import Runs
+    from kvreuse.benchmarks.patterns.cost import PRICE_RULES, session_dollars
+    from kvreuse.benchmarks.patterns.verdicts import Runs
 
     by = {(w, p): r for (w, s, p, replies, cache), r in Runs(runs).by.items()
           if s == stack and cache == "radix" and replies == "cached"}  # fmt: skip
@@ -86,7 +86,7 @@ def cells(runs: list[dict], stack: str = "qwen3-append") -> list[dict]:
 
 
 def table(cs: list[dict]) -> list[str]:
-    from benchmarks.patterns.cost import PRICE_RULES
+    from kvreuse.benchmarks.patterns.cost import PRICE_RULES
 
     if not cs:
         return []

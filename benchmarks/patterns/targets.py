@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-from benchmarks.patterns.request import Request
+from kvreuse.benchmarks.patterns.request import Request
 
 TEMPLATE = "qwen3"  # ChatML with tools and thinking; SmolLM2 shares its special tokens
 
@@ -26,12 +26,12 @@ class Measured(NamedTuple):
 
 
 class InProcessTarget:
-    """Renders each request with the chat template and sends token ids to a ``runtime.engine.engine.Engine``."""
+    """Renders each request with the chat template and sends token ids to a ``kvreuse.runtime.engine.engine.Engine``."""
 
     name = "in-process"
 
     def __init__(self, engine: Any, max_tokens: int = 4, reply_kv: str = "decode") -> None:
-        from runtime.sampling.params import SamplingParams
+        from kvreuse.runtime.sampling.params import SamplingParams
 
         self.engine = engine
         # "decode": a forced reply is generated token by token (one engine step each); "extend": the request
@@ -57,13 +57,13 @@ class InProcessTarget:
         params = self.params
         extend = bool(forced) and self.reply_kv == "extend" and len(forced) > 1
         if forced:
-            from runtime.sampling.params import SamplingParams
+            from kvreuse.runtime.sampling.params import SamplingParams
 
             n = 1 if extend else len(forced)
             params = SamplingParams(max_tokens=n, forced_tokens=forced[:n], ignore_eos=True)
         out = self.engine.generate([token_ids], params)[0]
         if extend:  # the reply's KV, written by one extend step; this call's own counts are not the request's
-            from runtime.sampling.params import SamplingParams
+            from kvreuse.runtime.sampling.params import SamplingParams
 
             tail = SamplingParams(max_tokens=1, forced_tokens=forced[-1:], ignore_eos=True)
             self.engine.generate([list(token_ids) + list(forced[:-1])], tail)
@@ -103,7 +103,7 @@ class AccountingTarget:
     def send(
         self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
     ) -> Measured:
-        from benchmarks.patterns.ideal import best_prefix
+        from kvreuse.benchmarks.patterns.ideal import best_prefix
 
         if not cache:
             self.streams = []

@@ -48,8 +48,8 @@ def summarize_rounds(rounds: list[list[dict]]) -> list[dict]:
 
 def context_curve(engine: Any, lengths: list[int], reps: int, progress: Callable[[str], None]) -> list[dict]:
     """Cold and warm TTFT per context length, medians and spreads over interleaved repetitions."""
-    from benchmarks.common import synthetic_prompt
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.benchmarks.common import synthetic_prompt
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     one = SamplingParams(max_tokens=1)
     samples: dict[tuple[int, str], list[float]] = {}

@@ -82,7 +82,7 @@ def sub_prefilled(run: dict) -> float:
 
 def sub_flops(run: dict) -> float:
     """Prefill FLOPs of the sub-agent threads on a reference model (attention over the cached prefix too)."""
-    from benchmarks.patterns.cost import prefill_flops
+    from kvreuse.benchmarks.patterns.cost import prefill_flops
 
     return prefill_flops([x for x in run["requests"] if x["thread"] > 0])
 

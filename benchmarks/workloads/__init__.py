@@ -1,7 +1,7 @@
 """Deterministic agent trajectories: coding, research, sub-agent fan-out (stored as JSON data) and the
 agent-scale session (``agent``: built on load from its seed, too large to commit usefully).
 
-``load(name, variant)`` reads the committed data; ``python -m benchmarks.workloads.generate``
+``load(name, variant)`` reads the committed data; ``python -m kvreuse.benchmarks.workloads.generate``
 rebuilds it from the seeded builders in ``agents``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.workloads.trajectory import Message, Trajectory, Turn
+from kvreuse.benchmarks.workloads.trajectory import Message, Trajectory, Turn
 
 DATA_DIR = Path(__file__).parent / "data"
 WORKLOADS = ("coding", "research", "fanout")  # stored as data
@@ -28,7 +28,7 @@ def load(name: str, variant: str = "default") -> Trajectory:
     if name not in ALL_WORKLOADS or variant not in VARIANTS:
         raise ValueError(f"unknown workload {name!r}/{variant!r}; choose from {ALL_WORKLOADS} x {VARIANTS}")
     if name == "agent":
-        from benchmarks.workloads.agent import agent
+        from kvreuse.benchmarks.workloads.agent import agent
 
         return agent(DEFAULT_SEED * 31 + ALL_WORKLOADS.index(name), quick=variant == "quick")
     return Trajectory.from_dict(json.loads(data_path(name, variant).read_text(encoding="utf-8")))

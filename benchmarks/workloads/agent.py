@@ -14,10 +14,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from benchmarks.workloads import codegen
-from benchmarks.workloads.agents import _Script, _think
-from benchmarks.workloads.prompts import _COMMON_RULES, CODING_SYSTEM, CODING_TOOLS, _fn, _i, _s
-from benchmarks.workloads.trajectory import Trajectory
+from kvreuse.benchmarks.workloads import codegen
+from kvreuse.benchmarks.workloads.agents import _Script, _think
+from kvreuse.benchmarks.workloads.prompts import _COMMON_RULES, CODING_SYSTEM, CODING_TOOLS, _fn, _i, _s
+from kvreuse.benchmarks.workloads.trajectory import Trajectory
 
 # name, one-line purpose, parameters (name, type, description): the "data" the schemas are built from
 _TOOL_DATA: list[tuple[str, str, list[tuple[str, str, str]]]] = [

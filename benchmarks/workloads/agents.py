@@ -7,8 +7,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.workloads import codegen, webgen
-from benchmarks.workloads.prompts import (
+from kvreuse.benchmarks.workloads import codegen, webgen
+from kvreuse.benchmarks.workloads.prompts import (
     CODING_SYSTEM,
     CODING_TOOLS,
     RESEARCH_SYSTEM,
@@ -16,7 +16,7 @@ from benchmarks.workloads.prompts import (
     compact_system,
     compact_tools,
 )
-from benchmarks.workloads.trajectory import Message, Trajectory, Turn
+from kvreuse.benchmarks.workloads.trajectory import Message, Trajectory, Turn
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Regenerate the committed workload data: ``python -m benchmarks.workloads.generate [--seed N] [--out DIR]``."""
+"""Regenerate the committed workload data: ``python -m kvreuse.benchmarks.workloads.generate [--seed N] [--out DIR]``."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.workloads import DATA_DIR, DEFAULT_SEED, VARIANTS, WORKLOADS
-from benchmarks.workloads.agents import BUILDERS
-from benchmarks.workloads.trajectory import Trajectory
+from kvreuse.benchmarks.workloads import DATA_DIR, DEFAULT_SEED, VARIANTS, WORKLOADS
+from kvreuse.benchmarks.workloads.agents import BUILDERS
+from kvreuse.benchmarks.workloads.trajectory import Trajectory
 
 
 def build(name: str, variant: str, seed: int = DEFAULT_SEED) -> Trajectory:

@@ -1,7 +1,7 @@
 """The static prefix of each agent: system prompts and OpenAI function schemas.
 
 These are the parts a well-behaved agent never changes between requests; the patterns
-in ``benchmarks.patterns`` perturb them to measure what each perturbation costs.
+in ``kvreuse.benchmarks.patterns`` perturb them to measure what each perturbation costs.
 """
 
 from __future__ import annotations

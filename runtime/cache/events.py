@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from runtime.cache.tree_node import TreeNode
+    from kvreuse.runtime.cache.tree_node import TreeNode
 
 ROOT_HASH = 0  # the empty prefix; a stored run whose parent it is has no parent block
 

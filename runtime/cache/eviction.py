@@ -63,11 +63,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from runtime.cache.hazard import OutputHazard, ProvenHazard, ProvenOutputHazard, ReturnHazard
-from runtime.cache.policy_base import EvictionPolicy, PerNode
+from kvreuse.runtime.cache.hazard import OutputHazard, ProvenHazard, ProvenOutputHazard, ReturnHazard
+from kvreuse.runtime.cache.policy_base import EvictionPolicy, PerNode
 
 if TYPE_CHECKING:
-    from runtime.cache.tree_node import TreeNode
+    from kvreuse.runtime.cache.tree_node import TreeNode
 
 __all__ = ["DEFAULT_POLICY", "POLICIES", "EvictionPolicy", "make_policy"]
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from runtime.cache.policy_base import PerNode
-from runtime.cache.return_stats import ReturnStats
+from kvreuse.runtime.cache.policy_base import PerNode
+from kvreuse.runtime.cache.return_stats import ReturnStats
 
 if TYPE_CHECKING:
-    from runtime.cache.tree_node import TreeNode
+    from kvreuse.runtime.cache.tree_node import TreeNode
 
 TURNOVER_EWMA = 0.05  # weight of the latest victim's idle time in the turnover estimate
 ANSWER_BUCKETS = 12  # log2 buckets of a request's output tokens (4096 and more share the last)

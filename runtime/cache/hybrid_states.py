@@ -23,9 +23,9 @@ A match is the longest prefix that has both its KV pages in the tree and a snaps
 
 from __future__ import annotations
 
-from runtime.models.gated_deltanet import VerifyStash, replay
-from runtime.request import Request
-from runtime.runner.state_pool import Snapshot, StateInput, StatePool
+from kvreuse.runtime.models.gated_deltanet import VerifyStash, replay
+from kvreuse.runtime.request import Request
+from kvreuse.runtime.runner.state_pool import Snapshot, StateInput, StatePool
 
 
 class NoStates:

@@ -2,7 +2,7 @@
 
 Every page is in exactly one place: the allocator's free list, the prefix cache, or one request's
 own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
-``runtime.cache.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
+``kvreuse.runtime.cache.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
 run one code path; a hybrid model's linear-attention states go through the same calls (``states``:
 ``HybridStates`` or, for dense models, ``NoStates``; their snapshots ride on ``insert`` / ``match``).
 """
@@ -13,18 +13,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from runtime.cache.eviction import DEFAULT_POLICY
-from runtime.cache.hybrid_states import HybridStates, NoStates
-from runtime.cache.page_allocator import OutOfPages, PageAllocator
-from runtime.cache.pins import PinTable
-from runtime.cache.prefix_cache import PrefixCache
-from runtime.cache.registry import DEFAULT_KIND, make_prefix_cache
-from runtime.cache.shadows import NoShadows, Shadows
-from runtime.cache.store.states import StateTier
-from runtime.cache.store.tiers import LowerTiers, TierStats
-from runtime.cache.tiered_cache import PageIO
-from runtime.request import PUBLIC, CacheScope, Request
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
+from kvreuse.runtime.cache.hybrid_states import HybridStates, NoStates
+from kvreuse.runtime.cache.page_allocator import OutOfPages, PageAllocator
+from kvreuse.runtime.cache.pins import PinTable
+from kvreuse.runtime.cache.prefix_cache import PrefixCache
+from kvreuse.runtime.cache.registry import DEFAULT_KIND, make_prefix_cache
+from kvreuse.runtime.cache.shadows import NoShadows, Shadows
+from kvreuse.runtime.cache.store.states import StateTier
+from kvreuse.runtime.cache.store.tiers import LowerTiers, TierStats
+from kvreuse.runtime.cache.tiered_cache import PageIO
+from kvreuse.runtime.request import PUBLIC, CacheScope, Request
+from kvreuse.runtime.sampling.params import SamplingParams
 
 
 class CacheStats(NamedTuple):

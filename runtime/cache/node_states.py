@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 
 class NodeState(Protocol):
-    """What the store needs of a state: its size (``runtime.runner.state_pool.Snapshot`` is one)."""
+    """What the store needs of a state: its size (``kvreuse.runtime.runner.state_pool.Snapshot`` is one)."""
 
     @property
     def nbytes(self) -> int: ...

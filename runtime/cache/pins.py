@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from runtime.cache.prefix_cache import PrefixCache
+from kvreuse.runtime.cache.prefix_cache import PrefixCache
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runtime.cache.tree_node import TreeNode
+    from kvreuse.runtime.cache.tree_node import TreeNode
 
 
 class EvictionPolicy:

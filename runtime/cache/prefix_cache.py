@@ -2,7 +2,7 @@
 
 A prefix cache maps page-aligned token prefixes to KV pages of the pool.  The cache manager
 talks to it only through this interface, so the naive baseline (``NoPrefixCache``: remembers
-nothing) and the radix tree (``runtime.cache.radix_cache.RadixCache``) run the same code path:
+nothing) and the radix tree (``kvreuse.runtime.cache.radix_cache.RadixCache``) run the same code path:
 
 * ``match(tokens) -> MatchResult(handle, cached_len, pages)``: the longest cached whole-page prefix.
   ``pages`` are pool pages ready to read; ``handle`` names that prefix for ``lock`` / ``unlock``.
@@ -19,7 +19,7 @@ nothing) and the radix tree (``runtime.cache.radix_cache.RadixCache``) run the s
   (``runtime/request.py``: namespace and public prefix): a prefix computed in one namespace
   never matches in another.
 * Lower tiers (pages not in the pool but loadable from host memory or disk) live *inside* a cache
-  (``runtime.cache.tiered_cache``): ``match`` loads the loadable part of the prefix into pool pages it
+  (``kvreuse.runtime.cache.tiered_cache``): ``match`` loads the loadable part of the prefix into pool pages it
   allocates from the allocator it was built with, so ``pages`` are always in the pool; ``evict`` may
   demote a page instead of dropping it.  ``persist(wait)`` writes the pool-only pages down,
   ``prefetch(tokens, scope)`` starts reading a queued request's pages (a Future, or None),
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import NamedTuple, Protocol
 
-from runtime.request import PUBLIC, CacheScope
+from kvreuse.runtime.request import PUBLIC, CacheScope
 
 
 class MatchResult(NamedTuple):

@@ -2,7 +2,7 @@
 
 The algorithm is SGLang's radix cache; the handle API (``match`` / ``lock`` / ``insert`` /
 ``unlock``) follows mini-sglang.  The tree itself (nodes, whole-page keys, walks that split a node
-where a match ends inside it, namespaces) is ``runtime.cache.radix_tree``; this module owns what the
+where a match ends inside it, namespaces) is ``kvreuse.runtime.cache.radix_tree``; this module owns what the
 tree's pages mean:
 
 * ``insert(tokens, pages)`` needs ``len(tokens) == len(pages) * page_size``.  For the part of the
@@ -26,7 +26,7 @@ tree's pages mean:
   it is detached) and every reset: a gateway's index of what this cache holds is built from them.
 * ``pin(handle)`` is a lock that is also counted in ``pinned_pages`` (the union of pinned paths,
   shared prefixes once); ``runtime/cache/pins.py`` gives pins owners, TTLs and a page budget.
-* Per-node extra state (``states``: a ``runtime.cache.node_states.NodeStates``; a hybrid model's
+* Per-node extra state (``states``: a ``kvreuse.runtime.cache.node_states.NodeStates``; a hybrid model's
   linear-attention snapshots): ``node.extra`` is the state after the prefix the node ends.
   ``insert(..., extra=[(n, state)])`` splits the path at ``n`` tokens and hangs the state there.
   With a state store a prefix is usable only where a state is: ``match`` / ``peek_len`` return the
@@ -41,13 +41,13 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from runtime.cache.events import CacheEvents
-from runtime.cache.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
-from runtime.cache.node_states import NodeState, NodeStates, NoNodeStates
-from runtime.cache.page_allocator import PageAllocator
-from runtime.cache.prefix_cache import InsertResult, MatchResult, NoTiers, PrefixCacheStats
-from runtime.cache.radix_tree import RadixTree, TreeNode
-from runtime.request import PUBLIC, CacheScope
+from kvreuse.runtime.cache.events import CacheEvents
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, EvictionPolicy, make_policy
+from kvreuse.runtime.cache.node_states import NodeState, NodeStates, NoNodeStates
+from kvreuse.runtime.cache.page_allocator import PageAllocator
+from kvreuse.runtime.cache.prefix_cache import InsertResult, MatchResult, NoTiers, PrefixCacheStats
+from kvreuse.runtime.cache.radix_tree import RadixTree, TreeNode
+from kvreuse.runtime.request import PUBLIC, CacheScope
 
 __all__ = ["InsertResult", "MatchResult", "RadixCache", "TreeNode"]
 
@@ -55,7 +55,7 @@ __all__ = ["InsertResult", "MatchResult", "RadixCache", "TreeNode"]
 class RadixCache(NoTiers, RadixTree):
     """Prefix cache mapping page-aligned token prefixes to KV page ids (see module docstring).
 
-    Implements ``runtime.cache.prefix_cache.PrefixCache``; handles are ``TreeNode`` objects.
+    Implements ``kvreuse.runtime.cache.prefix_cache.PrefixCache``; handles are ``TreeNode`` objects.
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """The structure under the prefix cache: a radix tree of whole KV pages keyed by token prefixes.
 
-``runtime.cache.radix_cache.RadixCache`` builds on it (ownership, locks and pins, eviction, per-node
+``kvreuse.runtime.cache.radix_cache.RadixCache`` builds on it (ownership, locks and pins, eviction, per-node
 states); this module is only nodes, walks and splits.  Everything is counted in whole pages of
 ``page_size`` tokens:
 
@@ -30,9 +30,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable
 
-from runtime.cache.eviction import EvictionPolicy
-from runtime.cache.tree_node import TreeNode
-from runtime.request import CacheScope
+from kvreuse.runtime.cache.eviction import EvictionPolicy
+from kvreuse.runtime.cache.tree_node import TreeNode
+from kvreuse.runtime.request import CacheScope
 
 
 class RadixTree:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from runtime.cache.eviction import DEFAULT_POLICY
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 
 if TYPE_CHECKING:
-    from runtime.cache.page_allocator import PageAllocator
-    from runtime.cache.prefix_cache import PrefixCache
-    from runtime.cache.store.states import StateTier
-    from runtime.cache.store.tiers import LowerTiers
-    from runtime.cache.tiered_cache import PageIO
+    from kvreuse.runtime.cache.page_allocator import PageAllocator
+    from kvreuse.runtime.cache.prefix_cache import PrefixCache
+    from kvreuse.runtime.cache.store.states import StateTier
+    from kvreuse.runtime.cache.store.tiers import LowerTiers
+    from kvreuse.runtime.cache.tiered_cache import PageIO
 
 
 class CacheKind(NamedTuple):
@@ -60,20 +60,20 @@ def make_prefix_cache(
     and per-node states in ``state_budget`` bytes if given (a hybrid model's snapshots), which go below the
     pool to ``state_tier`` when there are tiers (a window model's snapshots)."""
     if not cache_kind(prefix_cache).keeps_prefixes:
-        from runtime.cache.prefix_cache import NoPrefixCache
+        from kvreuse.runtime.cache.prefix_cache import NoPrefixCache
 
         return NoPrefixCache(page_size)
-    from runtime.cache.node_states import NodeStates, NoNodeStates
+    from kvreuse.runtime.cache.node_states import NodeStates, NoNodeStates
 
     states = NoNodeStates() if state_budget is None else NodeStates(state_budget)
     if tiers is not None:
-        from runtime.cache.tiered_cache import TieredRadixCache
+        from kvreuse.runtime.cache.tiered_cache import TieredRadixCache
 
         assert io is not None, "a tiered cache copies pages through the pool's PageIO"
         assert (state_budget is None) == (state_tier is None), (
             "node states go below the pool with a state tier"
         )
         return TieredRadixCache(page_size, allocator, io, tiers, write_through, eviction, states, state_tier)
-    from runtime.cache.radix_cache import RadixCache
+    from kvreuse.runtime.cache.radix_cache import RadixCache
 
     return RadixCache(page_size, allocator, eviction, states)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-from runtime.request import CacheScope
+from kvreuse.runtime.request import CacheScope
 
 
 class ShadowPool(Protocol):

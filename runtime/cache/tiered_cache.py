@@ -1,7 +1,7 @@
 """The radix tree with host and disk tiers below it: pages evicted from the pool are kept, not lost.
 
-The tree holds what is in the pool.  Below it, :class:`runtime.cache.store.tiers.LowerTiers` holds
-pages keyed by their prefix chain (:mod:`runtime.cache.store.page_keys`), so its index is a tree too
+The tree holds what is in the pool.  Below it, :class:`kvreuse.runtime.cache.store.tiers.LowerTiers` holds
+pages keyed by their prefix chain (:mod:`kvreuse.runtime.cache.store.page_keys`), so its index is a tree too
 and continues the radix tree past its leaves::
 
     tokens : | p0 | p1 | p2 | p3 | p4 | p5 |
@@ -40,15 +40,15 @@ from typing import Protocol
 
 import torch
 
-from runtime.cache.eviction import DEFAULT_POLICY
-from runtime.cache.node_states import NodeStates, NoNodeStates
-from runtime.cache.page_allocator import PageAllocator
-from runtime.cache.prefix_cache import MatchResult
-from runtime.cache.radix_cache import RadixCache, TreeNode
-from runtime.cache.store.page_keys import page_keys, root_key, scope_namespaces
-from runtime.cache.store.states import StateTier
-from runtime.cache.store.tiers import LowerTiers
-from runtime.request import PUBLIC, CacheScope
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
+from kvreuse.runtime.cache.node_states import NodeStates, NoNodeStates
+from kvreuse.runtime.cache.page_allocator import PageAllocator
+from kvreuse.runtime.cache.prefix_cache import MatchResult
+from kvreuse.runtime.cache.radix_cache import RadixCache, TreeNode
+from kvreuse.runtime.cache.store.page_keys import page_keys, root_key, scope_namespaces
+from kvreuse.runtime.cache.store.states import StateTier
+from kvreuse.runtime.cache.store.tiers import LowerTiers
+from kvreuse.runtime.request import PUBLIC, CacheScope
 
 
 class PageIO(Protocol):

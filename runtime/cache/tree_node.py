@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from runtime.cache.node_states import NodeState
+from kvreuse.runtime.cache.node_states import NodeState
 
 
 class TreeNode:

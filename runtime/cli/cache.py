@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from runtime.engine.args import add_engine_args, engine_kwargs
+from kvreuse.runtime.engine.args import add_engine_args, engine_kwargs
 
 
 def _prompts(path: Path) -> list:
@@ -40,13 +40,13 @@ def main(argv: list[str]) -> int:
     if not args.kv_store:
         p.error("--kv-store DIR is required")
     if args.op == "inspect":
-        from runtime.cache.store.inspect import describe
+        from kvreuse.runtime.cache.store.inspect import describe
 
         print(json.dumps(describe(args.kv_store), indent=2))
         return 0
     if args.op == "clear":
-        from runtime.cache.store.disk import DiskStore
-        from runtime.cache.store.inspect import describe
+        from kvreuse.runtime.cache.store.disk import DiskStore
+        from kvreuse.runtime.cache.store.inspect import describe
 
         info = describe(args.kv_store)
         store = DiskStore(args.kv_store, info["fingerprint"], 0)  # takes the lock: no server has it
@@ -56,8 +56,8 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(Path(args.kv_store) / "window_states", ignore_errors=True)  # window snapshots
         print(f"cleared {info['pages']} pages ({info['bytes']} bytes) from {args.kv_store}")
         return 0
-    from runtime.engine.engine import Engine
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     eng = Engine(args.model, **engine_kwargs(args))
     t0 = time.perf_counter()

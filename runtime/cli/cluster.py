@@ -25,8 +25,8 @@ import sys
 import threading
 from pathlib import Path
 
-from runtime.cluster.cluster import MANUAL_POLICY_ARGS, ROUTINGS, Cluster
-from runtime.cluster.services import ServiceError
+from kvreuse.runtime.cluster.cluster import MANUAL_POLICY_ARGS, ROUTINGS, Cluster
+from kvreuse.runtime.cluster.services import ServiceError
 
 POLICIES = [
     "cache_aware",

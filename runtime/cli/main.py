@@ -10,19 +10,19 @@ import os
 import sys
 from importlib.metadata import EntryPoint, entry_points
 
-from runtime.engine.args import add_engine_args, engine_kwargs
+from kvreuse.runtime.engine.args import add_engine_args, engine_kwargs
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, OSError)
 
 
 def _engine(args: argparse.Namespace):
-    from runtime.engine.engine import Engine
+    from kvreuse.runtime.engine.engine import Engine
 
     return Engine(args.model, **engine_kwargs(args))
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     eng = _engine(args)
     params = SamplingParams(
@@ -33,7 +33,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if args.chat:
-        from chat_templates import render
+        from kvreuse.chat_templates import render
 
         prompt = render(
             eng.tokenizer, [{"role": "user", "content": args.prompt}], template=args.chat_template
@@ -49,8 +49,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from chat_templates import render
-    from runtime.sampling.params import SamplingParams
+    from kvreuse.chat_templates import render
+    from kvreuse.runtime.sampling.params import SamplingParams
 
     eng = _engine(args)
     print(
@@ -144,24 +144,24 @@ def _delegated_help() -> dict[str, str]:
 def _delegate(command: str, rest: list[str]) -> int | None:
     """Run a delegated command; None when ``command`` is not one."""
     if command == "serve":
-        from runtime.server.cli import main as serve_main
+        from kvreuse.runtime.server.cli import main as serve_main
 
         return serve_main(rest)
     if command == "cache":
-        from runtime.cli.cache import main as cache_main
+        from kvreuse.runtime.cli.cache import main as cache_main
 
         return cache_main(rest)
     if command == "cluster":
-        from runtime.cli.cluster import main as cluster_main
+        from kvreuse.runtime.cli.cluster import main as cluster_main
 
         return cluster_main(rest)
     if command == "top":
-        from runtime.cli.top import main as top_main
+        from kvreuse.runtime.cli.top import main as top_main
 
         return top_main(rest)
     if command == "template-check":
-        from chat_templates.template_check import main as check_main
-        from runtime.loading.model_source import resolve_model
+        from kvreuse.chat_templates.template_check import main as check_main
+        from kvreuse.runtime.loading.model_source import resolve_model
 
         return check_main(rest, resolve_model)
     plugin = _plugins().get(command)
@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvreuse: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except Exception as e:  # model source / weights errors are plain Exceptions subclasses
-        from runtime.loading.model_source import ModelSourceError
-        from runtime.models.weights import WeightsError
+        from kvreuse.runtime.loading.model_source import ModelSourceError
+        from kvreuse.runtime.models.weights import WeightsError
 
         if isinstance(e, (ModelSourceError, WeightsError)):
             print(f"kvreuse: error: {_one_line(e)}", file=sys.stderr)

@@ -15,7 +15,7 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
-from runtime.cli.top_view import Sample, render
+from kvreuse.runtime.cli.top_view import Sample, render
 
 
 class TopError(Exception):

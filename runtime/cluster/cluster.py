@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.cluster.services import (
+from kvreuse.runtime.cluster.services import (
     LOOPBACK,
     NO_AUTH,
     GatewayAuth,
@@ -25,7 +25,7 @@ from runtime.cluster.services import (
     start_valkey,
     wait_replica,
 )
-from runtime.server.tenants import OPERATOR, load_keys
+from kvreuse.runtime.server.tenants import OPERATOR, load_keys
 
 ROUTINGS = ("approx", "events")
 # SMG's manual policy pins a session key (the X-SMG-Routing-Key header) to a worker; a new key goes to

@@ -154,7 +154,7 @@ def launch_replica(
     awaited (start several, then :func:`wait_replica` each: they load their weights side by side);
     with ``grpc_port``, also its gRPC worker front there (``--grpc-port``)."""
     port = port or free_port()
-    argv = [sys.executable, "-m", "runtime.cli.main", "serve", "--host", host.address, "--port", str(port),
+    argv = [sys.executable, "-m", "kvreuse.runtime.cli.main", "serve", "--host", host.address, "--port", str(port),
             *serve_args, *(["--grpc-port", str(grpc_port)] if grpc_port else [])]  # fmt: skip
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     svc = Service(f"replica {index}", host.argv(argv), workdir / f"replica{index}.log", env)

@@ -10,9 +10,9 @@ import itertools
 
 import torch
 
-from runtime.request import PUBLIC, CacheScope, Request
-from runtime.sampling.constrained import GrammarBusy, GrammarCompiler, GrammarError
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.request import PUBLIC, CacheScope, Request
+from kvreuse.runtime.sampling.constrained import GrammarBusy, GrammarCompiler, GrammarError
+from kvreuse.runtime.sampling.params import SamplingParams
 
 
 class EngineError(ValueError):

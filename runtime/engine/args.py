@@ -10,10 +10,10 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
-from runtime.cache.eviction import POLICIES
-from runtime.cache.registry import KINDS as CACHE_KINDS
-from runtime.engine.config import EngineConfig
-from runtime.speculative.drafter import MODES as SPECULATIVE_MODES
+from kvreuse.runtime.cache.eviction import POLICIES
+from kvreuse.runtime.cache.registry import KINDS as CACHE_KINDS
+from kvreuse.runtime.engine.config import EngineConfig
+from kvreuse.runtime.speculative.drafter import MODES as SPECULATIVE_MODES
 
 D = {f.name: f.default for f in fields(EngineConfig)}
 

@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
-from runtime.engine.engine import Engine
-from runtime.engine.outputs import RequestOutput
-from runtime.request import Request
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.request import Request
+from kvreuse.runtime.sampling.params import SamplingParams
 
 log = logging.getLogger("kvreuse.engine")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.cache.eviction import DEFAULT_POLICY, POLICIES
-from runtime.cache.registry import DEFAULT_KIND, cache_kind
-from runtime.speculative.drafter import MODES as SPECULATIVE_MODES
+from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from kvreuse.runtime.cache.registry import DEFAULT_KIND, cache_kind
+from kvreuse.runtime.speculative.drafter import MODES as SPECULATIVE_MODES
 
 
 @dataclass
@@ -76,7 +76,9 @@ class EngineConfig:
         return bool(self.kv_store or self.kv_host_memory or self.kv_shared_store)
 
     def __post_init__(self) -> None:
-        from runtime.runner.kv_pool import parse_memory  # here, so the CLI reads these defaults without torch
+        from kvreuse.runtime.runner.kv_pool import (
+            parse_memory,  # here, so the CLI reads these defaults without torch
+        )
 
         self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.snapshot_memory = parse_memory(self.snapshot_memory)

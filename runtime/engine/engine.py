@@ -16,27 +16,27 @@ from pathlib import Path
 
 import torch
 
-from runtime.cache.manager import CacheManager, CacheStats
-from runtime.cache.pins import PinInfo
-from runtime.cache.registry import cache_kind
-from runtime.cache.store.open import open_tiers
-from runtime.engine import states as model_states
-from runtime.engine.admission import Admission, EngineError
-from runtime.engine.config import EngineConfig
-from runtime.engine.detokenizer import IncrementalDetokenizer
-from runtime.engine.outputs import RequestOutput, make_output
-from runtime.engine.scoring import Entry, prompt_logprobs
-from runtime.engine.stats import EngineStats, engine_stats
-from runtime.loading.model_source import cache_dir, resolve_model
-from runtime.loading.tokenizer import eos_token_ids, load_tokenizer
-from runtime.request import PUBLIC, CacheScope, Request
-from runtime.runner.distributed.launch import TPError
-from runtime.runner.model_runner import ModelRunner, default_dtype
-from runtime.sampling.constrained import GrammarCompiler
-from runtime.sampling.params import SamplingParams
-from runtime.sampling.sampler import SampleResult
-from runtime.scheduler import Batch, Scheduler
-from runtime.speculative.drafter import make_drafter
+from kvreuse.runtime.cache.manager import CacheManager, CacheStats
+from kvreuse.runtime.cache.pins import PinInfo
+from kvreuse.runtime.cache.registry import cache_kind
+from kvreuse.runtime.cache.store.open import open_tiers
+from kvreuse.runtime.engine import states as model_states
+from kvreuse.runtime.engine.admission import Admission, EngineError
+from kvreuse.runtime.engine.config import EngineConfig
+from kvreuse.runtime.engine.detokenizer import IncrementalDetokenizer
+from kvreuse.runtime.engine.outputs import RequestOutput, make_output
+from kvreuse.runtime.engine.scoring import Entry, prompt_logprobs
+from kvreuse.runtime.engine.stats import EngineStats, engine_stats
+from kvreuse.runtime.loading.model_source import cache_dir, resolve_model
+from kvreuse.runtime.loading.tokenizer import eos_token_ids, load_tokenizer
+from kvreuse.runtime.request import PUBLIC, CacheScope, Request
+from kvreuse.runtime.runner.distributed.launch import TPError
+from kvreuse.runtime.runner.model_runner import ModelRunner, default_dtype
+from kvreuse.runtime.sampling.constrained import GrammarCompiler
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.sampling.sampler import SampleResult
+from kvreuse.runtime.scheduler import Batch, Scheduler
+from kvreuse.runtime.speculative.drafter import make_drafter
 
 
 class Engine:
@@ -309,7 +309,7 @@ class Engine:
         self.cache.pins.unpin(owner)
 
     def prompt_logprobs(self, ids: list[int], top: int, chunk_size: int | None = None) -> list[Entry]:
-        """Logprobs of a prompt's own tokens (only between steps): see ``runtime.engine.scoring``.  A small
+        """Logprobs of a prompt's own tokens (only between steps): see ``kvreuse.runtime.engine.scoring``.  A small
         ``chunk_size`` scores through the kernels decode uses (the quantized head's take <= 8 rows)."""
         return prompt_logprobs(self.runner, self.cache, chunk_size or self.config.chunk_size, ids, top)
 
@@ -321,7 +321,7 @@ class Engine:
 
     @property
     def model_config(self):
-        """The architecture (``runtime.models.config.ModelConfig``) of the loaded model."""
+        """The architecture (``kvreuse.runtime.models.config.ModelConfig``) of the loaded model."""
         return self.runner.cfg
 
     @property
@@ -363,7 +363,7 @@ class Engine:
         return tiers.error if tiers is not None else None
 
     def tier_stats(self):
-        """Lower-tier counters (``runtime.cache.store.tiers.TierStats``), or None without tiers."""
+        """Lower-tier counters (``kvreuse.runtime.cache.store.tiers.TierStats``), or None without tiers."""
         return self.cache.tier_stats()
 
     def reset_prefix_cache(self) -> None:

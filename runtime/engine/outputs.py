@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from runtime.engine.detokenizer import IncrementalDetokenizer
-from runtime.request import Request
+from kvreuse.runtime.engine.detokenizer import IncrementalDetokenizer
+from kvreuse.runtime.request import Request
 
 
 class RequestOutput(NamedTuple):

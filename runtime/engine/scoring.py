@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from runtime.cache.manager import CacheManager
-from runtime.engine.admission import EngineError
-from runtime.request import Request
-from runtime.runner.forward_batch import build_forward_batch
-from runtime.runner.model_runner import ModelRunner
-from runtime.runner.state_pool import StateInput
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.engine.admission import EngineError
+from kvreuse.runtime.request import Request
+from kvreuse.runtime.runner.forward_batch import build_forward_batch
+from kvreuse.runtime.runner.model_runner import ModelRunner
+from kvreuse.runtime.runner.state_pool import StateInput
+from kvreuse.runtime.sampling.params import SamplingParams
 
 Entry = tuple[int, tuple[float, list[tuple[int, float]]] | None]
 

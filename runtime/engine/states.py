@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.cache.hybrid_states import HybridStates
-from runtime.cache.registry import cache_kind
-from runtime.cache.store.states import StateTier
-from runtime.engine.admission import EngineError
-from runtime.engine.config import EngineConfig
-from runtime.models.quantize import verifies_per_row
-from runtime.runner.model_runner import ModelRunner
-from runtime.runner.window_pool import WindowPool
+from kvreuse.runtime.cache.hybrid_states import HybridStates
+from kvreuse.runtime.cache.registry import cache_kind
+from kvreuse.runtime.cache.store.states import StateTier
+from kvreuse.runtime.engine.admission import EngineError
+from kvreuse.runtime.engine.config import EngineConfig
+from kvreuse.runtime.models.quantize import verifies_per_row
+from kvreuse.runtime.runner.model_runner import ModelRunner
+from kvreuse.runtime.runner.window_pool import WindowPool
 
 DEFAULT_SNAPSHOT_BYTES = 1 << 30
 # Of --kv-store-size, what a window model's snapshot files may hold; its pages get the rest, so the

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from runtime.cache.manager import CacheManager
-from runtime.cache.shadows import ShadowStats
-from runtime.scheduler import Scheduler
+from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.cache.shadows import ShadowStats
+from kvreuse.runtime.scheduler import Scheduler
 
 
 class EngineStats(NamedTuple):

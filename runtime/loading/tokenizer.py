@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 # Annotations only: a lower layer names the type it is handed.
 if TYPE_CHECKING:
-    from runtime.models.config import ModelConfig
+    from kvreuse.runtime.models.config import ModelConfig
 
 
 def load_tokenizer(model_dir: Path):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from runtime.models.config import SUPPORTED, ModelConfig
-from runtime.models.decoder import CausalLM
-from runtime.models.gemma3 import GemmaCausalLM
-from runtime.models.gemma4 import Gemma4CausalLM
-from runtime.models.gpt_oss import GptOssCausalLM
-from runtime.models.layers import RotaryEmbedding
-from runtime.models.qwen3_5 import HybridCausalLM, rotary_dim
+from kvreuse.runtime.models.config import SUPPORTED, ModelConfig
+from kvreuse.runtime.models.decoder import CausalLM
+from kvreuse.runtime.models.gemma3 import GemmaCausalLM
+from kvreuse.runtime.models.gemma4 import Gemma4CausalLM
+from kvreuse.runtime.models.gpt_oss import GptOssCausalLM
+from kvreuse.runtime.models.layers import RotaryEmbedding
+from kvreuse.runtime.models.qwen3_5 import HybridCausalLM, rotary_dim
 
 
 def build_model(

@@ -1,4 +1,4 @@
-"""What a model's forward reads: one flat varlen batch (built by ``runtime.runner.forward_batch``).
+"""What a model's forward reads: one flat varlen batch (built by ``kvreuse.runtime.runner.forward_batch``).
 
 input_ids     [T]        tokens of seq0's chunk | seq1's chunk | ...
 positions     [T]        absolute position of each token in its sequence

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.native_cpu import NativeOps
+from kvreuse.kernels.native_cpu import NativeOps
 
 # at most this many rows go through the block kernel (each row's result independent of the others):
 # a speculative verification's rows (up to a 16-token draft and its first token) included

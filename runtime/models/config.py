@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from runtime.models.gemma4_config import GEMMA4, Gemma4Config, gemma4_fields
-from runtime.models.gpt_oss_config import GPT_OSS, GptOssConfig, gpt_oss_fields
-from runtime.models.hybrid_config import HYBRID, LinearAttnConfig, hybrid_fields, text_config
-from runtime.models.moe_config import MoEConfig
-from runtime.models.window_config import GEMMA, WINDOWED, GemmaConfig, gemma_fields, layer_windows
+from kvreuse.runtime.models.gemma4_config import GEMMA4, Gemma4Config, gemma4_fields
+from kvreuse.runtime.models.gpt_oss_config import GPT_OSS, GptOssConfig, gpt_oss_fields
+from kvreuse.runtime.models.hybrid_config import HYBRID, LinearAttnConfig, hybrid_fields, text_config
+from kvreuse.runtime.models.moe_config import MoEConfig
+from kvreuse.runtime.models.window_config import GEMMA, WINDOWED, GemmaConfig, gemma_fields, layer_windows
 
 SUPPORTED = {
     "llama": "Llama 2/3, SmolLM2",

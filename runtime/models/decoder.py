@@ -12,14 +12,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from kernels import AttentionBackend
-from runtime.models.batch import ForwardBatch
-from runtime.models.config import ModelConfig
-from runtime.models.fused_decode import fusable, fused_decode_layer, layer_plan
-from runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
-from runtime.models.linear import Linear
-from runtime.models.moe import Experts, feed_forward
-from runtime.models.summary import ParamCounts, count_parameters
+from kvreuse.kernels.backends import AttentionBackend
+from kvreuse.runtime.models.batch import ForwardBatch
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.fused_decode import fusable, fused_decode_layer, layer_plan
+from kvreuse.runtime.models.layers import RMSNorm, RotaryEmbedding, apply_rope
+from kvreuse.runtime.models.linear import Linear
+from kvreuse.runtime.models.moe import Experts, feed_forward
+from kvreuse.runtime.models.summary import ParamCounts, count_parameters
 
 
 class StepContext(NamedTuple):

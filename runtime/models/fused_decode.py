@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 import torch
 
-from kernels.native_cpu import NativeOps
-from runtime.models.layers import GatedMLP
+from kvreuse.kernels.native_cpu import NativeOps
+from kvreuse.runtime.models.layers import GatedMLP
 
 
 def fusable(

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.gated_delta import causal_conv1d, causal_conv1d_step
-from kernels.linear_attention import LinearAttnBackend, chunk_with_captures
-from runtime.models.hybrid_config import LinearAttnConfig
-from runtime.models.linear import Linear
+from kvreuse.kernels.gated_delta import causal_conv1d, causal_conv1d_step
+from kvreuse.kernels.linear_attention import LinearAttnBackend, chunk_with_captures
+from kvreuse.runtime.models.hybrid_config import LinearAttnConfig
+from kvreuse.runtime.models.linear import Linear
 
 
 class VerifyInputs(NamedTuple):

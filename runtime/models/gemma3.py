@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import AttentionBackend
-from runtime.models.batch import ForwardBatch
-from runtime.models.config import ModelConfig
-from runtime.models.decoder import CausalLM, PagedAttention, StepContext, step_contexts
-from runtime.models.layers import GatedMLP, OffsetRMSNorm
+from kvreuse.kernels.backends import AttentionBackend
+from kvreuse.runtime.models.batch import ForwardBatch
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.decoder import CausalLM, PagedAttention, StepContext, step_contexts
+from kvreuse.runtime.models.layers import GatedMLP, OffsetRMSNorm
 
 
 class GeGLUMLP(GatedMLP):

@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.models.config import ModelConfig
-from runtime.models.decoder import StepContext, cached_attention, embedding, paged_attention
-from runtime.models.gemma3 import GeGLUMLP, GemmaCausalLM
-from runtime.models.layers import Fp32RMSNorm, apply_rope
-from runtime.models.linear import Linear
-from runtime.models.moe import Experts, SparseMoE, route
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.decoder import StepContext, cached_attention, embedding, paged_attention
+from kvreuse.runtime.models.gemma3 import GeGLUMLP, GemmaCausalLM
+from kvreuse.runtime.models.layers import Fp32RMSNorm, apply_rope
+from kvreuse.runtime.models.linear import Linear
+from kvreuse.runtime.models.moe import Experts, SparseMoE, route
 
 
 class Gemma4Attention(nn.Module):

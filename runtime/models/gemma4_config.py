@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from runtime.models.moe_config import MoEConfig
-from runtime.models.window_config import GemmaConfig, _scaling, layer_windows
+from kvreuse.runtime.models.moe_config import MoEConfig
+from kvreuse.runtime.models.window_config import GemmaConfig, _scaling, layer_windows
 
 GEMMA4 = {
     "gemma4_text": "Gemma 4 (text, dense and MoE)",

@@ -21,13 +21,19 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from kernels import AttentionBackend
-from runtime.models.config import ModelConfig
-from runtime.models.decoder import CausalLM, DecoderLayer, PagedAttention, StepContext, paged_attention
-from runtime.models.layers import RMSNorm
-from runtime.models.linear import Linear
-from runtime.models.moe import Experts, SparseMoE, route
-from runtime.models.mxfp4 import Mxfp4Experts
+from kvreuse.kernels.backends import AttentionBackend
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.decoder import (
+    CausalLM,
+    DecoderLayer,
+    PagedAttention,
+    StepContext,
+    paged_attention,
+)
+from kvreuse.runtime.models.layers import RMSNorm
+from kvreuse.runtime.models.linear import Linear
+from kvreuse.runtime.models.moe import Experts, SparseMoE, route
+from kvreuse.runtime.models.mxfp4 import Mxfp4Experts
 
 
 class ClampedSwiGLU(NamedTuple):

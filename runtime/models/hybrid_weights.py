@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from runtime.models.config import ModelConfig
+from kvreuse.runtime.models.config import ModelConfig
 
 Part = tuple[str, slice | None, torch.Tensor]
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.models.linear import Linear
+from kvreuse.runtime.models.linear import Linear
 
 
 class RMSNorm(nn.Module):

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.models.layers import GatedMLP
-from runtime.models.linear import Linear
-from runtime.models.moe_config import MoEConfig
-from runtime.models.moe_gather import Glu, gathered_swiglu, swiglu
+from kvreuse.runtime.models.layers import GatedMLP
+from kvreuse.runtime.models.linear import Linear
+from kvreuse.runtime.models.moe_config import MoEConfig
+from kvreuse.runtime.models.moe_gather import Glu, gathered_swiglu, swiglu
 
 # CPU, at most this many rows: gathered_swiglu (faster for few tokens, figures in moe_gather.py);
 # more rows (8-stream decode, prefill): grouped GEMMs, one matmul per active expert
@@ -118,7 +118,7 @@ class Experts(nn.Module):
         xs = x.index_select(0, g.token)
         plain = self.glu is swiglu and self.gate_up_proj_bias is None
         if x.is_cuda and plain:
-            from kernels.triton_moe import grouped_swiglu  # Triton only where it can compile
+            from kvreuse.kernels.triton_moe import grouped_swiglu  # Triton only where it can compile
 
             counts = expert_counts(g.expert, self.num_experts)
             ys = grouped_swiglu(xs, self.gate_up_proj, self.down_proj, counts)

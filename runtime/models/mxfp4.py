@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import mxfp4_cpu
-from runtime.models.moe import Experts, group_by_expert
-from runtime.models.moe_gather import Glu
+from kvreuse.kernels import mxfp4_cpu
+from kvreuse.runtime.models.moe import Experts, group_by_expert
+from kvreuse.runtime.models.moe_gather import Glu
 
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 BLOCK = 32  # weights per scale

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.native_cpu import Q4_ROWS, NativeOps
+from kvreuse.kernels.native_cpu import Q4_ROWS, NativeOps
 
 GROUP = 32  # GGUF's block size for Q4_0 / Q4_1 and Q4_K's sub-blocks
 _KERNEL_ROWS = {"int4": 8, "int8": 1}  # at most this many rows go through the packed kernel
@@ -149,7 +149,7 @@ class DequantScratch:
     Dequantizing into a fresh multi-MB tensor per linear per forward costs allocator and page-fault
     time on top of the arithmetic; one buffer, as large as the largest weight, is reused instead.
     Each weight is consumed by its matmul before the next linear overwrites the buffer.  ``ops``
-    (``kernels.native_cpu.NativeOps``, when the CPU kernels build) dequantizes in one pass instead
+    (``kvreuse.kernels.native_cpu.NativeOps``, when the CPU kernels build) dequantizes in one pass instead
     of four torch ops (~3 -> ~0.3 ms a layer of the embedded model), with the same rounding.
     """
 

@@ -11,9 +11,9 @@ GGUF mapping (``W`` as llama.cpp dequantizes it, per group of 32 along the input
 
 The token embedding stays dense (a lookup reads a few rows).  The LM head (``output``, or the tied
 ``token_embd``) is kept as the file's own blocks where the fused CPU kernels are built: ``Q8_0`` as
-:class:`~runtime.models.block_int8.BlockInt8Linear`, 4-bit grids as int4; otherwise it stays dense.
+:class:`~kvreuse.runtime.models.block_int8.BlockInt8Linear`, 4-bit grids as int4; otherwise it stays dense.
 Requantizing a dense head is not done: an int4 head from min/max per group cost +3.7% perplexity on
-the fixed text of ``benchmarks.quantized`` (the budget is 1%), and torch's per-row int8 kernel is no
+the fixed text of ``kvreuse.benchmarks.quantized`` (the budget is 1%), and torch's per-row int8 kernel is no
 faster than the packed bf16 head for one row (``runtime/models/quant_linear.py``).
 """
 
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels.native_cpu import load as load_native
-from runtime.models.block_int8 import BlockInt8Linear
-from runtime.models.decoder import CausalLM
-from runtime.models.linear import Linear
-from runtime.models.quant_linear import (
+from kvreuse.kernels.native_cpu import load as load_native
+from kvreuse.runtime.models.block_int8 import BlockInt8Linear
+from kvreuse.runtime.models.decoder import CausalLM
+from kvreuse.runtime.models.linear import Linear
+from kvreuse.runtime.models.quant_linear import (
     GROUP,
     DequantScratch,
     QuantLinear,

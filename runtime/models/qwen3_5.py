@@ -13,14 +13,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels import AttentionBackend
-from runtime.models.batch import ForwardBatch
-from runtime.models.config import ModelConfig
-from runtime.models.decoder import CausalLM, StepContext, decode_plans, embedding, paged_attention
-from runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
-from runtime.models.layers import OffsetRMSNorm, RotaryEmbedding, apply_rope
-from runtime.models.linear import Linear
-from runtime.models.moe import feed_forward
+from kvreuse.kernels.backends import AttentionBackend
+from kvreuse.runtime.models.batch import ForwardBatch
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.decoder import CausalLM, StepContext, decode_plans, embedding, paged_attention
+from kvreuse.runtime.models.gated_deltanet import GatedDeltaNet, StateBatch
+from kvreuse.runtime.models.layers import OffsetRMSNorm, RotaryEmbedding, apply_rope
+from kvreuse.runtime.models.linear import Linear
+from kvreuse.runtime.models.moe import feed_forward
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

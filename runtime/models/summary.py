@@ -6,8 +6,8 @@ from typing import NamedTuple
 
 from torch import nn
 
-from runtime.models.linear import Linear
-from runtime.models.moe import Experts, SparseMoE
+from kvreuse.runtime.models.linear import Linear
+from kvreuse.runtime.models.moe import Experts, SparseMoE
 
 
 class ParamCounts(NamedTuple):

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from runtime.models.decoder import CausalLM
-from runtime.models.gemma4 import gemma4_weight
-from runtime.models.gpt_oss import gpt_oss_weight
-from runtime.models.hybrid_weights import map_hybrid_weight
+from kvreuse.runtime.models.decoder import CausalLM
+from kvreuse.runtime.models.gemma4 import gemma4_weight
+from kvreuse.runtime.models.gpt_oss import gpt_oss_weight
+from kvreuse.runtime.models.hybrid_weights import map_hybrid_weight
 
 _FUSED = {
     "q_proj": ("qkv_proj", 0),

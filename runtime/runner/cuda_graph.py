@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels import AttentionBackend
-from runtime.models.decoder import CausalLM
-from runtime.runner.forward_batch import ForwardBatch
+from kvreuse.kernels.backends import AttentionBackend
+from kvreuse.runtime.models.decoder import CausalLM
+from kvreuse.runtime.runner.forward_batch import ForwardBatch
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 

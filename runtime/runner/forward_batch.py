@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.models.batch import ForwardBatch
-from runtime.runner.state_pool import StateInput
-from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.models.batch import ForwardBatch
+from kvreuse.runtime.runner.state_pool import StateInput
+from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.params import SamplingParams
 
 
 class SeqChunk(NamedTuple):
@@ -40,7 +40,7 @@ class StepInput(NamedTuple):
     ``params`` / ``generators`` have one entry per ``True`` in ``sample_mask``, in order.
     ``drafts``: per sampled sequence, the drafted tokens its chunk ends with (``runtime/speculative``):
     such a sequence's ``sample_mask`` entry is the number of rows to sample, ``1 + len(draft)``.
-    ``states``: a hybrid model's state slots and snapshot captures (``runtime.runner.state_pool.StateInput``).
+    ``states``: a hybrid model's state slots and snapshot captures (``kvreuse.runtime.runner.state_pool.StateInput``).
     """
 
     seqs: list[SeqChunk]

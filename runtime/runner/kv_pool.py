@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.models.config import ModelConfig
+from kvreuse.runtime.models.config import ModelConfig
 
 DEFAULT_CPU_KV_BYTES = 1 << 30  # 1 GiB: ~18K tokens of SmolLM2-135M in fp32
 DEFAULT_GPU_FRACTION = 0.85  # of the memory free after the weights are loaded

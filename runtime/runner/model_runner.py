@@ -8,16 +8,16 @@ from typing import NamedTuple
 
 import torch
 
-from kernels import select_backend
-from kernels.linear_attention import select_linear_backend
-from runtime.models import build_model
-from runtime.models.config import ModelConfig
-from runtime.models.gated_deltanet import StateBatch
-from runtime.models.quantize import apply_quantization
-from runtime.models.weights import load_weights
-from runtime.runner.cuda_graph import DecodeGraphRunner
-from runtime.runner.distributed.comm import recv_batch, send_batch
-from runtime.runner.distributed.launch import (
+from kvreuse.kernels.backends import select_backend
+from kvreuse.kernels.linear_attention import select_linear_backend
+from kvreuse.runtime.models import build_model
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.gated_deltanet import StateBatch
+from kvreuse.runtime.models.quantize import apply_quantization
+from kvreuse.runtime.models.weights import load_weights
+from kvreuse.runtime.runner.cuda_graph import DecodeGraphRunner
+from kvreuse.runtime.runner.distributed.comm import recv_batch, send_batch
+from kvreuse.runtime.runner.distributed.launch import (
     Group,
     Workers,
     join_torchrun,
@@ -26,13 +26,13 @@ from runtime.runner.distributed.launch import (
     torchrun_world,
     watch_parent,
 )
-from runtime.runner.distributed.sharding import TPGroup, local_config, shard_into
-from runtime.runner.forward_batch import ForwardBatch, StepInput, build_forward_batch
-from runtime.runner.kv_pool import KVPool
-from runtime.runner.state_pool import StateInput, StatePool
-from runtime.runner.window_pool import WindowPool, ring_batch
-from runtime.sampling.sampler import SampleResult, sample
-from runtime.speculative.verify import verify
+from kvreuse.runtime.runner.distributed.sharding import TPGroup, local_config, shard_into
+from kvreuse.runtime.runner.forward_batch import ForwardBatch, StepInput, build_forward_batch
+from kvreuse.runtime.runner.kv_pool import KVPool
+from kvreuse.runtime.runner.state_pool import StateInput, StatePool
+from kvreuse.runtime.runner.window_pool import WindowPool, ring_batch
+from kvreuse.runtime.sampling.sampler import SampleResult, sample
+from kvreuse.runtime.speculative.verify import verify
 
 log = logging.getLogger("kvreuse.model")
 

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-if TYPE_CHECKING:  # runtime.runner.forward_batch imports this module, and the models import forward_batch
-    from runtime.models.config import ModelConfig
-    from runtime.models.gated_deltanet import VerifyStash
+if (
+    TYPE_CHECKING
+):  # kvreuse.runtime.runner.forward_batch imports this module, and the models import forward_batch
+    from kvreuse.runtime.models.config import ModelConfig
+    from kvreuse.runtime.models.gated_deltanet import VerifyStash
 
 
 class Snapshot(NamedTuple):

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
-    from runtime.models.batch import ForwardBatch
-    from runtime.models.config import ModelConfig
+    from kvreuse.runtime.models.batch import ForwardBatch
+    from kvreuse.runtime.models.config import ModelConfig
 
 
 class WindowSnapshot(NamedTuple):

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.params import SamplingParams
 
 _BITS = torch.tensor([1 << i for i in range(31)] + [-(1 << 31)], dtype=torch.int32)
 

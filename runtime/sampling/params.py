@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runtime.sampling.constrained.spec import Grammar
+    from kvreuse.runtime.sampling.constrained.spec import Grammar
 
 # Below this a temperature is greedy: fp32 logits (|x| < ~1e3) over 1e-5 stay far from overflow,
 # and the distribution is already one-hot to fp32 precision.  vLLM uses the same cut-off.

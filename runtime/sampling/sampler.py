@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.masking import apply_constraints
-from runtime.sampling.params import SamplingParams
+from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.masking import apply_constraints
+from kvreuse.runtime.sampling.params import SamplingParams
 
 
 class SampleResult(NamedTuple):

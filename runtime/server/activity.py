@@ -13,8 +13,8 @@ import itertools
 from collections import deque
 from typing import Any, Protocol
 
-from runtime.engine.outputs import RequestOutput
-from runtime.server.diagnostics import CONTEXT_CHARS, CONTEXT_TOKENS, CacheDiagnostics, cached_by_tier
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.server.diagnostics import CONTEXT_CHARS, CONTEXT_TOKENS, CacheDiagnostics, cached_by_tier
 
 MESSAGE_CHARS = 600  # of the message a break happened in, shown around the break
 

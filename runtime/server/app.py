@@ -11,25 +11,25 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import EngineError
-from runtime.server.anthropic import errors as anthropic_errors
-from runtime.server.anthropic import routes as anthropic_routes
-from runtime.server.body import load_json
-from runtime.server.core.generate import generate, parse_body
-from runtime.server.errors import APIError, bad_request, install_error_handlers
-from runtime.server.guard import RequestGuard
-from runtime.server.loads import worker_load
-from runtime.server.openai import chat, completions
-from runtime.server.openai import errors as openai_errors
-from runtime.server.openai import models as openai_models
-from runtime.server.openai.cache_routes import install_cache_routes
-from runtime.server.openai.errors import document_errors
-from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
-from runtime.server.openai.responses_protocol import ResponsesRequest
-from runtime.server.openai.responses_routes import install_responses_routes
-from runtime.server.state import ServerConfig, ServerState
-from runtime.server.ui.routes import install_ui, page_open
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import EngineError
+from kvreuse.runtime.server.anthropic import errors as anthropic_errors
+from kvreuse.runtime.server.anthropic import routes as anthropic_routes
+from kvreuse.runtime.server.body import load_json
+from kvreuse.runtime.server.core.generate import generate, parse_body
+from kvreuse.runtime.server.errors import APIError, bad_request, install_error_handlers
+from kvreuse.runtime.server.guard import RequestGuard
+from kvreuse.runtime.server.loads import worker_load
+from kvreuse.runtime.server.openai import chat, completions
+from kvreuse.runtime.server.openai import errors as openai_errors
+from kvreuse.runtime.server.openai import models as openai_models
+from kvreuse.runtime.server.openai.cache_routes import install_cache_routes
+from kvreuse.runtime.server.openai.errors import document_errors
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
+from kvreuse.runtime.server.openai.responses_routes import install_responses_routes
+from kvreuse.runtime.server.state import ServerConfig, ServerState
+from kvreuse.runtime.server.ui.routes import install_ui, page_open
 
 # bodiless POSTs still say application/json (see guard.py); the body itself is ignored
 JSON_OBJECT_BODY = {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.server.errors import bad_request
+from kvreuse.runtime.server.errors import bad_request
 
 MAX_DEPTH = 100  # containers inside containers; a JSON schema of 40 nested anyOf levels still fits
 

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from runtime.cache.shadows import ShadowStats
+from kvreuse.runtime.cache.shadows import ShadowStats
 
 
 class CacheSnapshot(NamedTuple):

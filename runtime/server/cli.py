@@ -11,7 +11,7 @@ from pathlib import Path
 
 import uvicorn
 
-from runtime.engine.args import add_engine_args, engine_kwargs
+from kvreuse.runtime.engine.args import add_engine_args, engine_kwargs
 
 log = logging.getLogger("kvreuse.server")
 
@@ -149,12 +149,12 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from runtime.engine.async_engine import AsyncEngine
-    from runtime.engine.engine import Engine
-    from runtime.server.app import create_app
-    from runtime.server.guard import LOOPBACK_HOSTS
-    from runtime.server.state import ServerConfig
-    from runtime.server.tenants import load_keys
+    from kvreuse.runtime.engine.async_engine import AsyncEngine
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.server.app import create_app
+    from kvreuse.runtime.server.guard import LOOPBACK_HOSTS
+    from kvreuse.runtime.server.state import ServerConfig
+    from kvreuse.runtime.server.tenants import load_keys
 
     api_keys = load_keys(args.api_key, args.api_key_file, args.operator_key)
     if not api_keys and args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
     engine.grammars.warm()  # before listening: built on the first schema, it would stall every tenant
     services = []
     if args.grpc_port is not None:
-        from runtime.server.grpc.serve import grpc_worker
+        from kvreuse.runtime.server.grpc.serve import grpc_worker
 
         services.append(lambda st: grpc_worker(st, args.host, args.grpc_port))
     app = create_app(aengine, config, on_shutdown=lambda: aengine.shutdown(timeout=5.0), services=services)

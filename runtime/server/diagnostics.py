@@ -16,8 +16,8 @@ import json
 from collections import deque
 from typing import Any, NamedTuple
 
-from chat_templates.render import RenderedPrompt, describe, first_divergence, locate
-from runtime.engine.outputs import RequestOutput
+from kvreuse.chat_templates.render import RenderedPrompt, describe, first_divergence, locate
+from kvreuse.runtime.engine.outputs import RequestOutput
 
 CONTEXT_TOKENS = 16
 CONTEXT_CHARS = 60

@@ -14,8 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from runtime.engine.async_engine import EngineDead, RequestFailed
-from runtime.engine.engine import EngineError
+from kvreuse.runtime.engine.async_engine import EngineDead, RequestFailed
+from kvreuse.runtime.engine.engine import EngineError
 
 log = logging.getLogger("kvreuse.server")
 

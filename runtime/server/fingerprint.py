@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from importlib import metadata
 
-from runtime.engine.engine import Engine
+from kvreuse.runtime.engine.engine import Engine
 
 
 def system_fingerprint(engine: Engine) -> str:

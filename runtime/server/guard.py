@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runtime.server.errors import APIError
+from kvreuse.runtime.server.errors import APIError
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 

@@ -32,7 +32,15 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 180.0) -> ServerProcess:
-        cmd = [sys.executable, "-m", "runtime.cli.main", "serve", "--port", str(self.port), *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvreuse.runtime.cli.main",
+            "serve",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         self._log = open(self.log_path, "w")  # noqa: SIM115 -- closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from runtime.engine.engine import Engine
+from kvreuse.runtime.engine.engine import Engine
 
 
 def worker_load(engine: Engine) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from runtime.engine.engine import EngineStats
+from kvreuse.runtime.engine.engine import EngineStats
 
 _COUNTERS = (
     ("requests", "requests", "Requests the engine accepted"),

@@ -25,8 +25,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from runtime.sampling.constrained.compiler import BACKGROUND_NICE, renice
-from runtime.server.errors import APIError
+from kvreuse.runtime.sampling.constrained.compiler import BACKGROUND_NICE, renice
+from kvreuse.runtime.server.errors import APIError
 
 T = TypeVar("T")
 

@@ -8,17 +8,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from runtime.engine.async_engine import AsyncEngine
-from runtime.engine.engine import EngineStats
-from runtime.server.activity import NoActivity, RecentRequests
-from runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
-from runtime.server.diagnostics import CacheDiagnostics
-from runtime.server.errors import APIError, bad_request
-from runtime.server.guard import LOOPBACK_HOSTS
-from runtime.server.metrics import ServerMetrics
-from runtime.server.prep import PrepPool
-from runtime.server.templates import TemplateInfo, resolve_template
-from runtime.server.tenants import Tenants
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import EngineStats
+from kvreuse.runtime.server.activity import NoActivity, RecentRequests
+from kvreuse.runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
+from kvreuse.runtime.server.diagnostics import CacheDiagnostics
+from kvreuse.runtime.server.errors import APIError, bad_request
+from kvreuse.runtime.server.guard import LOOPBACK_HOSTS
+from kvreuse.runtime.server.metrics import ServerMetrics
+from kvreuse.runtime.server.prep import PrepPool
+from kvreuse.runtime.server.templates import TemplateInfo, resolve_template
+from kvreuse.runtime.server.tenants import Tenants
 
 T = TypeVar("T")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from chat_templates.render import load_template
-from runtime.loading.harmony_vocab import harmony_encoding
+from kvreuse.chat_templates.render import load_template
+from kvreuse.runtime.loading.harmony_vocab import harmony_encoding
 
 # harmony's call header, as the model writes it after ``<|start|>assistant`` (and as openai-harmony and
 # the bundled template's append-only mode render a call in history)

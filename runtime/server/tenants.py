@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.request import PUBLIC, CacheScope
-from runtime.server.errors import APIError
+from kvreuse.runtime.request import PUBLIC, CacheScope
+from kvreuse.runtime.server.errors import APIError
 
 OPEN_PATHS = frozenset({"/health"})
 OPERATOR = "@operator"  # the tenant name of operator keys

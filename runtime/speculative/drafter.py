@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-from runtime.speculative.draft_length import DraftLength
-from runtime.speculative.ngram_index import DEFAULT_NS, NgramIndex
+from kvreuse.runtime.speculative.draft_length import DraftLength
+from kvreuse.runtime.speculative.ngram_index import DEFAULT_NS, NgramIndex
 
 MODES = ("off", "ngram", "suffix")
 SEP = -1  # between sequences in a history: no query holds it, so no match spans two sequences

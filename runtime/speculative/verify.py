@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.masking import apply_constraints
-from runtime.sampling.params import SamplingParams
-from runtime.sampling.sampler import SampleResult, probabilities, row_logprobs
+from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.masking import apply_constraints
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.sampling.sampler import SampleResult, probabilities, row_logprobs
 
 
 def verify(

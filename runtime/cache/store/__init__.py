@@ -1,9 +1,9 @@
 """Lower tiers under the radix tree: host memory and disk, keyed by page-prefix chains."""
 
-from runtime.cache.store.disk import DiskStore, PageRecord, StoreError, StoreStats
-from runtime.cache.store.fingerprint import fingerprint
-from runtime.cache.store.host import HostStore
-from runtime.cache.store.page_keys import page_key, page_keys, root_key
+from kvreuse.runtime.cache.store.disk import DiskStore, PageRecord, StoreError, StoreStats
+from kvreuse.runtime.cache.store.fingerprint import fingerprint
+from kvreuse.runtime.cache.store.host import HostStore
+from kvreuse.runtime.cache.store.page_keys import page_key, page_keys, root_key
 
 __all__ = [
     "DiskStore",

@@ -7,7 +7,7 @@ Layout of a store directory::
     groups/<id>.safetensors   one "kv" tensor [n_pages, layers, 2, page_size, kv_heads, head_dim]
     tmp/                 writes in progress; whatever is left here after a crash is deleted at open
 
-A page is keyed by :mod:`runtime.cache.store.page_keys` (the chain of its prefix) and records its parent
+A page is keyed by :mod:`kvreuse.runtime.cache.store.page_keys` (the chain of its prefix) and records its parent
 key and its tokens, so the index is a tree that rebuilds without the pool.  A write is a group of
 consecutive pages: written under ``tmp/``, fsynced, renamed into ``groups/``, only then indexed, so a
 crash leaves a whole indexed group or an unindexed file the next open removes.  Every group's CRC-32
@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.cache.store import group_file
-from runtime.cache.store.fingerprint import FORMAT_VERSION
+from kvreuse.runtime.cache.store import group_file
+from kvreuse.runtime.cache.store.fingerprint import FORMAT_VERSION
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -1,6 +1,6 @@
 """The host tier: KV pages in (pinned, on a GPU machine) host memory, LRU under a byte budget.
 
-Same keys and the same questions as the disk tier (:class:`runtime.cache.store.disk.DiskStore`):
+Same keys and the same questions as the disk tier (:class:`kvreuse.runtime.cache.store.disk.DiskStore`):
 ``match`` how many leading pages are here, ``get`` them, ``put`` consecutive pages.  Pages it
 evicts are handed to ``on_evict`` (the disk tier's write-back) with their parent key, so a
 page leaves host memory for disk rather than disappearing.
@@ -28,7 +28,7 @@ EvictFn = Callable[[bytes, bool, list[bytes], list[tuple[int, ...]], torch.Tenso
 
 
 class HostStore:
-    """An LRU dict of pages keyed by :mod:`runtime.cache.store.page_keys` keys."""
+    """An LRU dict of pages keyed by :mod:`kvreuse.runtime.cache.store.page_keys` keys."""
 
     def __init__(self, budget_bytes: int, pin: bool = False, on_evict: EvictFn | None = None) -> None:
         self.budget = int(budget_bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from runtime.cache.store.disk import StoreError
+from kvreuse.runtime.cache.store.disk import StoreError
 
 
 def describe(directory: str | Path) -> dict:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.cache.store.disk import DiskStore
-from runtime.cache.store.fingerprint import fingerprint
-from runtime.cache.store.host import HostStore
-from runtime.cache.store.shared import SharedStore
-from runtime.cache.store.shared_tier import SharedTier
-from runtime.cache.store.tiers import LowerTiers
+from kvreuse.runtime.cache.store.disk import DiskStore
+from kvreuse.runtime.cache.store.fingerprint import fingerprint
+from kvreuse.runtime.cache.store.host import HostStore
+from kvreuse.runtime.cache.store.shared import SharedStore
+from kvreuse.runtime.cache.store.shared_tier import SharedTier
+from kvreuse.runtime.cache.store.tiers import LowerTiers
 
 
 def open_tiers(
@@ -28,7 +28,7 @@ def open_tiers(
     the engine options that change the K/V (they go into the stores' fingerprint).  A shared store
     that cannot be reached now is not an error: the tier starts degraded and retries.
 
-    Raises :class:`runtime.cache.store.disk.StoreError` for a store of another model or in use.
+    Raises :class:`kvreuse.runtime.cache.store.disk.StoreError` for a store of another model or in use.
     """
     if not store_dir and not host_bytes and not shared_url:
         return None

@@ -1,7 +1,7 @@
 """The shared tier's store: KV pages in a Valkey (or Redis) server that every replica reads and writes.
 
 One entry per page, named by the same chained key as the disk tier's pages
-(:mod:`runtime.cache.store.page_keys`: the whole prefix, the tenant namespace), under a prefix that
+(:mod:`kvreuse.runtime.cache.store.page_keys`: the whole prefix, the tenant namespace), under a prefix that
 is the model's fingerprint, so two models (or two quantizations) never share an entry::
 
     name  : b"kvr:" + fingerprint[:20] + b":" + page key (16 bytes)
@@ -12,7 +12,7 @@ The value repeats the fingerprint and the key, so an entry written for another m
 under another name, is refused like a corrupt one (and deleted): the caller recomputes those tokens.
 The budget is the server's: ``maxmemory`` with an LRU policy evicts pages, and a chain whose middle
 page went simply stops matching there.  This class only talks to the server; the background writer,
-the failure handling and the accounting are :class:`runtime.cache.store.shared_tier.SharedTier`'s.
+the failure handling and the accounting are :class:`kvreuse.runtime.cache.store.shared_tier.SharedTier`'s.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def connect(url: str, timeout_s: float = 2.0):
     try:
         import valkey  # here, so an engine without a shared store never imports the client
     except ImportError:
-        from runtime.cache.store.disk import StoreError
+        from kvreuse.runtime.cache.store.disk import StoreError
 
         raise StoreError(
             "--kv-shared-store needs the Valkey client: pip install 'kvreuse[cluster]'"

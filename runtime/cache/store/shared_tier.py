@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from runtime.cache.store.shared import SharedStore
-from runtime.cache.store.writer import PageWriter
+from kvreuse.runtime.cache.store.shared import SharedStore
+from kvreuse.runtime.cache.store.writer import PageWriter
 
 log = logging.getLogger("kvreuse.store")
 

@@ -26,10 +26,10 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.cache.store.disk import DiskStore
-from runtime.cache.store.host import HostStore
-from runtime.cache.store.shared_tier import SharedTier
-from runtime.cache.store.writer import PageWriter
+from kvreuse.runtime.cache.store.disk import DiskStore
+from kvreuse.runtime.cache.store.host import HostStore
+from kvreuse.runtime.cache.store.shared_tier import SharedTier
+from kvreuse.runtime.cache.store.writer import PageWriter
 
 log = logging.getLogger("kvreuse.store")
 
@@ -73,7 +73,7 @@ class TierStats(NamedTuple):
 
 class LowerTiers:
     """Host tier (optional) over disk tier (optional) over a shared tier (optional); see the module
-    docstring and :mod:`runtime.cache.store.shared_tier`."""
+    docstring and :mod:`kvreuse.runtime.cache.store.shared_tier`."""
 
     def __init__(
         self,

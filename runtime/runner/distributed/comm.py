@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.runner.forward_batch import ForwardBatch
+from kvreuse.runtime.runner.forward_batch import ForwardBatch
 
 STEP, STOP = 1, 0
 _DTYPES = (torch.int64, torch.int32, torch.float32, torch.bfloat16, torch.float16, torch.bool)

@@ -87,7 +87,7 @@ def torchrun_world() -> int:
 def join_torchrun(device_type: str):
     """This rank's group from torchrun's environment; the group's store listens on MASTER_PORT + 1
     (torchrun's own rendezvous may hold MASTER_PORT) on MASTER_ADDR, where rank 0 runs."""
-    from runtime.runner.distributed.sharding import TPGroup
+    from kvreuse.runtime.runner.distributed.sharding import TPGroup
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")

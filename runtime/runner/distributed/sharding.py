@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import torch
 
-from runtime.models.config import ModelConfig
-from runtime.models.linear import Linear
+from kvreuse.runtime.models.config import ModelConfig
+from kvreuse.runtime.models.linear import Linear
 
 
 class TPGroup(NamedTuple):
@@ -30,7 +30,7 @@ class TPGroup(NamedTuple):
 
     rank: int
     world: int
-    group: object  # runtime.runner.distributed.launch.Group: this group's collectives
+    group: object  # kvreuse.runtime.runner.distributed.launch.Group: this group's collectives
 
 
 def local_config(cfg: ModelConfig, world: int) -> ModelConfig:

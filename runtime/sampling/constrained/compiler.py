@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from runtime.sampling.constrained.matcher import Matcher
-from runtime.sampling.constrained.spec import Grammar
+from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.constrained.spec import Grammar
 
 CACHE_SIZE = 256
 log = logging.getLogger("kvreuse.grammar")

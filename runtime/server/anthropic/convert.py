@@ -15,15 +15,15 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from runtime.server.anthropic.protocol import (
+from kvreuse.runtime.server.anthropic.protocol import (
     CountTokensRequest,
     TextBlock,
     ToolResultBlock,
     ToolUseBlock,
     UnsupportedBlock,
 )
-from runtime.server.core.prompting import ChatInput
-from runtime.server.errors import bad_request
+from kvreuse.runtime.server.core.prompting import ChatInput
+from kvreuse.runtime.server.errors import bad_request
 
 NONCE_PREFIX = "x-anthropic-billing-header:"
 SYSTEM_SEP = "\n\n"

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from fastapi.responses import JSONResponse
 
-from runtime.server.errors import APIError
+from kvreuse.runtime.server.errors import APIError
 
 # Our status -> Anthropic's error type; Anthropic answers overload with 529.
 TYPES = {

@@ -14,19 +14,19 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from chat_templates.render import first_divergence
-from runtime.engine.engine import Engine
-from runtime.engine.outputs import RequestOutput
-from runtime.sampling.params import SamplingParams
-from runtime.server.anthropic.convert import Breakpoint, Converted
-from runtime.server.anthropic.errors import error_object
-from runtime.server.anthropic.protocol import MessagesRequest
-from runtime.server.anthropic.usage import usage
-from runtime.server.core.chat_run import ChatRun
-from runtime.server.core.run import Caller, MakeParams
-from runtime.server.core.streaming import final_outputs, join_parsed
-from runtime.server.errors import bad_request
-from runtime.server.state import ServerState
+from kvreuse.chat_templates.render import first_divergence
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.anthropic.convert import Breakpoint, Converted
+from kvreuse.runtime.server.anthropic.errors import error_object
+from kvreuse.runtime.server.anthropic.protocol import MessagesRequest
+from kvreuse.runtime.server.anthropic.usage import usage
+from kvreuse.runtime.server.core.chat_run import ChatRun
+from kvreuse.runtime.server.core.run import Caller, MakeParams
+from kvreuse.runtime.server.core.streaming import final_outputs, join_parsed
+from kvreuse.runtime.server.errors import bad_request
+from kvreuse.runtime.server.state import ServerState
 
 
 def tool_id() -> str:

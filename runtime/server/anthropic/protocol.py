@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.server.core.validation import MAX_STOP, check_object_schema
+from kvreuse.runtime.server.core.validation import MAX_STOP, check_object_schema
 
 
 class _Body(BaseModel):

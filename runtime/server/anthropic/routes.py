@@ -14,16 +14,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from runtime.engine.engine import EngineError
-from runtime.server.anthropic import messages
-from runtime.server.anthropic.convert import convert
-from runtime.server.anthropic.errors import error_response
-from runtime.server.anthropic.protocol import CountTokensRequest, MessagesRequest
-from runtime.server.body import load_json
-from runtime.server.core.generate import generate
-from runtime.server.core.prompting import build_chat_prompt
-from runtime.server.errors import APIError, bad_request, engine_refusal
-from runtime.server.state import ServerState
+from kvreuse.runtime.engine.engine import EngineError
+from kvreuse.runtime.server.anthropic import messages
+from kvreuse.runtime.server.anthropic.convert import convert
+from kvreuse.runtime.server.anthropic.errors import error_response
+from kvreuse.runtime.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from kvreuse.runtime.server.body import load_json
+from kvreuse.runtime.server.core.generate import generate
+from kvreuse.runtime.server.core.prompting import build_chat_prompt
+from kvreuse.runtime.server.errors import APIError, bad_request, engine_refusal
+from kvreuse.runtime.server.state import ServerState
 
 MAX_BODY_BYTES = 32 * 2**20  # Anthropic's own limit for a Messages request
 BODIES = (MessagesRequest, CountTokensRequest)  # the request models the OpenAPI schema documents

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.engine.outputs import RequestOutput
 
 
 def usage(prompt_tokens: int, out: RequestOutput, page_size: int, caching: bool) -> dict[str, Any]:

@@ -8,19 +8,19 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from chat_templates.harmony import HarmonyParser, parse_harmony
-from chat_templates.parsers import OutputParser, parse_full
-from chat_templates.tool_calls import ParsedDelta, ParsedOutput
-from runtime.engine.outputs import RequestOutput
-from runtime.sampling.constrained import Grammar
-from runtime.sampling.params import SamplingParams
-from runtime.server.core.constraints import tool_grammar
-from runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt, render_kwargs
-from runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
-from runtime.server.core.run import Caller, EngineRun, MakeParams
-from runtime.server.core.streaming import merge_streams
-from runtime.server.diagnostics import HistoryEntry, cached_by_tier
-from runtime.server.state import ServerState
+from kvreuse.chat_templates.harmony import HarmonyParser, parse_harmony
+from kvreuse.chat_templates.parsers import OutputParser, parse_full
+from kvreuse.chat_templates.tool_calls import ParsedDelta, ParsedOutput
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.sampling.constrained import Grammar
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.core.constraints import tool_grammar
+from kvreuse.runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt, render_kwargs
+from kvreuse.runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
+from kvreuse.runtime.server.core.run import Caller, EngineRun, MakeParams
+from kvreuse.runtime.server.core.streaming import merge_streams
+from kvreuse.runtime.server.diagnostics import HistoryEntry, cached_by_tier
+from kvreuse.runtime.server.state import ServerState
 
 log = logging.getLogger("kvreuse.server")
 

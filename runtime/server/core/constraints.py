@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.sampling.constrained import CALL_FORMATS, Grammar, at_most_one_call, tool_call
-from runtime.server.core.prompting import ChatInput, forced_tool
-from runtime.server.errors import bad_request
+from kvreuse.runtime.sampling.constrained import CALL_FORMATS, Grammar, at_most_one_call, tool_call
+from kvreuse.runtime.server.core.prompting import ChatInput, forced_tool
+from kvreuse.runtime.server.errors import bad_request
 
 
 def tool_grammar(chat: ChatInput, tool_format: str | None, tokenizer: Any = None) -> Grammar | None:

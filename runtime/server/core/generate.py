@@ -15,11 +15,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from runtime.server.body import load_json
-from runtime.server.core.streaming import Once, guarded_events
-from runtime.server.errors import APIError
-from runtime.server.state import ServerState
-from runtime.server.tenants import Caller
+from kvreuse.runtime.server.body import load_json
+from kvreuse.runtime.server.core.streaming import Once, guarded_events
+from kvreuse.runtime.server.errors import APIError
+from kvreuse.runtime.server.state import ServerState
+from kvreuse.runtime.server.tenants import Caller
 
 DISCONNECT_POLL_S = 0.25
 M = TypeVar("M", bound=BaseModel)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from chat_templates.parsers import THINK_OPEN
-from chat_templates.render import RenderedPrompt, render
-from runtime.server.errors import bad_request
-from runtime.server.templates import TemplateInfo, forced_tool_prefix
+from kvreuse.chat_templates.parsers import THINK_OPEN
+from kvreuse.chat_templates.render import RenderedPrompt, render
+from kvreuse.runtime.server.errors import bad_request
+from kvreuse.runtime.server.templates import TemplateInfo, forced_tool_prefix
 
 
 class ChatInput(NamedTuple):

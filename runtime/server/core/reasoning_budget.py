@@ -21,9 +21,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
-from chat_templates.parsers import THINK_CLOSE
-from runtime.engine.outputs import RequestOutput
-from runtime.sampling.params import SamplingParams
+from kvreuse.chat_templates.parsers import THINK_CLOSE
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.sampling.params import SamplingParams
 
 CLOSE = "\n" + THINK_CLOSE + "\n\n"
 

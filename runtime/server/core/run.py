@@ -8,13 +8,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from runtime.engine.outputs import RequestOutput
-from runtime.request import CacheScope
-from runtime.sampling.constrained import Grammar
-from runtime.sampling.params import SamplingParams
-from runtime.server.core.streaming import merge_streams
-from runtime.server.fingerprint import system_fingerprint
-from runtime.server.state import ServerState
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.sampling.constrained import Grammar
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.core.streaming import merge_streams
+from kvreuse.runtime.server.fingerprint import system_fingerprint
+from kvreuse.runtime.server.state import ServerState
 
 # (prompt length, choice index) -> that choice's sampling params (the protocol reads its own body)
 MakeParams = Callable[[int, int], SamplingParams]

@@ -11,9 +11,9 @@ from contextlib import aclosing
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from chat_templates.tool_calls import ParsedDelta
-from runtime.engine.async_engine import EngineDead, RequestFailed
-from runtime.engine.outputs import RequestOutput
+from kvreuse.chat_templates.tool_calls import ParsedDelta
+from kvreuse.runtime.engine.async_engine import EngineDead, RequestFailed
+from kvreuse.runtime.engine.outputs import RequestOutput
 
 log = logging.getLogger("kvreuse.server")
 

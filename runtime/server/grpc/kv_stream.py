@@ -18,7 +18,7 @@ from typing import Any
 
 from smg_grpc_proto.generated import common_pb2
 
-from runtime.cache.events import ROOT_HASH, Cleared, Event, PageEvents, Removed, Stored
+from kvreuse.runtime.cache.events import ROOT_HASH, Cleared, Event, PageEvents, Removed, Stored
 
 QUEUE_LIMIT = 1 << 16  # events a slow subscriber may fall behind before it is cut off (it resubscribes)
 

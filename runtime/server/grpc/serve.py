@@ -25,10 +25,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from smg_grpc_proto.generated import vllm_engine_pb2_grpc
 
-from runtime.loading.model_source import cache_dir
-from runtime.server.grpc.kv_stream import KvEventHub
-from runtime.server.grpc.servicer import KvreuseVllmServicer
-from runtime.server.state import ServerState
+from kvreuse.runtime.loading.model_source import cache_dir
+from kvreuse.runtime.server.grpc.kv_stream import KvEventHub
+from kvreuse.runtime.server.grpc.servicer import KvreuseVllmServicer
+from kvreuse.runtime.server.state import ServerState
 
 log = logging.getLogger("kvreuse.grpc")
 

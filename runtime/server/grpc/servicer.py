@@ -20,15 +20,15 @@ from typing import Any
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
 
-from runtime.engine.async_engine import EngineDead, RequestFailed
-from runtime.engine.engine import EngineError
-from runtime.engine.outputs import RequestOutput
-from runtime.sampling.params import SamplingParams
-from runtime.server.errors import APIError
-from runtime.server.grpc.kv_stream import KvEventHub
-from runtime.server.loads import worker_load
-from runtime.server.state import ServerState
-from runtime.server.tenants import Caller
+from kvreuse.runtime.engine.async_engine import EngineDead, RequestFailed
+from kvreuse.runtime.engine.engine import EngineError
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.errors import APIError
+from kvreuse.runtime.server.grpc.kv_stream import KvEventHub
+from kvreuse.runtime.server.loads import worker_load
+from kvreuse.runtime.server.state import ServerState
+from kvreuse.runtime.server.tenants import Caller
 
 STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
           403: grpc.StatusCode.PERMISSION_DENIED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,

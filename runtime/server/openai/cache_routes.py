@@ -15,13 +15,13 @@ from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 
-from runtime.request import CacheScope
-from runtime.server.cache_info import cache_snapshot, describe
-from runtime.server.core.generate import parse_body
-from runtime.server.core.streaming import final_outputs
-from runtime.server.openai import chat
-from runtime.server.openai.protocol import ChatCompletionRequest
-from runtime.server.state import ServerState
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.server.cache_info import cache_snapshot, describe
+from kvreuse.runtime.server.core.generate import parse_body
+from kvreuse.runtime.server.core.streaming import final_outputs
+from kvreuse.runtime.server.openai import chat
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest
+from kvreuse.runtime.server.state import ServerState
 
 
 class PrewarmCaller(NamedTuple):

@@ -6,18 +6,20 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from runtime.engine.outputs import RequestOutput
-from runtime.server.core import chat_run
-from runtime.server.core.run import Caller
-from runtime.server.core.streaming import final_outputs, join_parsed
-from runtime.server.openai.constraints import response_grammar
-from runtime.server.openai.events import DONE, delta_messages, sse
-from runtime.server.openai.events import error_events as error_events  # the stream error shape (generate)
-from runtime.server.openai.messages import assistant_message, chat_input
-from runtime.server.openai.params import chat_logprobs
-from runtime.server.openai.protocol import ChatCompletionRequest
-from runtime.server.openai.run import OpenAIRun, body_params
-from runtime.server.state import ServerState
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.server.core import chat_run
+from kvreuse.runtime.server.core.run import Caller
+from kvreuse.runtime.server.core.streaming import final_outputs, join_parsed
+from kvreuse.runtime.server.openai.constraints import response_grammar
+from kvreuse.runtime.server.openai.events import DONE, delta_messages, sse
+from kvreuse.runtime.server.openai.events import (
+    error_events as error_events,  # the stream error shape (generate)
+)
+from kvreuse.runtime.server.openai.messages import assistant_message, chat_input
+from kvreuse.runtime.server.openai.params import chat_logprobs
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest
+from kvreuse.runtime.server.openai.run import OpenAIRun, body_params
+from kvreuse.runtime.server.state import ServerState
 
 
 class ChatCompletionRun(OpenAIRun, chat_run.ChatRun):

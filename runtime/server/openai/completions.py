@@ -7,16 +7,18 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from runtime.engine.outputs import RequestOutput
-from runtime.server.core.prompting import encode_text
-from runtime.server.core.run import Caller, EngineRun
-from runtime.server.core.streaming import final_outputs
-from runtime.server.openai.events import DONE, sse
-from runtime.server.openai.events import error_events as error_events  # the stream error shape (generate)
-from runtime.server.openai.params import completion_logprobs
-from runtime.server.openai.protocol import CompletionRequest
-from runtime.server.openai.run import OpenAIRun, body_params
-from runtime.server.state import ServerState
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.server.core.prompting import encode_text
+from kvreuse.runtime.server.core.run import Caller, EngineRun
+from kvreuse.runtime.server.core.streaming import final_outputs
+from kvreuse.runtime.server.openai.events import DONE, sse
+from kvreuse.runtime.server.openai.events import (
+    error_events as error_events,  # the stream error shape (generate)
+)
+from kvreuse.runtime.server.openai.params import completion_logprobs
+from kvreuse.runtime.server.openai.protocol import CompletionRequest
+from kvreuse.runtime.server.openai.run import OpenAIRun, body_params
+from kvreuse.runtime.server.state import ServerState
 
 log = logging.getLogger("kvreuse.server")
 

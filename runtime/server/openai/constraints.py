@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from runtime.sampling.constrained import Grammar, json_object, json_schema
-from runtime.server.openai.protocol import ChatCompletionRequest
+from kvreuse.runtime.sampling.constrained import Grammar, json_object, json_schema
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest
 
 
 def response_grammar(req: ChatCompletionRequest) -> Grammar | None:

@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from runtime.server.errors import APIError
+from kvreuse.runtime.server.errors import APIError
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chat_templates.tool_calls import ParsedDelta
-from runtime.engine.async_engine import EngineDead, RequestFailed
+from kvreuse.chat_templates.tool_calls import ParsedDelta
+from kvreuse.runtime.engine.async_engine import EngineDead, RequestFailed
 
 DONE = "data: [DONE]\n\n"
 

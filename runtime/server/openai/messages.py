@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat_templates.tool_calls import ParsedOutput
-from runtime.server.core.prompting import ChatInput, effort_kwargs
-from runtime.server.errors import bad_request
-from runtime.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
-from runtime.server.templates import TemplateInfo
+from kvreuse.chat_templates.tool_calls import ParsedOutput
+from kvreuse.runtime.server.core.prompting import ChatInput, effort_kwargs
+from kvreuse.runtime.server.errors import bad_request
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
+from kvreuse.runtime.server.templates import TemplateInfo
 
 
 def chat_input(req: ChatCompletionRequest, template: TemplateInfo) -> ChatInput:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.state import ServerState
+from kvreuse.runtime.server.state import ServerState
 
 
 def model_card(state: ServerState) -> dict[str, Any]:

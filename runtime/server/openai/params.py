@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.engine.engine import Engine
-from runtime.sampling.params import SamplingParams
-from runtime.server.errors import bad_request
-from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.errors import bad_request
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 
 def sampling_params(

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from runtime.server.core.validation import MAX_STOP, check_object_schema, check_schema
-from runtime.server.openai.logit_bias import check_logit_bias
-from runtime.server.openai.unsupported import refuse_unsupported
+from kvreuse.runtime.server.core.validation import MAX_STOP, check_object_schema, check_schema
+from kvreuse.runtime.server.openai.logit_bias import check_logit_bias
+from kvreuse.runtime.server.openai.unsupported import refuse_unsupported
 
 MAX_N = 8
 MAX_PROMPTS = 32  # batched /v1/completions prompts per request

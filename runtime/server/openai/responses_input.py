@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.server.errors import bad_request
-from runtime.server.openai.responses_protocol import (
+from kvreuse.runtime.server.errors import bad_request
+from kvreuse.runtime.server.openai.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat_templates.render import RenderedPrompt, render_text
-from runtime.server.core.prompting import (
+from kvreuse.chat_templates.render import RenderedPrompt, render_text
+from kvreuse.runtime.server.core.prompting import (
     ChatInput,
     ChatPrompt,
     build_chat_prompt,
@@ -22,10 +22,10 @@ from runtime.server.core.prompting import (
     prompt_from,
     render_kwargs,
 )
-from runtime.server.openai.responses_input import input_messages
-from runtime.server.openai.responses_protocol import FunctionChoice, ResponsesRequest
-from runtime.server.openai.responses_store import StoredResponse
-from runtime.server.templates import TemplateInfo
+from kvreuse.runtime.server.openai.responses_input import input_messages
+from kvreuse.runtime.server.openai.responses_protocol import FunctionChoice, ResponsesRequest
+from kvreuse.runtime.server.openai.responses_store import StoredResponse
+from kvreuse.runtime.server.templates import TemplateInfo
 
 MARKER = "\ue000kvreuse-stored-turn\ue000"  # private-use characters: no client text renders them
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from runtime.server.core.validation import check_schema
-from runtime.server.openai.protocol import _INTEGRAL, NON_TEXT_PARTS, FunctionDef, Int, _Body
+from kvreuse.runtime.server.core.validation import check_schema
+from kvreuse.runtime.server.openai.protocol import _INTEGRAL, NON_TEXT_PARTS, FunctionDef, Int, _Body
 
 MAX_METADATA = 16  # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")

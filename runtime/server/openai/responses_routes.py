@@ -11,15 +11,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from runtime.server.core.generate import generate, parse_body
-from runtime.server.errors import APIError
-from runtime.server.fingerprint import system_fingerprint
-from runtime.server.openai import responses_stream
-from runtime.server.openai.responses_prompt import build_prompt, chat_input
-from runtime.server.openai.responses_protocol import ResponsesRequest
-from runtime.server.openai.responses_run import ResponsesRun
-from runtime.server.openai.responses_store import ResponseStore, pin_owner
-from runtime.server.state import ServerState
+from kvreuse.runtime.server.core.generate import generate, parse_body
+from kvreuse.runtime.server.errors import APIError
+from kvreuse.runtime.server.fingerprint import system_fingerprint
+from kvreuse.runtime.server.openai import responses_stream
+from kvreuse.runtime.server.openai.responses_prompt import build_prompt, chat_input
+from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
+from kvreuse.runtime.server.openai.responses_run import ResponsesRun
+from kvreuse.runtime.server.openai.responses_store import ResponseStore, pin_owner
+from kvreuse.runtime.server.state import ServerState
 
 
 def response_store(state: ServerState) -> ResponseStore:

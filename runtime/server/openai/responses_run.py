@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.engine.outputs import RequestOutput
-from runtime.request import CacheScope
-from runtime.sampling.constrained import Grammar, json_object, json_schema
-from runtime.sampling.params import SamplingParams
-from runtime.server.core import chat_run
-from runtime.server.core.prompting import ChatInput, ChatPrompt
-from runtime.server.core.run import Caller
-from runtime.server.errors import bad_request
-from runtime.server.openai.responses_prompt import build_prompt, chat_input
-from runtime.server.openai.responses_protocol import ResponsesRequest
-from runtime.server.openai.responses_store import ResponseStore, StoredResponse, pin_owner
-from runtime.server.state import ServerState
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.sampling.constrained import Grammar, json_object, json_schema
+from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.core import chat_run
+from kvreuse.runtime.server.core.prompting import ChatInput, ChatPrompt
+from kvreuse.runtime.server.core.run import Caller
+from kvreuse.runtime.server.errors import bad_request
+from kvreuse.runtime.server.openai.responses_prompt import build_prompt, chat_input
+from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
+from kvreuse.runtime.server.openai.responses_store import ResponseStore, StoredResponse, pin_owner
+from kvreuse.runtime.server.state import ServerState
 
 
 class StoredScope:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.server.errors import APIError
+from kvreuse.runtime.server.errors import APIError
 
 MAX_STORED = 4096  # records kept in memory (and on disk after a compaction): the oldest go first
 

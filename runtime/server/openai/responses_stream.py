@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from chat_templates.tool_calls import ParsedDelta, ParsedOutput, ToolCall
-from runtime.engine.async_engine import EngineDead, RequestFailed
-from runtime.engine.outputs import RequestOutput
-from runtime.server.core.streaming import join_parsed
-from runtime.server.openai.messages import assistant_message
-from runtime.server.openai.responses_input import call_item, message_item, reasoning_item
-from runtime.server.openai.responses_run import ResponsesRun
+from kvreuse.chat_templates.tool_calls import ParsedDelta, ParsedOutput, ToolCall
+from kvreuse.runtime.engine.async_engine import EngineDead, RequestFailed
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.server.core.streaming import join_parsed
+from kvreuse.runtime.server.openai.messages import assistant_message
+from kvreuse.runtime.server.openai.responses_input import call_item, message_item, reasoning_item
+from kvreuse.runtime.server.openai.responses_run import ResponsesRun
 
 
 def error_events(e: Exception) -> list[str]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from runtime.engine.outputs import RequestOutput
-from runtime.server.core.run import MakeParams
-from runtime.server.openai.logit_bias import logit_bias_ids
-from runtime.server.openai.params import sampling_params
-from runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
-from runtime.server.openai.usage import StreamUsage, usage
-from runtime.server.state import ServerState
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.server.core.run import MakeParams
+from kvreuse.runtime.server.openai.logit_bias import logit_bias_ids
+from kvreuse.runtime.server.openai.params import sampling_params
+from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvreuse.runtime.server.openai.usage import StreamUsage, usage
+from kvreuse.runtime.server.state import ServerState
 
 
 def body_params(state: ServerState, req: ChatCompletionRequest | CompletionRequest) -> MakeParams:

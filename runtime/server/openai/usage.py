@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.engine.outputs import RequestOutput
-from runtime.server.openai.protocol import StreamOptions
+from kvreuse.runtime.engine.outputs import RequestOutput
+from kvreuse.runtime.server.openai.protocol import StreamOptions
 
 
 def usage(prompt_lens: list[int], outs: list[RequestOutput], n: int = 1) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from runtime.cache.store.shared import public_url
-from runtime.engine.engine import EngineStats
-from runtime.server.cache_info import CacheSnapshot, describe
-from runtime.server.state import ServerState
+from kvreuse.runtime.cache.store.shared import public_url
+from kvreuse.runtime.engine.engine import EngineStats
+from kvreuse.runtime.server.cache_info import CacheSnapshot, describe
+from kvreuse.runtime.server.state import ServerState
 
 
 def tiers(stats: EngineStats, snap: CacheSnapshot | None, page_bytes: int, host_budget: int | None,

@@ -18,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
 
-from runtime.server.errors import APIError, bad_request
-from runtime.server.state import ServerState
-from runtime.server.ui.live import LiveView
+from kvreuse.runtime.server.errors import APIError, bad_request
+from kvreuse.runtime.server.state import ServerState
+from kvreuse.runtime.server.ui.live import LiveView
 
 STATIC = {"index.html": "text/html", "ui.js": "text/javascript", "ui.css": "text/css"}
 HEADERS = {

@@ -36,7 +36,7 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
         else:
             name = "cpu" if ops is not None else "reference"
     if name == "cpu":
-        from kernels import reference as r
+        from kvreuse.kernels import reference as r
 
         if ops is None:
             raise ValueError("attention backend 'cpu' needs a CPU device and a C compiler (cc/gcc)")
@@ -44,20 +44,20 @@ def select_backend(device: torch.device | str, name: str = "auto") -> AttentionB
             "cpu", r.store_kv, ops.extend_attention, ops.paged_decode_attention, None, ops
         )
     if name == "reference":
-        from kernels import reference as r
+        from kvreuse.kernels import reference as r
 
         return AttentionBackend(
             "reference", r.store_kv, r.extend_attention, r.decode_attention, r.decode_plan
         )
     if name == "triton":
-        from kernels import triton_attention as t
+        from kvreuse.kernels import triton_attention as t
 
         return AttentionBackend("triton", t.store_kv, t.extend_attention, t.decode_attention, None)
     raise ValueError(f"unknown attention backend {name!r} (expected auto, reference, cpu or triton)")
 
 
 def _native_ops() -> Any:
-    from kernels.native_cpu import load
+    from kvreuse.kernels.native_cpu import load
 
     return load()
 
