@@ -19,6 +19,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -69,8 +70,15 @@ def compile_library(source: Path) -> ctypes.CDLL | None:
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
+        _fallback("no C compiler found (install gcc, or set CC)")
         return None
     try:
         return ctypes.CDLL(str(_build(cc, source)))
-    except (OSError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError) as e:
+        _fallback(f"the build with {cc} failed ({type(e).__name__})")
         return None
+
+
+@cache  # one line per process and reason, not one per kernel source
+def _fallback(reason: str) -> None:
+    print(f"kvreuse: C kernels unavailable, {reason}: using the torch kernels", file=sys.stderr)
