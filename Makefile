@@ -6,7 +6,8 @@ PIP := $(PY) -m pip
 # (torch==X+cpu). pip takes that wheel from its own find-links where a machine keeps it, else from
 # PyTorch's page of wheels. `make lock` re-resolves it (newest releases), `make test-latest` tries them.
 LOCK := requirements.lock
-TORCH_WHEELS ?= https://download.pytorch.org/whl/torch/
+# (pip's own find-links, where set, else PyTorch's page)
+TORCH_WHEELS ?= $(or $(PIP_FIND_LINKS),https://download.pytorch.org/whl/torch/)
 TORCH_CPU ?= torch==2.13.0+cpu
 # Where the lock does not fit (another Python or machine) and for `make test-latest`: the CPU build of
 # torch first, since an unpinned torch would pull a multi-GB CUDA build.
@@ -14,11 +15,12 @@ TORCH_CPU ?= torch==2.13.0+cpu
 TORCH_SPEC ?= torch==2.13.0
 LOCKED ?= 1
 LATEST ?= .venv-latest
+OLDEST ?= .venv-oldest
 OUT ?= out/patterns
 # CI has two cores: two test workers, each running whole files (their servers are per file).
 TEST_WORKERS ?= 2
 
-.PHONY: setup model browser hosts run test test-latest lock bench lint clean
+.PHONY: setup model browser hosts run test test-latest test-oldest lock bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -36,8 +38,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(LOCK)
 	touch $@
 
 # Re-resolve the lock to today's newest releases (for CPython 3.11 on x86-64 Linux, CI's machine).
-# Run `make test-latest` first; commit the new lock on its own. Where torch's CPU wheel lies in a
-# local folder: make lock TORCH_WHEELS=/that/folder
+# Run `make test-latest` first; commit the new lock on its own.
 lock:
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q uv
@@ -78,6 +79,21 @@ test-latest:
 	$(LATEST)/bin/python -c "from kvreuse.runtime.loading.model_source import resolve_model; resolve_model(None)"
 	$(LATEST)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
+# The oldest release that pyproject.toml admits of each runtime dependency (uv's lowest-direct; torch
+# stays at the CPU build; the test tools as locked), and the fast tests on them: the lower bounds are
+# claims, this checks them.
+test-oldest:
+	rm -rf $(OLDEST) && python3 -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --upgrade pip uv
+	echo "$(TORCH_CPU)" > $(OLDEST)/pins.txt
+	python3 .ci/check_lock.py --test-pins >> $(OLDEST)/pins.txt
+	$(OLDEST)/bin/uv pip compile -q pyproject.toml --extra test --resolution lowest-direct --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --find-links $(TORCH_WHEELS) -c $(OLDEST)/pins.txt -o $(OLDEST)/oldest.txt
+	$(OLDEST)/bin/python -m pip install -q --no-deps -r $(OLDEST)/oldest.txt
+	$(OLDEST)/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+	$(OLDEST)/bin/python -m pip list --format=freeze | grep -iE '^(torch|transformers|huggingface.hub|tokenizers|fastapi|numpy|llguidance)=='
+	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
 bench: model
 	$(PY) -m kvreuse.benchmarks.throughput
 	$(PY) -m kvreuse.benchmarks.ttft_multiturn
@@ -89,4 +105,4 @@ lint: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_layering.py
 
 clean:
-	rm -rf $(VENV) $(LATEST) out .pytest_cache build dist
+	rm -rf $(VENV) $(LATEST) $(OLDEST) out .pytest_cache build dist

@@ -3,7 +3,8 @@ runtime's and the ``test`` extra's) must be pinned in the lock at a version its 
 
 ``python3 .ci/check_lock.py``: exit 0 when they agree, else 1 with what disagrees and the command that
 fixes it. ``--platform``: exit 0 when this interpreter is the one the lock was resolved for (CI's), else
-1 with one line saying so. Runs before anything is installed, so it needs only the standard library and
+1 with one line saying so. ``--test-pins``: print the lock's pins of the test extra's own packages
+(``make test-oldest`` holds the test tools there while the runtime's dependencies go to their oldest). Runs before anything is installed, so it needs only the standard library and
 pip (whose vendored ``packaging`` it borrows when ``packaging`` itself is not installed).
 """
 
@@ -44,10 +45,10 @@ def pins(lock_text: str) -> dict[str, str]:
     }
 
 
-def declared() -> list[Requirement]:
+def declared(runtime: bool = True, extras: tuple[str, ...] = EXTRAS) -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = list(project["dependencies"])
-    for extra in EXTRAS:
+    specs = list(project["dependencies"]) if runtime else []
+    for extra in extras:
         specs += project["optional-dependencies"][extra]
     return [Requirement(s) for s in specs]
 
@@ -78,6 +79,11 @@ def main(argv: list[str]) -> int:
             " releases instead, as `make test-latest` does"
         )
         return 1
+    if "--test-pins" in argv:
+        pinned, runtime = pins(LOCK.read_text()), {canonicalize_name(r.name) for r in declared(extras=())}
+        names = {canonicalize_name(r.name) for r in declared(runtime=False)} - runtime
+        print("".join(f"{n}=={pinned[n]}\n" for n in sorted(names) if n in pinned), end="")
+        return 0
     if not LOCK.exists():
         print(f"requirements.lock is missing: {FIX}")
         return 1
