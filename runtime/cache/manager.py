@@ -18,7 +18,7 @@ from kvreuse.runtime.cache.hybrid_states import HybridStates, NoStates
 from kvreuse.runtime.cache.page_allocator import OutOfPages, PageAllocator
 from kvreuse.runtime.cache.pins import PinTable
 from kvreuse.runtime.cache.prefix_cache import PrefixCache
-from kvreuse.runtime.cache.registry import DEFAULT_KIND, make_prefix_cache
+from kvreuse.runtime.cache.registry import DEFAULT_KIND, POLICY_KIND, make_prefix_cache
 from kvreuse.runtime.cache.shadows import NoShadows, Shadows
 from kvreuse.runtime.cache.store.states import StateTier
 from kvreuse.runtime.cache.store.tiers import LowerTiers, TierStats
@@ -294,6 +294,6 @@ def make_shadows(
     if not policies:
         return NoShadows()
     pools = {
-        p: CacheManager(num_pages, page_size, "radix", p, session_ttl, pinned_fraction) for p in policies
+        p: CacheManager(num_pages, page_size, POLICY_KIND, p, session_ttl, pinned_fraction) for p in policies
     }
     return Shadows(pools, chunk_size)
