@@ -173,6 +173,11 @@ class Scheduler:
         req.drop_tail(n)
         self._generated -= n
 
+    def forget_tenants(self) -> None:
+        """Forget which tenants were seen lately: only those with work count for the next step's budget
+        (a benchmark's rounds start afresh rather than waiting ``tenant_linger_s``)."""
+        self._last_seen.clear()
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
