@@ -16,7 +16,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
@@ -187,6 +186,5 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         return common_pb2.FlushCacheResponse(success=True, message="ok")
 
     async def SubscribeKvEvents(self, request, context) -> AsyncIterator[common_pb2.KvEventBatch]:
-        tree: Any = self.state.engine.cache.prefix
-        async for batch in self.hub.stream(self.state.on_engine, tree, context.cancelled):
+        async for batch in self.hub.stream(self.state.on_engine, self.state.engine.cache, context.cancelled):
             yield batch
