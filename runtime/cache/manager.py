@@ -6,13 +6,10 @@ own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
 run one code path; a hybrid model's linear-attention states go through the same calls (``states``:
 ``HybridStates`` or, for dense models, ``NoStates``; their snapshots ride on ``insert`` / ``match``).
 
-Its public methods are the cache's whole interface for the engine, the scheduler and the servers:
-requests' pages (admit, reserve, trim, cache_computed, release, finish), pins (``pin_prefix``,
-``unpin``, ``is_pinned``, ``pin_report``), events (``listen``, ``announce``), eviction shadows
-(``shadow_stats``), the tiers (``tick``: the persist clock; ``persist``, ``prefetch``, ``loading``,
-``load_stored``, ``tier_stats``, ``tier_error``, ``close``) and figures (``stats``, ``check_integrity``).
-Nothing outside ``runtime/cache/`` reaches through it to its parts (``tests/test_cache_wall.py``).
-Tier presence is decided once, here: without tiers ``tiers`` is ``NoLowerTiers``.
+Its public methods are the cache's whole interface above ``runtime/cache/`` (nothing reaches through
+it to its parts: ``tests/test_cache_wall.py``): requests' pages and state inputs, pins, events
+(``listen``, ``announce``), shadows, the tiers (``tick``: the persist clock) and figures.  Tier
+presence is decided once, here: without tiers ``tiers`` is ``NoLowerTiers``.
 """
 
 from __future__ import annotations
@@ -62,11 +59,9 @@ class NoLowerTiers:
     def stats(self) -> TierStats | None:
         return None
 
-    def check(self) -> None:
-        pass
+    def check(self) -> None: ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None: ...
 
 
 class CacheManager:
@@ -106,6 +101,7 @@ class CacheManager:
         self.tiers: LowerTiers | NoLowerTiers = tiers if tiers is not None else NoLowerTiers()
         self._persist_every_s = persist_every_s
         self._next_persist = time.monotonic() + persist_every_s
+        self._closed = False
         self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
         self.states = states if states is not None else NoStates()  # a hybrid's linear-attention slots
@@ -336,10 +332,12 @@ class CacheManager:
         return self.prefix.load_stored()
 
     def close(self) -> None:
-        """Persist and close the lower tiers (shutdown); the engine runs nothing after this."""
+        """Persist and close the lower tiers (shutdown; idempotent); the engine runs nothing after this."""
+        if self._closed:
+            return
+        self._closed = True
         self.persist()
         self.tiers.close()
-        self.tiers = NoLowerTiers()
 
     def tier_stats(self) -> TierStats | None:
         """Lower-tier counters, or None without tiers."""
