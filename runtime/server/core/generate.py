@@ -1,6 +1,7 @@
 """Admission around one generation, body parsing off the event loop, client-disconnect handling.
 
-``admit_run`` is the one admission path of every front, the HTTP routes' and the gRPC worker's: the
+``admit_run`` is the one admission path of every front (the HTTP routes, the prewarm route and the
+gRPC worker): the
 tenant's share and the server's capacity taken, the run built complete (its cache scope, each engine
 request validated once) off the event loop, and a release that gives both back once.  ``generate``
 is the HTTP answer around it, the same for every protocol; the protocol's module answers
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -28,6 +29,16 @@ from kvreuse.runtime.server.tenants import Caller
 DISCONNECT_POLL_S = 0.25
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
+
+
+class Tenanted(Protocol):
+    """A caller as admission sees it: whose share it takes (``tenants.Caller``, or the prewarm route's)."""
+
+    @property
+    def tenant(self) -> str | None: ...
+
+
+C = TypeVar("C", bound=Tenanted)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -67,9 +78,7 @@ async def parse_body(
     return await state.prep.run(request.state.tenant, parse)
 
 
-async def admit_run(
-    state: ServerState, caller: Caller, n: int, make_run: Callable[[Caller], R]
-) -> tuple[R, Once]:
+async def admit_run(state: ServerState, caller: C, n: int, make_run: Callable[[C], R]) -> tuple[R, Once]:
     """Admit ``n`` sequences for ``caller``'s tenant, then build ``make_run(caller)`` (the run, complete
     with its cache scope and validated engine requests) in the prep thread; returns it and the release
     the caller runs once the run is over.  Raises (APIError, EngineError) with nothing held."""
