@@ -143,7 +143,7 @@ def prefill_cost(reps: int = 3, tokens: int = 1500) -> dict:
     one = SamplingParams(max_tokens=1, ignore_eos=True)
 
     def once(other: bool) -> float:
-        eng.scheduler._last_seen.clear()  # nobody lingers from the previous round
+        eng.scheduler.forget_tenants()  # nobody lingers from the previous round
         a = eng.make_request(ids, one, scope=CacheScope("tenant-a"))
         reqs = [a] + ([eng.make_request(ids[:8], one, scope=CacheScope("tenant-b"))] if other else [])
         t0 = time.perf_counter()

@@ -15,8 +15,6 @@ from kvreuse.runtime.sampling.constrained.matcher import Matcher
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
-# Who a request's cache belongs to.
-#
 # Who a request's cache belongs to: its tenant's namespace, the public prefix, its session.
 #
 # The server derives all of it (from the API key and the request); a client never names a

@@ -173,6 +173,11 @@ class Scheduler:
         req.drop_tail(n)
         self._generated -= n
 
+    def forget_tenants(self) -> None:
+        """Forget which tenants were seen lately: only those with work count for the next step's budget
+        (a benchmark's rounds start afresh rather than waiting ``tenant_linger_s``)."""
+        self._last_seen.clear()
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -237,7 +242,7 @@ class Scheduler:
             else [c.sample for c in batch],
             params=[r.params for r in sampled],
             generators=[r.generator for r in sampled],
-            states=self.cache.states.step_input(
+            states=self.cache.state_input(
                 [(c.req, c.start, c.length) for c in batch],
                 [len(c.draft) for c in batch] if drafting else None,
             ),
@@ -373,7 +378,7 @@ class Scheduler:
                 verified[req] = accepted
             out.append(Sampled(req, toks))
         if verified:  # a hybrid's linear-attention state back to each one's last accepted token
-            self.cache.states.settle(verified)
+            self.cache.settle(verified)
         return out
 
     def _append(self, req: Request, draft: tuple[int, ...], targets: list) -> list[int]:

@@ -172,3 +172,18 @@ def test_tier_totals_count_each_requests_hit_once(model, off):
     for r in reqs:
         assert r.output_ids == _run(off, list(r.tokens[: r.num_prompt]), n=40).output_ids
     eng.close()
+
+
+def test_the_persist_clock_writes_the_pool_down_once_its_period_has_passed(model, tmp_path):
+    """``--kv-store-sync``: the cache's own clock (``CacheManager.tick``, at every engine step) writes the
+    pool-only pages to the disk tier once the period has passed, and not before."""
+    gen = torch.Generator().manual_seed(5)
+    for sync_s, written in ((3600.0, False), (0.0, True)):
+        eng = tiny_engine(
+            model, page_size=PS, num_pages=256, kv_store=str(tmp_path / str(sync_s)), kv_store_sync_s=sync_s
+        )
+        _run(eng, random_ids(gen, 50))
+        eng.step()  # the next step's tick
+        eng.cache.tiers.flush()  # the writer thread's queue, on disk
+        assert (eng.tier_stats().disk_pages > 0) is written
+        eng.close()

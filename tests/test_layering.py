@@ -125,22 +125,62 @@ def test_a_cycle_is_found(tree_copy: Path):
     ]
 
 
-def test_the_contracts_name_every_module(tmp_path: Path):
-    """Every top-level package of ``runtime`` is in the main layers contract, and every module of a
-    package with its own layers contract is in that contract: a new module must take a layer."""
+def test_an_upward_import_inside_a_subpackage_breaks_a_contract(tree_copy: Path):
+    """Inside ``models`` and ``server.openai`` too (no cycle: only their own contracts can see these)."""
+    _append(tree_copy / "runtime/models/block_int8.py", "import kvreuse.runtime.models.summary  # noqa")
+    _append(
+        tree_copy / "runtime/server/openai/responses_store.py",
+        "import kvreuse.runtime.server.openai.chat  # noqa",
+    )
+    r = lint_imports(tree_copy, tree_copy.parent / "stage")
+    said = " ".join(r.stdout.split())  # the report wraps its lines
+    assert r.returncode != 0
+    for low, high in (
+        ("models.block_int8", "models.summary"),
+        ("server.openai.responses_store", "server.openai.chat"),
+    ):
+        assert f"kvreuse.runtime.{low} is not allowed to import kvreuse.runtime.{high}" in said
+
+
+def unlisted_modules(staged: Path, root: Path = ROOT) -> dict[str, list[str]]:
+    """Per package of ``runtime`` (every module with children, at any depth), the children no contract
+    names: a layers contract over it (``kvreuse.runtime`` itself: the main one, without containers) or an
+    independence contract among its children."""
     import tomllib
 
-    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    graph = build_graph("runtime", tmp_path)
-    unlisted = {}
+    contracts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    named: dict[str, set[str]] = {}  # package -> the children its contracts name
     for c in contracts:
-        if c.get("type") != "layers":
-            continue
-        named = {part.strip() for layer in c["layers"] for part in layer.split("|")}
-        for container in c.get("containers", ["kvreuse.runtime"]):
-            prefix = "" if "containers" in c else "kvreuse.runtime."
-            kids = {k.split(".")[-1] for k in graph.find_children(container)}
-            missing = sorted(k for k in kids if (prefix + k) not in named and k not in named)
-            if missing:
-                unlisted[container] = missing
-    assert unlisted == {}
+        if c.get("type") == "layers":
+            kids = {part.strip() for layer in c["layers"] for part in layer.split("|")}
+            for container in c.get("containers", [""]):
+                for kid in kids:  # the main contract names full paths, the others names within the container
+                    package, _, name = (kid if not container else f"{container}.{kid}").rpartition(".")
+                    named.setdefault(package, set()).add(name)
+        elif c.get("type") == "independence":
+            for module in c["modules"]:
+                package, _, name = module.rpartition(".")
+                named.setdefault(package, set()).add(name)
+    graph = build_graph("runtime", staged, root)
+    unlisted = {}
+    for package in sorted(m for m in graph.modules if graph.find_children(m)):
+        kids = {k.rpartition(".")[2] for k in graph.find_children(package)}
+        missing = sorted(kids - named.get(package, set()))
+        if missing:
+            unlisted[package] = missing
+    return unlisted
+
+
+def test_the_contracts_name_every_module(tmp_path: Path):
+    """Every module of every package of ``runtime`` (``models``, ``server.openai``, ``cache.store``, ...)
+    sits in a contract: a new module must take a layer."""
+    assert unlisted_modules(tmp_path) == {}
+
+
+def test_a_new_module_without_a_layer_is_found(tree_copy: Path):
+    (tree_copy / "runtime/cache/store/extra.py").write_text('"""A module no contract names."""\n')
+    (tree_copy / "runtime/models/extra.py").write_text('"""A module no contract names."""\n')
+    assert unlisted_modules(tree_copy.parent / "stage", tree_copy) == {
+        "kvreuse.runtime.cache.store": ["extra"],
+        "kvreuse.runtime.models": ["extra"],
+    }

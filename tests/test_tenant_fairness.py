@@ -117,3 +117,21 @@ def test_on_a_slow_machine_the_other_tenants_steps_fit_the_step_time(tiny_models
     assert b.num_computed == 9 and a.num_computed == CHUNK + MIN_TENANT_CHUNK - 9
     eng.step()  # B decodes (one row): A gets the floor again, not a whole tenant chunk
     assert a.num_computed == CHUNK + 2 * MIN_TENANT_CHUNK - 9
+
+
+def test_forgetting_the_tenants_ends_the_linger(tiny_models):
+    """``Scheduler.forget_tenants`` (a benchmark's new round): a tenant that ended lately no longer
+    shortens the next step; without it the step is short for ``tenant_linger_s``."""
+    eng, _, _, _ = _long_then_short(tiny_models[("llama", False)], "tenant-b", linger_s=60.0)
+    eng.scheduler.schedule = type(eng.scheduler).schedule.__get__(eng.scheduler)
+    g = torch.Generator().manual_seed(8)
+    for forget in (False, True):
+        req = eng.make_request(random_ids(g, 700), greedy(1), scope=CacheScope("tenant-a"))
+        if forget:
+            eng.scheduler.forget_tenants()
+        eng.submit(req)
+        eng.step()
+        assert (req.num_computed == CHUNK) == forget  # else at most the tenant chunk
+        assert req.num_computed <= TENANT_CHUNK or forget
+        eng.abort(req.request_id)
+        eng.step()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from kvreuse.runtime.cache.tree_node import TreeNode
@@ -38,6 +38,18 @@ class CacheEvents:
 
     def cleared(self) -> None:
         """Every page left the cache (a reset)."""
+
+
+class EventSource(Protocol):
+    """What a listener needs of a cache (``CacheManager``, or a ``PrefixCache`` itself)."""
+
+    def listen(self, events: CacheEvents) -> bool:
+        """Make ``events`` the hook; False when the cache stores nothing to tell of."""
+        ...
+
+    def announce(self, events: CacheEvents) -> None:
+        """Tell ``events`` every node held now, parents first, as stored."""
+        ...
 
 
 class Block(NamedTuple):

@@ -5,6 +5,11 @@ own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
 ``kvreuse.runtime.cache.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
 run one code path; a hybrid model's linear-attention states go through the same calls (``states``:
 ``HybridStates`` or, for dense models, ``NoStates``; their snapshots ride on ``insert`` / ``match``).
+
+Its public methods are the cache's whole interface above ``runtime/cache/`` (nothing reaches through
+it to its parts: ``tests/test_cache_wall.py``): requests' pages and state inputs, pins, events
+(``listen``, ``announce``), shadows, the tiers (``tick``: the persist clock) and figures.  Tier
+presence is decided once, here: without tiers ``tiers`` is ``NoLowerTiers``.
 """
 
 from __future__ import annotations
@@ -13,17 +18,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from kvreuse.runtime.cache.events import CacheEvents
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 from kvreuse.runtime.cache.hybrid_states import HybridStates, NoStates
 from kvreuse.runtime.cache.page_allocator import OutOfPages, PageAllocator
-from kvreuse.runtime.cache.pins import PinTable
+from kvreuse.runtime.cache.pins import PinInfo, PinTable
 from kvreuse.runtime.cache.prefix_cache import PrefixCache
-from kvreuse.runtime.cache.registry import DEFAULT_KIND, make_prefix_cache
-from kvreuse.runtime.cache.shadows import NoShadows, Shadows
+from kvreuse.runtime.cache.registry import DEFAULT_KIND, POLICY_KIND, make_prefix_cache
+from kvreuse.runtime.cache.shadows import NoShadows, Shadows, ShadowStats
 from kvreuse.runtime.cache.store.states import StateTier
 from kvreuse.runtime.cache.store.tiers import LowerTiers, TierStats
 from kvreuse.runtime.cache.tiered_cache import PageIO
 from kvreuse.runtime.request import PUBLIC, CacheScope, Request
+from kvreuse.runtime.runner.state_pool import StateInput
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -37,9 +44,24 @@ class CacheStats(NamedTuple):
     request_pages: int
     evicted_pages: int
     pinned_pages: int = 0
+    snapshots: int = 0  # per-node states held (a hybrid's or window model's snapshots) and their bytes
+    snapshot_bytes: int = 0
 
 
 _SHADOW_PARAMS = SamplingParams(max_tokens=1)  # a replayed request samples nothing
+
+
+class NoLowerTiers:
+    """What the manager asks of ``LowerTiers`` when nothing is below the pool: no figures, no error."""
+
+    error: str | None = None
+
+    def stats(self) -> TierStats | None:
+        return None
+
+    def check(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class CacheManager:
@@ -62,9 +84,11 @@ class CacheManager:
         state_tier: StateTier | None = None,
         shadows: Sequence[str] = (),
         chunk_size: int = 512,
+        persist_every_s: float = 60.0,
     ) -> None:
         """``shadows``: policies to replay each finished request under (``runtime/cache/shadows.py``),
-        chunk by chunk of ``chunk_size`` tokens as the scheduler prefills."""
+        chunk by chunk of ``chunk_size`` tokens as the scheduler prefills.  ``persist_every_s``: how
+        often :meth:`tick` writes pool-only pages to the disk tier."""
         if shadows and state_budget is not None:
             raise ValueError("eviction shadows model a full-attention pool: this model keeps per-node states")
         self.page_size = page_size
@@ -74,7 +98,10 @@ class CacheManager:
             state_tier,
         )  # fmt: skip
         self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
-        self.tiers = tiers
+        self.tiers: LowerTiers | NoLowerTiers = tiers if tiers is not None else NoLowerTiers()
+        self._persist_every_s = persist_every_s
+        self._next_persist = time.monotonic() + persist_every_s
+        self._closed = False
         self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
         self.states = states if states is not None else NoStates()  # a hybrid's linear-attention slots
@@ -141,6 +168,22 @@ class CacheManager:
         if len(req.pages) > keep:
             self.allocator.free(req.pages[keep:])
             del req.pages[keep:]
+
+    def unreserve(self, req: Request) -> None:
+        """Free the pages :meth:`reserve` gave a request never admitted (a prompt's scoring scratch)."""
+        self.allocator.free(req.pages)
+        req.pages = []
+
+    # -- per-request model state (a hybrid's or window model's slots) ---------------------
+    def state_input(
+        self, chunks: list[tuple[Request, int, int]], drafted: list[int] | None = None
+    ) -> StateInput | None:
+        """The runner's view of a step's ``(request, start, length)`` chunks' state slots (None: dense)."""
+        return self.states.step_input(chunks, drafted)
+
+    def settle(self, accepted: dict[Request, int]) -> None:
+        """After a step that verified drafts: each request's state back to its last accepted token."""
+        self.states.settle(accepted)
 
     # -- insertion / release ------------------------------------------------------
     def cache_computed(self, req: Request, leaving: bool = False) -> None:
@@ -219,7 +262,49 @@ class CacheManager:
         self.prefix.reset()
         self.shadows.reset()
 
+    # -- pins -------------------------------------------------------------------------
+    def pin_prefix(
+        self, owner: object, ids: list[int], scope: CacheScope, ttl: float | None
+    ) -> tuple[int, bool]:
+        """Pin the cached part of ``ids`` (in ``scope``) for ``ttl`` seconds under ``owner``, within the pin
+        budget; returns (tokens the pin covers, whether it was taken)."""
+        handle = self.prefix.match(ids, scope).handle
+        return self.prefix.handle_len(handle), self.pins.pin(owner, handle, ttl)
+
+    def unpin(self, owner: object) -> None:
+        self.pins.unpin(owner)
+
+    def is_pinned(self, owner: object) -> bool:
+        return owner in self.pins
+
+    def pin_report(self) -> tuple[list[PinInfo], dict[str, int], dict[object, dict[str, int]]]:
+        """The live pins (owner, tokens, TTL left), the pins lapsed so far by cause, and by tenant."""
+        table = self.pins
+        return table.info(), dict(table.lapsed), {t: dict(c) for t, c in table.lapsed_by.items()}
+
+    # -- events and shadows -----------------------------------------------------------------
+    def listen(self, events: CacheEvents) -> bool:
+        """Make ``events`` the hook told of every node stored and evicted and every reset (only before
+        requests run, or between steps); False when this cache's kind stores nothing to tell of."""
+        return self.prefix.listen(events)
+
+    def announce(self, events: CacheEvents) -> None:
+        """Tell ``events`` every node cached now, parents first (between steps): a new listener's picture."""
+        self.prefix.announce(events)
+
+    def shadow_stats(self) -> ShadowStats | None:
+        """What each ``--eviction-shadows`` policy would have served of the same requests (None: no shadows)."""
+        return self.shadows.stats()
+
     # -- lower tiers -------------------------------------------------------------------
+    def tick(self) -> None:
+        """Between steps: every ``persist_every_s`` start writing pool-only pages to the disk tier (a
+        cache without tiers writes nothing)."""
+        now = time.monotonic()
+        if now >= self._next_persist:
+            self._next_persist = now + self._persist_every_s
+            self.persist(wait=False)
+
     def persist(self, wait: bool = True) -> int:
         """Write every cached page that is only in the pool to the disk tier; returns pages written."""
         return self.prefix.persist(wait)
@@ -247,17 +332,31 @@ class CacheManager:
         return self.prefix.load_stored()
 
     def close(self) -> None:
-        """Persist and close the lower tiers (shutdown); the engine runs nothing after this."""
-        if self.tiers is not None:
-            self.persist()
-            self.tiers.close()
-            self.tiers = None
+        """Persist and close the lower tiers (shutdown; idempotent); the engine runs nothing after this."""
+        if self._closed:
+            return
+        self._closed = True
+        self.persist()
+        self.tiers.close()
 
     def tier_stats(self) -> TierStats | None:
-        return self.tiers.stats() if self.tiers is not None else None
+        """Lower-tier counters, or None without tiers."""
+        return self.tiers.stats()
+
+    def tier_error(self) -> str | None:
+        """Why a lower tier runs degraded (disk read-only, shared store unreachable), or None; thread-safe."""
+        return self.tiers.error
+
+    @property
+    def num_pages(self) -> int:
+        """The pool's pages (readable from any thread)."""
+        return self.allocator.num_pages
 
     # -- accounting ------------------------------------------------------------------
-    def stats(self) -> CacheStats:
+    def stats(self, expire_pins: bool = False) -> CacheStats:
+        """Pages by owner now (``expire_pins``: pins past their TTL dropped first, as a report wants)."""
+        if expire_pins:
+            self.pins.expire()
         ps = self.prefix.stats()
         return CacheStats(
             total_pages=self.allocator.num_pages,
@@ -267,6 +366,8 @@ class CacheManager:
             request_pages=sum(len(r.own_pages) for r in self.live),
             evicted_pages=ps.evicted_pages,
             pinned_pages=ps.pinned_pages,
+            snapshots=ps.states,
+            snapshot_bytes=ps.state_bytes,
         )
 
     def check_integrity(self) -> CacheStats:
@@ -274,8 +375,7 @@ class CacheManager:
         if s.free_pages + s.tree_pages + s.request_pages != s.total_pages:
             raise AssertionError(f"KV page leak: {s}")
         self.pins.check()  # every pin on the cache is one of the table's, and within the budget
-        if self.tiers is not None:
-            self.tiers.check()
+        self.tiers.check()
         self.prefix.check()  # the cache's own accounting: node states' bytes and budget
         self.states.check(self.live)
         return s
@@ -294,6 +394,6 @@ def make_shadows(
     if not policies:
         return NoShadows()
     pools = {
-        p: CacheManager(num_pages, page_size, "radix", p, session_ttl, pinned_fraction) for p in policies
+        p: CacheManager(num_pages, page_size, POLICY_KIND, p, session_ttl, pinned_fraction) for p in policies
     }
     return Shadows(pools, chunk_size)

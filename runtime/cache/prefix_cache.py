@@ -30,15 +30,22 @@ nothing) and the radix tree (``kvreuse.runtime.cache.radix_cache.RadixCache``) r
   first ``n`` tokens; a cache that keeps states returns from ``match`` the longest prefix that has
   both its pages and a state at its end (``MatchResult.state``; ``cut_len`` says how much longer the
   KV match was).  ``check()`` asserts the cache's own accounting (the states' bytes and budget).
+* events (``runtime/cache/events.py``): ``listen(events)`` makes ``events`` the hook told of every
+  node stored and evicted and every reset (False: this cache stores nothing, so it never tells);
+  ``announce(events)`` tells ``events`` every node held now, parents first, as if each were just
+  stored (a new listener's starting picture).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvreuse.runtime.request import PUBLIC, CacheScope
+
+if TYPE_CHECKING:
+    from kvreuse.runtime.cache.events import CacheEvents
 
 
 class MatchResult(NamedTuple):
@@ -123,6 +130,10 @@ class PrefixCache(Protocol):
 
     def check(self) -> None: ...
 
+    def listen(self, events: CacheEvents) -> bool: ...
+
+    def announce(self, events: CacheEvents) -> None: ...
+
     def persist(self, wait: bool = True) -> int: ...
 
     def prefetch(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> Future | None: ...
@@ -198,4 +209,10 @@ class NoPrefixCache(NoTiers):
         return PrefixCacheStats(0, 0, 0)
 
     def check(self) -> None:
+        pass
+
+    def listen(self, events: CacheEvents) -> bool:
+        return False  # nothing is ever stored, so there is nothing to tell
+
+    def announce(self, events: CacheEvents) -> None:
         pass

@@ -266,6 +266,19 @@ class RadixCache(NoTiers, RadixTree):
         self._total_pages = 0
         self.num_nodes = 0
 
+    def listen(self, events: CacheEvents) -> bool:
+        """Tell ``events`` of every node stored and evicted and every reset from now on."""
+        self.events = events
+        return True
+
+    def announce(self, events: CacheEvents) -> None:
+        """Tell ``events`` every node held now, parents before their children, as stored."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            events.stored(node)
+            stack.extend(node.children.values())
+
     def check(self) -> None:
         """Integrity of what the counters cannot show: every node state is the store's, bytes add up."""
         nodes, stack = [], list(self.root.children.values())

@@ -36,6 +36,8 @@ KINDS: dict[str, CacheKind] = {
     )
 }
 DEFAULT_KIND = "radix"
+# the kind an eviction policy orders: eviction shadows replay each policy on a cache of this kind
+POLICY_KIND = "radix"
 
 
 def cache_kind(name: str) -> CacheKind:

@@ -4,13 +4,13 @@
 thread), let the scheduler pick a batch, run it (forward + sample), let the scheduler commit
 the result (progress, cached pages, finished requests), detokenise, and return outputs.
 ``AsyncEngine`` runs it in a background thread; ``generate`` runs it inline.  Callers use the
-methods and properties here, never the runner, cache manager or scheduler directly.
+methods and properties here and the cache manager's public methods (``Engine.cache``), never the
+runner or the scheduler directly, nor the cache manager's parts (``tests/test_cache_wall.py``).
 """
 
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,8 +88,8 @@ class Engine:
             self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache, cfg.eviction_policy, cfg.session_ttl,
             cfg.pinned_fraction, tiers=tiers, io=self.runner.pool, write_through=cfg.kv_write_through, states=states,
             state_budget=state_budget, state_tier=state_tier, shadows=cfg.eviction_shadows, chunk_size=cfg.chunk_size,
+            persist_every_s=cfg.kv_store_sync_s,
         )  # fmt: skip
-        self._next_persist = time.monotonic() + cfg.kv_store_sync_s
         self.scheduler = Scheduler(
             self.cache, cfg.chunk_size, cfg.max_running, cfg.schedule_policy,
             make_drafter(model_states.speculative_mode(self.runner, cfg)), cfg.tenant_chunk_size,
@@ -148,9 +148,7 @@ class Engine:
         if self._closed:  # its store is released and its ranks are gone: nothing may run on them
             raise EngineError("the engine is closed")
         outputs = self._drain_inbox()
-        if self.cache.tiers is not None and time.monotonic() >= self._next_persist:
-            self._next_persist = time.monotonic() + self.config.kv_store_sync_s
-            self.cache.persist(wait=False)
+        self.cache.tick()  # the disk tier's persist clock
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
@@ -275,7 +273,7 @@ class Engine:
         request, and a pool full of them is the steady state, not a full replica (a gateway that read
         it as full stopped routing to every replica whose cache had filled)."""
         waiting = len(self.scheduler.waiting) + self._inbox.qsize()
-        total = self.cache.allocator.num_pages
+        total = self.cache.num_pages
         return len(self.scheduler.running), waiting, total - self.cache.available(), total
 
     def stats(self) -> EngineStats:
@@ -284,29 +282,25 @@ class Engine:
 
     def cache_stats(self) -> CacheStats:
         """The pool's pages by owner (free, tree, pinned, evictable, requests'), expired pins dropped first."""
-        self.cache.pins.expire()
-        return self.cache.stats()
+        return self.cache.stats(expire_pins=True)
 
     def pins(self) -> tuple[list[PinInfo], dict[str, int], dict[object, dict[str, int]]]:
         """The live pins (owner, tokens, TTL left), the pins lapsed so far by cause, and by tenant."""
-        table = self.cache.pins
-        return table.info(), dict(table.lapsed), {t: dict(c) for t, c in table.lapsed_by.items()}
+        return self.cache.pin_report()
 
     def is_pinned(self, owner: object) -> bool:
-        return owner in self.cache.pins
+        return self.cache.is_pinned(owner)
 
     def pin_prefix(
         self, owner: object, ids: list[int], scope: CacheScope, ttl: float | None
     ) -> tuple[int, bool]:
         """Pin the cached part of ``ids`` (in ``scope``) for ``ttl`` seconds under ``owner``, within the pin
         budget; returns (tokens the pin covers, whether it was taken)."""
-        cm = self.cache
-        handle = cm.prefix.match(ids, scope).handle
-        return cm.prefix.handle_len(handle), cm.pins.pin(owner, handle, ttl)
+        return self.cache.pin_prefix(owner, ids, scope, ttl)
 
     def unpin(self, owner: object) -> None:
         """Drop ``owner``'s pin, if it has one (the pages stay cached, evictable again)."""
-        self.cache.pins.unpin(owner)
+        self.cache.unpin(owner)
 
     def prompt_logprobs(self, ids: list[int], top: int, chunk_size: int | None = None) -> list[Entry]:
         """Logprobs of a prompt's own tokens (only between steps): see ``kvreuse.runtime.engine.scoring``.  A small
@@ -359,8 +353,7 @@ class Engine:
         """Why a lower tier runs degraded (the disk tier read-only, the shared store unreachable: the
         pool serves alone), or None; thread-safe, so ``/health`` reads it without waiting for the
         engine thread."""
-        tiers = self.cache.tiers
-        return tiers.error if tiers is not None else None
+        return self.cache.tier_error()
 
     def tier_stats(self):
         """Lower-tier counters (``kvreuse.runtime.cache.store.tiers.TierStats``), or None without tiers."""

@@ -53,7 +53,7 @@ def prompt_logprobs(
                 )
                 entries.append((tid, (chosen[j], pairs)))
     finally:
-        cache.allocator.free(scratch.pages)
+        cache.unreserve(scratch)
         if slots is not None and slot is not None:
             slots.free(slot)
     return entries

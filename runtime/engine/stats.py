@@ -59,8 +59,9 @@ def engine_stats(
         retractions=scheduler.num_retractions, running=len(scheduler.running),
         waiting=len(scheduler.waiting), total_pages=cs.total_pages, free_pages=cs.free_pages,
         tree_pages=cs.tree_pages, request_pages=cs.request_pages, page_size=cache.page_size,
-        drafted_tokens=st.drafted, accepted_tokens=st.accepted, shadows=cache.shadows.stats(),
-        **_tier_fields(cache), **_snapshot_fields(cache, snapshot_cut),
+        drafted_tokens=st.drafted, accepted_tokens=st.accepted, shadows=cache.shadow_stats(),
+        **_tier_fields(cache), snapshots=cs.snapshots, snapshot_bytes=cs.snapshot_bytes,
+        snapshot_cut_tokens=snapshot_cut,  # hybrids' snapshots live on the prefix cache's nodes (0: dense)
         # the requests' own splits, not the tiers' page loads: the same totals as the responses' figures
         host_loaded_tokens=st.cached_host, disk_loaded_tokens=st.cached_disk, shared_loaded_tokens=st.cached_shared,
     )  # fmt: skip
@@ -76,8 +77,3 @@ def _tier_fields(cache: CacheManager) -> dict:
         shared_written_pages=ts.shared_written_pages,
         shared_failures=ts.shared_failures, shared_error=ts.shared_error,
     )  # fmt: skip
-
-
-def _snapshot_fields(cache: CacheManager, snapshot_cut: int) -> dict[str, int]:
-    ps = cache.prefix.stats()  # hybrids' snapshots live on the prefix cache's nodes (0 for dense models)
-    return dict(snapshots=ps.states, snapshot_bytes=ps.state_bytes, snapshot_cut_tokens=snapshot_cut)

@@ -33,7 +33,7 @@ def cache_snapshot(engine) -> CacheSnapshot | None:
     }  # fmt: skip
     live, lapsed, by_tenant = engine.pins()
     pins = [(p.owner, p.tokens, p.ttl_left) for p in live]
-    shadows = engine.cache.shadows.stats()
+    shadows = engine.cache.shadow_stats()
     return CacheSnapshot(
         pages, engine.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant, shadows
     )

@@ -79,7 +79,9 @@ class ChatRun(EngineRun):
         enc = state.template.harmony
         if enc is not None:  # a call ends the turn at <|call|>, an answer at <|return|>: whatever the EOS ids
             make_params = with_stop_tokens(make_params, enc.stop_tokens_for_assistant_actions())
-        super().__init__(state, caller, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session)
+        super().__init__(
+            state, caller, id_prefix, [self.prompt.token_ids], n, make_params, grammar, session, self.prompt
+        )
         self.budget_reports: dict[int, BudgetReport] = {}
 
     def build_prompt(self, state: ServerState, chat: ChatInput) -> ChatPrompt:

@@ -1,14 +1,19 @@
 """Admission around one generation, body parsing off the event loop, client-disconnect handling.
 
-``generate`` is the same for every protocol; the protocol's module answers (``complete`` for a
-whole response, ``stream_events`` for a stream, ``error_events`` for an error after the headers).
+``admit_run`` is the one admission path of every front (the HTTP routes, the prewarm route and the
+gRPC worker): the
+tenant's share and the server's capacity taken, the run built complete (its cache scope, each engine
+request validated once) off the event loop, and a release that gives both back once.  ``generate``
+is the HTTP answer around it, the same for every protocol; the protocol's module answers
+(``complete`` for a whole response, ``stream_events`` for a stream, ``error_events`` for an error
+after the headers).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +28,17 @@ from kvreuse.runtime.server.tenants import Caller
 
 DISCONNECT_POLL_S = 0.25
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+
+
+class Tenanted(Protocol):
+    """A caller as admission sees it: whose share it takes (``tenants.Caller``, or the prewarm route's)."""
+
+    @property
+    def tenant(self) -> str | None: ...
+
+
+C = TypeVar("C", bound=Tenanted)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -62,18 +78,11 @@ async def parse_body(
     return await state.prep.run(request.state.tenant, parse)
 
 
-async def generate(
-    state: ServerState,
-    request: Request,
-    make_run: Callable[[Caller], Any],
-    n: int,
-    stream: bool,
-    module: Any,
-) -> Response:
-    """Admit ``n`` sequences for the caller's tenant, build the run (complete, with its cache scope)
-    off the event loop, answer."""
-    tenant = request.state.tenant
-    caller = Caller(state.tenants, tenant, request.headers.get("x-session-id"))
+async def admit_run(state: ServerState, caller: C, n: int, make_run: Callable[[C], R]) -> tuple[R, Once]:
+    """Admit ``n`` sequences for ``caller``'s tenant, then build ``make_run(caller)`` (the run, complete
+    with its cache scope and validated engine requests) in the prep thread; returns it and the release
+    the caller runs once the run is over.  Raises (APIError, EngineError) with nothing held."""
+    tenant = caller.tenant
     state.tenants.admit(tenant, n)
     try:
         state.admit(n)  # before the render, so at most the server's capacity of renders is ever queued
@@ -93,6 +102,21 @@ async def generate(
     except BaseException:
         release()
         raise
+    return run, release
+
+
+async def generate(
+    state: ServerState,
+    request: Request,
+    make_run: Callable[[Caller], Any],
+    n: int,
+    stream: bool,
+    module: Any,
+) -> Response:
+    """Admit ``n`` sequences for the caller's tenant, build the run (complete, with its cache scope)
+    off the event loop, answer."""
+    caller = Caller(state.tenants, request.state.tenant, request.headers.get("x-session-id"))
+    run, release = await admit_run(state, caller, n, make_run)
     if stream:
         return guarded_events(module.stream_events(run), run.id, release, module.error_events)
     try:

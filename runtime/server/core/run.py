@@ -12,6 +12,7 @@ from kvreuse.runtime.engine.outputs import RequestOutput
 from kvreuse.runtime.request import CacheScope
 from kvreuse.runtime.sampling.constrained import Grammar
 from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.core.prompting import ChatPrompt
 from kvreuse.runtime.server.core.streaming import merge_streams
 from kvreuse.runtime.server.fingerprint import system_fingerprint
 from kvreuse.runtime.server.state import ServerState
@@ -23,7 +24,7 @@ MakeParams = Callable[[int, int], SamplingParams]
 class Caller(Protocol):
     """Whose request this is (``runtime/server/tenants.py``'s ``Caller``, or the prewarm route's)."""
 
-    def scope(self, session: str | None, prompt: Any = None) -> CacheScope: ...
+    def scope(self, session: str | None, prompt: ChatPrompt | None = None) -> CacheScope: ...
 
 
 class EngineRun:
@@ -31,7 +32,8 @@ class EngineRun:
     cache scope, then one engine ``Request`` per choice, each validated once (a 400 via EngineError)
     before any response starts.  Choice ``index`` runs prompt by prompt: prompt ``p``'s choices are
     ``p*n .. p*n+n-1``.  ``session`` names the conversation for the tenant's cache scope (OpenAI
-    ``user``, Anthropic ``metadata.user_id``; else the caller's ``X-Session-Id``).
+    ``user``, Anthropic ``metadata.user_id``; else the caller's ``X-Session-Id``).  ``prompt``: a chat
+    run's rendered prompt, on which the public part of the scope depends (None for bare token ids).
     """
 
     def __init__(
@@ -44,14 +46,14 @@ class EngineRun:
         make_params: MakeParams,
         grammar: Grammar | None = None,
         session: str | None = None,
+        prompt: ChatPrompt | None = None,
     ) -> None:
         self.state, self.n, self.session = state, n, session
         self.id = f"{id_prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
         self.model = state.config.served_model_name
         self.fingerprint = system_fingerprint(state.engine)
-        # a chat run has rendered its prompt by now: the public part of the scope depends on it
-        self.scope: CacheScope = caller.scope(session, getattr(self, "prompt", None))
+        self.scope: CacheScope = caller.scope(session, prompt)
         self.params: list[SamplingParams] = []  # per choice index
         self.requests = []  # per choice index: built and validated here, streamed by ``streams``
         for p, ids in enumerate(prompts):

@@ -1,10 +1,10 @@
 """``SubscribeKvEvents``: the prefix cache's page events as SMG's ``KvEventBatch`` stream.
 
-The hub is the radix cache's event listener (``runtime/cache/events.py``: a ``PageEvents`` whose
-sink is here), installed once on the engine's cache.  Events arrive on the engine thread; each
+The hub is the cache's event listener (``runtime/cache/events.py``: a ``PageEvents`` whose sink is
+here), installed once through the cache's interface (``CacheManager.listen``; ``EventSource``).  Events arrive on the engine thread; each
 subscriber (a gateway's stream) has an asyncio queue they are handed to, and its own gapless
-sequence numbers.  A subscriber starts with a snapshot: ``cleared`` then every node the tree holds,
-parents first, taken on the engine thread in the same call that registers it, so no event is missed
+sequence numbers.  A subscriber starts with a snapshot: ``cleared`` then every node the cache holds,
+parents first (``CacheManager.announce``), taken on the engine thread in the same call that registers it, so no event is missed
 or told twice, and a gateway that (re)connects learns the whole cache, not only what changes later.
 """
 
@@ -14,11 +14,10 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from smg_grpc_proto.generated import common_pb2
 
-from kvreuse.runtime.cache.events import ROOT_HASH, Cleared, Event, PageEvents, Removed, Stored
+from kvreuse.runtime.cache.events import ROOT_HASH, Cleared, Event, EventSource, PageEvents, Removed, Stored
 
 QUEUE_LIMIT = 1 << 16  # events a slow subscriber may fall behind before it is cut off (it resubscribes)
 
@@ -61,12 +60,9 @@ class KvEventHub:
         self._subs: list[_Subscriber] = []
         self._lock = threading.Lock()
 
-    def install(self, prefix_cache: Any) -> bool:
-        """Listen to ``prefix_cache`` (before requests run); False when it keeps no prefixes (no events)."""
-        if not hasattr(prefix_cache, "events"):
-            return False
-        prefix_cache.events = self.events
-        return True
+    def install(self, cache: EventSource) -> bool:
+        """Listen to ``cache`` (before requests run); False when it keeps no prefixes (no events)."""
+        return cache.listen(self.events)
 
     def _publish(self, ev: Event) -> None:  # engine thread
         with self._lock:
@@ -87,21 +83,19 @@ class KvEventHub:
         except RuntimeError:  # its loop is closed: the server is gone, nobody reads this
             sub.dead = True
 
-    def _subscribe(self, sub: _Subscriber, tree: Any) -> None:  # engine thread, between steps
+    def _subscribe(self, sub: _Subscriber, cache: EventSource) -> None:  # engine thread, between steps
         self._hand(sub, Cleared())
-        snapshot = PageEvents(self.page_size, lambda ev: self._hand(sub, ev))
-        stack = list(tree.root.children.values()) if hasattr(tree, "root") else []
-        while stack:  # parents before their children, as a gateway's index needs them
-            node = stack.pop()
-            snapshot.stored(node)
-            stack.extend(node.children.values())
+        # parents before their children, as a gateway's index needs them
+        cache.announce(PageEvents(self.page_size, lambda ev: self._hand(sub, ev)))
         with self._lock:
             self._subs.append(sub)
 
-    async def stream(self, run_on_engine, tree: Any, cancelled) -> AsyncIterator[common_pb2.KvEventBatch]:
+    async def stream(
+        self, run_on_engine, cache: EventSource, cancelled
+    ) -> AsyncIterator[common_pb2.KvEventBatch]:
         """Batches for one subscriber until ``cancelled()``; ``run_on_engine(fn)`` runs ``fn`` between steps."""
         sub = _Subscriber(asyncio.get_running_loop())
-        await run_on_engine(lambda _e: self._subscribe(sub, tree))
+        await run_on_engine(lambda _e: self._subscribe(sub, cache))
         seq = event_id = 0
         try:
             while not cancelled():

@@ -1,9 +1,10 @@
 """SMG's ``vllm.grpc.engine.VllmEngine`` service onto a kvreuse server's engine.
 
 The gateway tokenizes and renders chat itself, so a request arrives as token ids with sampling
-parameters; it runs on the same path an HTTP request does (admission, the caller's tenant and
-session as its cache scope, ``Engine.make_request``, ``AsyncEngine.stream``) and its tokens go back
-as deltas.  Metadata ``authorization`` / ``x-api-key`` and ``x-session-id`` play the HTTP headers'
+parameters; it runs on the path an HTTP request does (``core.generate.admit_run``: admission, an
+``EngineRun`` built in the prep thread with the caller's tenant and session as its cache scope and its
+request validated by ``Engine.make_request``, streamed by ``AsyncEngine.stream``) and its tokens go
+back as deltas.  Metadata ``authorization`` / ``x-api-key`` and ``x-session-id`` play the HTTP headers'
 parts.  Only what a text model behind the gateway needs is served: no n > 1, no logprobs, no
 structured-output constraints, no multimodal inputs (each refused with a one-line status); penalties
 and ``min_p`` are ignored, as the HTTP API ignores fields it does not serve.
@@ -15,7 +16,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 from smg_grpc_proto.generated import common_pb2, vllm_engine_pb2, vllm_engine_pb2_grpc
@@ -24,6 +24,8 @@ from kvreuse.runtime.engine.async_engine import EngineDead, RequestFailed
 from kvreuse.runtime.engine.engine import EngineError
 from kvreuse.runtime.engine.outputs import RequestOutput
 from kvreuse.runtime.sampling.params import SamplingParams
+from kvreuse.runtime.server.core.generate import admit_run
+from kvreuse.runtime.server.core.run import EngineRun
 from kvreuse.runtime.server.errors import APIError
 from kvreuse.runtime.server.grpc.kv_stream import KvEventHub
 from kvreuse.runtime.server.loads import worker_load
@@ -68,6 +70,7 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         self.state, self.hub, self.tokenizer_dir = state, hub, tokenizer_dir
         self.zip, self.sha = tokenizer_zip, tokenizer_sha
         self.started = time.time()
+        self._runs: dict[str, EngineRun] = {}  # running requests by the gateway's request id
 
     def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
         md = {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
@@ -78,6 +81,7 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         self, request: vllm_engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[vllm_engine_pb2.GenerateResponse]:
         state = self.state
+        rid = request.request_id or f"grpc-{uuid.uuid4().hex[:24]}"
         try:
             caller = self._caller(context)
             if request.WhichOneof("input") == "text":
@@ -85,26 +89,17 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
             else:
                 ids = list(request.tokenized.input_ids)
             params = sampling_params(request.sampling_params, len(ids), state.engine.max_model_len)
-            state.tenants.admit(caller.tenant, 1)
-        except (APIError, ValueError) as e:
+            # HTTP's admission path: the tenant's share and the server's capacity, then the request built
+            # (cache scope, engine validation) in the prep thread; released once in the finally below
+            run, release = await admit_run(
+                state, caller, 1, lambda c: EngineRun(state, c, "grpc", [ids], 1, lambda *_: params)
+            )
+        except (APIError, EngineError, ValueError) as e:
             await self._abort(context, e)
             return
+        self._runs[rid] = run  # the gateway's Abort names its own request id
         try:
-            state.admit(1)
-        except APIError as e:
-            state.tenants.release(caller.tenant, 1)
-            await self._abort(context, e)
-            return
-        try:
-            rid = request.request_id or f"grpc-{uuid.uuid4().hex[:24]}"
-            req = state.engine.make_request(ids, params, rid, caller.scope(None))
-        except (EngineError, ValueError) as e:
-            state.release(1)
-            state.tenants.release(caller.tenant, 1)
-            await self._abort(context, e)
-            return
-        try:
-            async for out in state.aengine.stream(req):
+            async for _, out in run.streams():
                 if request.stream and (out.new_token_ids or out.finished):
                     yield self._chunk(out, out.new_token_ids)
                 if out.finished:
@@ -114,8 +109,8 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         except (EngineDead, RequestFailed) as e:
             await context.abort(grpc.StatusCode.INTERNAL, str(e))
         finally:
-            state.release(1)
-            state.tenants.release(caller.tenant, 1)
+            self._runs.pop(rid, None)
+            release()
 
     async def _abort(self, context: grpc.aio.ServicerContext, e: Exception) -> None:
         code = STATUS.get(e.status, grpc.StatusCode.INTERNAL) if isinstance(e, APIError) else None
@@ -140,8 +135,9 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         return vllm_engine_pb2.GenerateResponse(complete=done)
 
     async def Abort(self, request: vllm_engine_pb2.AbortRequest, context) -> vllm_engine_pb2.AbortResponse:
-        for rid in request.request_ids:
-            self.state.engine.abort(rid)
+        for run in filter(None, map(self._runs.get, request.request_ids)):
+            for req in run.requests:
+                self.state.engine.abort(req.request_id)
         return vllm_engine_pb2.AbortResponse()
 
     async def HealthCheck(self, request, context) -> vllm_engine_pb2.HealthCheckResponse:
@@ -190,6 +186,5 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         return common_pb2.FlushCacheResponse(success=True, message="ok")
 
     async def SubscribeKvEvents(self, request, context) -> AsyncIterator[common_pb2.KvEventBatch]:
-        tree: Any = self.state.engine.cache.prefix
-        async for batch in self.hub.stream(self.state.on_engine, tree, context.cancelled):
+        async for batch in self.hub.stream(self.state.on_engine, self.state.engine.cache, context.cancelled):
             yield batch

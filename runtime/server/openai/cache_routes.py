@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 
 from kvreuse.runtime.request import CacheScope
 from kvreuse.runtime.server.cache_info import cache_snapshot, describe
-from kvreuse.runtime.server.core.generate import parse_body
+from kvreuse.runtime.server.core.generate import admit_run, parse_body
 from kvreuse.runtime.server.core.streaming import final_outputs
 from kvreuse.runtime.server.openai import chat
 from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest
@@ -50,21 +50,16 @@ def install_cache_routes(app: FastAPI, state: ServerState) -> None:
         body = await parse_body(state, request, ChatCompletionRequest, lambda o: state.check_messages(
             o.get("messages") if isinstance(o, dict) else None))  # fmt: skip
         state.check_model(body.model)
-        tenant = request.state.tenant
         one = {"max_tokens": 1, "max_completion_tokens": None, "n": 1, "stream": False, "temperature": 0}
-        run = await state.prep.run(
-            tenant, chat.ChatCompletionRun, state, PrewarmCaller(tenant), body.model_copy(update=one)
+        prompt = body.model_copy(update=one)
+        run, release = await admit_run(  # the generation routes' admission path
+            state, PrewarmCaller(request.state.tenant), 1, lambda c: chat.ChatCompletionRun(state, c, prompt)
         )
         digest = run.scope.session[2]
-        state.tenants.admit(tenant, 1)
         try:
-            state.admit(1)
-            try:
-                out = (await final_outputs(run.streams()))[0]
-            finally:
-                state.release(1)
+            out = (await final_outputs(run.streams()))[0]
         finally:
-            state.tenants.release(tenant, 1)
+            release()
         pinned = await state.on_engine(lambda e: e.is_pinned(run.scope.session))
         ps = state.engine.page_size
         return {
