@@ -159,6 +159,8 @@ class ChatRun(EngineRun):
             div.get("token_index"), div.get("where"),
         )  # fmt: skip
         ext: dict[str, Any] = {"cache": diag}
+        if self.clamp is not None:
+            ext["max_tokens_clamped"] = self.clamp.report()
         ext["speculative"] = {  # over the choices: tokens drafted and verified, and accepted
             "drafted_tokens": sum(o.drafted_tokens for o in outs),
             "accepted_tokens": sum(o.accepted_tokens for o in outs),
