@@ -86,7 +86,7 @@ def scrub(text: str, repo: Path, home: Path) -> str:
 
 
 def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0,
-                log: Callable[[str], None] = print, server_args: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+                log: Callable[[str], None] = print, server_args: tuple[str, ...] = (), n_tasks: int = 2) -> dict[str, Any]:  # fmt: skip
     """Both tasks, one server; returns {"script", "records" (scrubbed), "runs" (per task: rc, tail)}."""
     binary = installed(agent)
     if binary is None:
@@ -106,7 +106,7 @@ def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0
         agent.setup(server.url, home)
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), "LANG": "C.UTF-8",
                **agent.env(server.url, home)}  # fmt: skip
-        for k, prompt in enumerate((tasks.PROMPT_1, tasks.PROMPT_2)):
+        for k, prompt in enumerate((tasks.PROMPT_1, tasks.PROMPT_2)[:n_tasks]):
             log(f"{agent.name}: task {k + 1}")
             try:
                 p = subprocess.run(agent.argv(binary, prompt, k > 0), cwd=repo, env=env, stdin=subprocess.DEVNULL,
