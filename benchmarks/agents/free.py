@@ -5,14 +5,13 @@ rarely calls a tool; its words are its own).  Its figures are not comparable to 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from kvreuse.benchmarks.agents import tasks
 from kvreuse.benchmarks.agents.analyze import chat_records, rows
-from kvreuse.benchmarks.agents.session import PAGE, Agent, installed, scrub
+from kvreuse.benchmarks.agents.session import PAGE, WORK, Agent, installed, scrub
 from kvreuse.runtime.server.launcher import ServerProcess
 
 MODEL = "gemma-3-270m"
@@ -21,7 +20,8 @@ MODEL = "gemma-3-270m"
 def run_free(agent: Agent, timeout_s: float = 600.0) -> dict[str, Any]:
     binary = installed(agent)
     assert binary is not None
-    work = Path(tempfile.mkdtemp(prefix=f"kvreuse-free-{agent.name}-"))
+    work = WORK / f"free-{agent.name}"
+    shutil.rmtree(work, ignore_errors=True)
     repo, home = tasks.make_repo(work / "repo"), work / "home"
     home.mkdir()
     record = work / "record.jsonl"
@@ -47,9 +47,11 @@ def run_free(agent: Agent, timeout_s: float = 600.0) -> dict[str, Any]:
     import json
 
     records = [
-        json.loads(scrub(line, repo, home)) for line in record.read_text().splitlines() if line.strip()
+        json.loads(scrub(line, repo, home, agent.name))
+        for line in record.read_text().splitlines()
+        if line.strip()
     ]
     records = [r for r in records if r["path"] != "/health"]
-    return {"agent": agent.name, "model": MODEL, "mode": "free", "rc": rc, "output_tail": scrub(out[-800:], repo, home),
+    return {"agent": agent.name, "model": MODEL, "mode": "free", "rc": rc, "output_tail": scrub(out[-800:], repo, home, agent.name),
             "http_statuses": [r["status"] for r in records], "server_errors": sum(r["status"] >= 500 or "error" in r["result"] for r in records),
             "model_requests": len(chat_records(records)), "rows": rows(records, PAGE)}  # fmt: skip

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,7 +18,10 @@ from kvreuse.benchmarks.agents.model import agent_model_dir
 from kvreuse.runtime.server.launcher import ServerProcess
 
 AGENTS_DIR = Path(__file__).resolve().parents[2] / ".agents" / "node_modules" / ".bin"
-REPO, HOME = "/scratch/repo", "/scratch/home"  # what the machine's paths read as in a kept recording
+# Sessions run in a fixed folder, so recordings name no machine's paths and replay token for token
+# (a path rewritten afterwards would change the prompts' token counts); a test's own folder is scrubbed
+# to these names.
+WORK = Path("/tmp/kvreuse-agents")
 SERVED = "kvreuse-tiny"
 PAGE = 16
 
@@ -81,8 +83,8 @@ def installed(agent: Agent) -> Path | None:
     return path if path.exists() and shutil.which("node") else None
 
 
-def scrub(text: str, repo: Path, home: Path) -> str:
-    return text.replace(str(repo), REPO).replace(str(home), HOME)
+def scrub(text: str, repo: Path, home: Path, name: str = "agent") -> str:
+    return text.replace(str(repo), str(WORK / name / "repo")).replace(str(home), str(WORK / name / "home"))
 
 
 def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0,
@@ -91,7 +93,9 @@ def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0
     binary = installed(agent)
     if binary is None:
         raise FileNotFoundError(f"{agent.name}: {AGENTS_DIR / agent.binary} or node missing (make agents)")
-    work = Path(tempfile.mkdtemp(prefix=f"kvreuse-{agent.name}-")) if work is None else work
+    if work is None:
+        work = WORK / agent.name
+        shutil.rmtree(work, ignore_errors=True)
     repo, home = tasks.make_repo(work / "repo"), work / "home"
     home.mkdir(parents=True, exist_ok=True)
     steps = agent.steps(str(repo))
@@ -119,12 +123,14 @@ def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0
                     if isinstance(e.stdout, bytes)
                     else str(e.stdout or ""),
                 )
-            runs.append({"task": k + 1, "rc": rc, "output_tail": scrub(out[-1500:], repo, home)})
+            runs.append({"task": k + 1, "rc": rc, "output_tail": scrub(out[-1500:], repo, home, agent.name)})
     finally:
         server.terminate()
     records = [
-        json.loads(scrub(line, repo, home)) for line in record.read_text().splitlines() if line.strip()
+        json.loads(scrub(line, repo, home, agent.name))
+        for line in record.read_text().splitlines()
+        if line.strip()
     ]
-    return {"agent": agent.name, "script": json.loads(scrub(script.read_text(), repo, home)),
+    return {"agent": agent.name, "script": json.loads(scrub(script.read_text(), repo, home, agent.name)),
             "records": [r for r in records if r["path"] != "/health"], "runs": runs,
-            "repo_diff": scrub(subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True).stdout, repo, home)}  # fmt: skip
+            "repo_diff": scrub(subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True).stdout, repo, home, agent.name)}  # fmt: skip
