@@ -36,3 +36,21 @@ def test_agent_runs_a_scripted_tool_session_on_kvreuse(name, tmp_path):
             and r["cached_tokens"] > 0.9 * r["prompt_tokens"]
         )
     assert all(r["cause"] not in (None, "append_only") for r in got["rows"] if r["deficit"] > PAGE)
+
+
+def test_the_report_section_reads_the_kept_recordings():
+    """`make run`'s report needs no node: its Real agents section comes from the kept recordings, whose
+    every deficit over a page carries a named break and whose cache-on replay matched the live server."""
+    import json
+
+    from kvreuse.benchmarks.agents.report import RESULTS, section
+
+    lines = "\n".join(section())
+    assert "## Real agents (scripted)" in lines
+    for name, s in json.loads((RESULTS / "summary.json").read_text()).items():
+        assert s["model_requests"] >= 10 and s["unexplained_breaks"] == 0, name
+        assert s["replay"]["cache_on"]["matches_live"] == len(s["replay"]["cache_on"]["rows"]), name
+        assert s["replay"]["cache_off"]["prefilled_tokens"] == s["prompt_tokens"], (
+            name
+        )  # cache off: all prefilled
+        assert f"| {name} |" in lines
