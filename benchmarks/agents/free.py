@@ -25,7 +25,7 @@ def run_free(agent: Agent, timeout_s: float = 600.0) -> dict[str, Any]:
     repo, home = tasks.make_repo(work / "repo"), work / "home"
     home.mkdir()
     record = work / "record.jsonl"
-    args = ["--model", MODEL, "--served-model-name", "kvreuse-tiny", "--kv-cache-memory", "1G",
+    args = ["--model", MODEL, "--chat-template", "gemma3", "--served-model-name", "kvreuse-tiny", "--kv-cache-memory", "1G",
             "--max-model-len", "32768", "--page-size", str(PAGE), "--record", str(record)]  # fmt: skip
     server = ServerProcess(args, work / "server.log").start(timeout=600)
     try:
