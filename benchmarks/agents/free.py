@@ -53,5 +53,6 @@ def run_free(agent: Agent, timeout_s: float = 600.0) -> dict[str, Any]:
     ]
     records = [r for r in records if r["path"] != "/health"]
     return {"agent": agent.name, "model": MODEL, "mode": "free", "rc": rc, "output_tail": scrub(out[-800:], repo, home, agent.name),
-            "http_statuses": [r["status"] for r in records], "server_errors": sum(r["status"] >= 500 or "error" in r["result"] for r in records),
+            "http_statuses": [r["status"] for r in records], "server_errors": sum(r["status"] >= 500 or (r["status"] == 200 and "error" in r["result"]) for r in records),
+            "refusals": [r["result"].get("error", {}).get("message") for r in records if 400 <= r["status"] < 500],
             "model_requests": len(chat_records(records)), "rows": rows(records, PAGE)}  # fmt: skip

@@ -130,7 +130,9 @@ def section(results: Path = RESULTS) -> list[str]:
         ]
         for name, f in json.loads(free.read_text()).items():
             lines.append(f"- {name}: {f['model_requests']} model request(s), HTTP statuses {sorted(set(f['http_statuses']))}, "
-                         f"{f['server_errors']} server error(s), agent exit code {f['rc']}.")  # fmt: skip
+                         f"{f['server_errors']} server error(s), agent exit code {f['rc']}"
+                         + "".join(f"; refused: {m}" for m in f.get("refusals") or [])
+                         + (f"; {f['note']}" if f.get("note") else "") + ".")  # fmt: skip
     lines += ["", "Seed 001's claims about Claude Code's context layout, checked on the recorded traffic "
               "(computed in `benchmarks/agents/report.py`):", "",
               "| agent | claim | measured | verdict |", "|---|---|---|---|"]  # fmt: skip
