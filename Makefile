@@ -20,7 +20,14 @@ OUT ?= out/patterns
 # CI has two cores: two test workers, each running whole files (their servers are per file).
 TEST_WORKERS ?= 2
 
-.PHONY: setup model browser hosts run test test-latest test-oldest lock bench lint clean
+# The real agent CLIs `kvreuse bench agents` and tests/test_agents_e2e.py drive (npm, pinned, into a
+# git-ignored folder). Node comes from apt where it is missing; without it the target says so and the
+# agent tests skip.
+AGENTS_DIR ?= .agents
+CLAUDE_CODE ?= @anthropic-ai/claude-code@2.1.328
+CODEX ?= @openai/codex@0.169.0
+
+.PHONY: setup model browser hosts agents run test test-latest test-oldest lock bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -61,11 +68,18 @@ browser:
 hosts:
 	command -v ip >/dev/null && command -v tc >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2)
 
+agents:
+	command -v npm >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm) || true
+	if command -v npm >/dev/null; then \
+	  test -x $(AGENTS_DIR)/node_modules/.bin/claude -a -x $(AGENTS_DIR)/node_modules/.bin/codex \
+	  || npm install --prefix $(AGENTS_DIR) --no-audit --no-fund $(CLAUDE_CODE) $(CODEX); \
+	else echo "agents: no node/npm here: the agent tests will skip"; fi
+
 # The main job: the context-pattern benchmark report on the embedded model.
 run: model
 	$(PY) -m kvreuse.runtime.cli.main bench patterns --out $(OUT)
 
-test: model browser hosts
+test: model browser hosts agents
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # The newest release of every dependency (torch stays at the CPU build $(TORCH_SPEC)) in a venv of its
@@ -105,4 +119,4 @@ lint: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests/test_layering.py
 
 clean:
-	rm -rf $(VENV) $(LATEST) $(OLDEST) out .pytest_cache build dist
+	rm -rf $(VENV) $(LATEST) $(OLDEST) $(AGENTS_DIR) out .pytest_cache build dist

@@ -7,6 +7,10 @@ import sys
 
 BENCHES = {
     "patterns": ("kvreuse.benchmarks.pattern_runner", "context-management patterns report (the main job)"),
+    "agents": (
+        "kvreuse.benchmarks.agent_runner",
+        "real agent CLIs (Claude Code, Codex) on kvreuse serve, recorded",
+    ),
     "throughput": ("kvreuse.benchmarks.throughput", "prefill/decode tokens/s vs transformers"),
     "ttft": ("kvreuse.benchmarks.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
     "batching": ("kvreuse.benchmarks.batching", "continuous batching throughput and chunked-prefill latency"),

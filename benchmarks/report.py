@@ -233,6 +233,7 @@ def _label(c: dict) -> str:
 def write_report(results: dict, out: Path) -> Path:
     """Write report.md (verdicts first, then costs, tables, checks, TTFT, explanations), the PNG plots and
     report.html (the same, one self-contained page)."""
+    from kvreuse.benchmarks.agents.report import section as real_agents
     from kvreuse.benchmarks.patterns.claims import verdicts
     from kvreuse.benchmarks.patterns.verdicts import table as verdict_table
     from kvreuse.benchmarks.report_html import write_html
@@ -287,6 +288,7 @@ def write_report(results: dict, out: Path) -> Path:
     if any(r["workload"] == "coding" for r in runs):
         lines += ["", "## Cost per session", "", *_cost(runs, main_stack)]
     lines += sweep(all_runs) + exp23(all_runs) + agent_scale(all_runs)
+    lines += real_agents()  # the kept recordings of the real agent CLIs (benchmarks/agents/report.py)
     old = [r for r in runs if r.get("replies") == "replayed"]
     if old:
         lines += ["", "## Cached vs replayed replies (coding, `qwen3-append`)", "",

@@ -75,7 +75,7 @@ def load_template(name_or_path: str | None, tokenizer: Any) -> str:
     if name_or_path is None:
         return tokenizer.get_chat_template()
     if name_or_path in BUNDLED_TEMPLATES:
-        return resources.files("chat_templates").joinpath("templates", f"{name_or_path}.jinja").read_text()
+        return resources.files(__package__).joinpath("templates", f"{name_or_path}.jinja").read_text()
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path.read_text()

@@ -28,6 +28,7 @@ from kvreuse.runtime.server.openai.errors import document_errors
 from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
 from kvreuse.runtime.server.openai.responses_routes import install_responses_routes
+from kvreuse.runtime.server.recorder import RequestRecorder
 from kvreuse.runtime.server.state import ServerConfig, ServerState
 from kvreuse.runtime.server.ui.routes import install_ui, page_open
 
@@ -182,6 +183,8 @@ def create_app(
                 "anthropic-beta",
             ],
         )
+    if config.record is not None:  # outermost: it sees what the client sent and got, refusals included
+        app.add_middleware(RequestRecorder, path=config.record)
     document_errors(
         app, (ChatCompletionRequest, CompletionRequest, ResponsesRequest, *anthropic_routes.BODIES)
     )

@@ -94,6 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-alias", action="append", default=None, metavar="PATTERN",
         help="Anthropic API: model names (globs) answered by the served model (default: claude-*)",
     )  # fmt: skip
+    p.add_argument(
+        "--max-tokens-overflow", choices=("clamp", "refuse"), default="clamp",
+        help="max_tokens beyond the context the prompt leaves: clamp it to the room left (default, as "
+        "llama.cpp; reported in usage.max_tokens_clamped) or refuse the request with a 400",
+    )  # fmt: skip
+    p.add_argument(
+        "--script", default=None, metavar="JSON",
+        help="benchmarks: force each reply from this script through the engine (runtime/server/scripted.py); "
+        "every figure of such a run is 'scripted'",
+    )  # fmt: skip
+    p.add_argument(
+        "--record", default=None, metavar="JSONL",
+        help="benchmarks: append every HTTP exchange (request body, final usage and cache diagnosis) to this file",
+    )  # fmt: skip
     p.add_argument("--no-ui", action="store_true", help="no live page at /ui (and no request records kept)")
     p.add_argument(
         "--ui-history", type=int, default=200, help="finished requests the /ui page keeps per tenant"
@@ -196,6 +210,9 @@ def main(argv: list[str]) -> int:
         model_aliases=tuple(args.model_alias) if args.model_alias is not None else ("claude-*",),
         ui=not args.no_ui,
         ui_history=args.ui_history,
+        max_tokens_overflow=args.max_tokens_overflow,
+        script=args.script,
+        record=args.record,
     )
     engine.grammars.warm()  # before listening: built on the first schema, it would stall every tenant
     services = []

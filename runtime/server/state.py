@@ -15,8 +15,10 @@ from kvreuse.runtime.server.cache_info import CacheCollector, CacheSnapshot, cac
 from kvreuse.runtime.server.diagnostics import CacheDiagnostics
 from kvreuse.runtime.server.errors import APIError, bad_request
 from kvreuse.runtime.server.guard import LOOPBACK_HOSTS
+from kvreuse.runtime.server.max_tokens import policy as max_tokens_policy
 from kvreuse.runtime.server.metrics import ServerMetrics
 from kvreuse.runtime.server.prep import PrepPool
+from kvreuse.runtime.server.scripted import replies_from
 from kvreuse.runtime.server.templates import TemplateInfo, resolve_template
 from kvreuse.runtime.server.tenants import Tenants
 
@@ -50,6 +52,9 @@ class ServerConfig:
     model_aliases: tuple[str, ...] = ("claude-*",)  # Anthropic model names served by this model
     ui: bool = True  # the live page at /ui (--no-ui: off, and no request records kept)
     ui_history: int = 200  # finished requests the page keeps per tenant
+    max_tokens_overflow: str = "clamp"  # max_tokens beyond the room left: clamp (llama.cpp's way) or refuse
+    record: str | None = None  # a JSON-lines file every HTTP exchange is written to (benchmarks; recorder.py)
+    script: str | None = None  # a JSON script of replies forced through the engine (benchmarks; scripted.py)
 
 
 MODEL_NAME_SHOWN = 64  # characters of a client's model value echoed back in a 404
@@ -93,6 +98,8 @@ class ServerState:
         self.in_flight = 0
         self.draining = False
         self.created = int(time.time())
+        self.max_tokens = max_tokens_policy(config.max_tokens_overflow)
+        self.replies = replies_from(config.script)  # the model's own, or a benchmark's script
         self.prep = PrepPool(config.prep_threads, config.prep_share, config.prep_wait_s, config.retry_after_s)
 
     def check_model(self, name: str | None) -> None:

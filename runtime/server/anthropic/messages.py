@@ -73,7 +73,10 @@ class MessagesRun(ChatRun):
 
     def usage(self, out: RequestOutput) -> dict[str, Any]:
         caching = self.state.engine.caches_prefixes
-        return usage(len(self.prompt_ids), out, self.state.engine.page_size, caching)
+        return {
+            **usage(len(self.prompt_ids), out, self.state.engine.page_size, caching),
+            **self.clamp_usage(),
+        }
 
     def stop(self, out: RequestOutput, n_calls: int) -> tuple[str, str | None]:
         if n_calls:

@@ -35,6 +35,18 @@ def with_stop_tokens(make_params: MakeParams, stops: list[int]) -> MakeParams:
     return make
 
 
+def forced_params(make_params: MakeParams, forced: list[int]) -> MakeParams:
+    """``make_params`` whose params emit exactly ``forced`` (no stop string may cut it short)."""
+
+    def make(prompt_len: int, choice: int) -> SamplingParams:
+        ps = make_params(prompt_len, choice)
+        return dataclasses.replace(
+            ps, forced_tokens=forced, max_tokens=len(forced), stop=[], ignore_eos=False
+        )
+
+    return make
+
+
 class OutputFeed:
     """One choice's streaming parser, fed each engine output: a text parser its detokenised text
     (``text_feed``), harmony's its token ids (``token_feed``: its markers are special tokens, which
@@ -76,6 +88,9 @@ class ChatRun(EngineRun):
         self.chat = chat
         self.prompt: ChatPrompt = self.build_prompt(state, chat)
         grammar = tool_grammar(chat, self.prompt.tool_format, state.tokenizer) or grammar
+        self.scripted = self.scripted_reply(state, chat)
+        if self.scripted is not None:  # the script chose the words: they are forced, not sampled
+            make_params, grammar = forced_params(make_params, self.scripted[0]), None
         enc = state.template.harmony
         if enc is not None:  # a call ends the turn at <|call|>, an answer at <|return|>: whatever the EOS ids
             make_params = with_stop_tokens(make_params, enc.stop_tokens_for_assistant_actions())
@@ -87,6 +102,14 @@ class ChatRun(EngineRun):
     def build_prompt(self, state: ServerState, chat: ChatInput) -> ChatPrompt:
         """The prompt of ``chat``: rendered whole (a protocol that continues a stored sequence overrides it)."""
         return build_chat_prompt(chat, state.tokenizer, state.template)
+
+    def scripted_reply(self, state: ServerState, chat: ChatInput) -> tuple[list[int], str] | None:
+        p = self.prompt
+        if (p.forced_prefix and p.reasoning_budget is None) or state.template.harmony is not None:
+            return None  # a forced call header or harmony's token markup: not scriptable as text
+        # an opened reasoning block (a budget's "<think>\n") is part of the prompt: the reply follows it
+        return state.replies.reply_ids(p.messages, p.tools, render_kwargs(chat), p.rendered.text + p.forced_prefix,
+                                       state.tokenizer, state.template.source, state.engine.eos_ids)  # fmt: skip
 
     def first_params(self, params: SamplingParams) -> SamplingParams:
         budget = self.prompt.reasoning_budget
@@ -161,6 +184,10 @@ class ChatRun(EngineRun):
             div.get("token_index"), div.get("where"),
         )  # fmt: skip
         ext: dict[str, Any] = {"cache": diag}
+        if self.clamp is not None:
+            ext["max_tokens_clamped"] = self.clamp.report()
+        if self.scripted is not None:
+            ext["scripted"] = self.scripted[1]
         ext["speculative"] = {  # over the choices: tokens drafted and verified, and accepted
             "drafted_tokens": sum(o.drafted_tokens for o in outs),
             "accepted_tokens": sum(o.accepted_tokens for o in outs),

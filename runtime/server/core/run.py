@@ -15,6 +15,7 @@ from kvreuse.runtime.sampling.params import SamplingParams
 from kvreuse.runtime.server.core.prompting import ChatPrompt
 from kvreuse.runtime.server.core.streaming import merge_streams
 from kvreuse.runtime.server.fingerprint import system_fingerprint
+from kvreuse.runtime.server.max_tokens import Clamp
 from kvreuse.runtime.server.state import ServerState
 
 # (prompt length, choice index) -> that choice's sampling params (the protocol reads its own body)
@@ -56,9 +57,12 @@ class EngineRun:
         self.scope: CacheScope = caller.scope(session, prompt)
         self.params: list[SamplingParams] = []  # per choice index
         self.requests = []  # per choice index: built and validated here, streamed by ``streams``
+        self.clamp: Clamp | None = None  # max_tokens cut to the room the prompt left (the first that was)
         for p, ids in enumerate(prompts):
             for c in range(n):
                 ps = dataclasses.replace(make_params(len(ids), c), grammar=grammar)
+                ps, clamp = state.max_tokens.fit(ps, len(ids), state.engine.token_capacity)
+                self.clamp = self.clamp or clamp
                 rid = f"{self.id}-{p * n + c}"
                 self.requests.append(state.engine.make_request(ids, self.first_params(ps), rid, self.scope))
                 self.params.append(ps)
@@ -79,6 +83,10 @@ class EngineRun:
 
     def streams(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         return merge_streams([self.state.aengine.stream(r) for r in self.requests])
+
+    def clamp_usage(self) -> dict[str, Any]:
+        """The usage fields that report a clamp of ``max_tokens`` (none when there was none)."""
+        return {} if self.clamp is None else {"max_tokens_clamped": self.clamp.report()}
 
     def observe(self, outs: list[RequestOutput]) -> None:
         for o in outs:

@@ -18,6 +18,24 @@ MAX_METADATA = 16  # OpenAI's limits: 16 pairs, keys up to 64 characters, values
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
+# Hosted tools run by OpenAI's servers, not by the client: Codex CLI always lists web_search. This server
+# runs none, so they are left out of the prompt (the model is never offered them) rather than refused.
+HOSTED_TOOLS = ("web_search", "web_search_preview")
+
+
+def flat_tools(tools: list[Any]) -> list[Any]:
+    """``tools`` with each ``namespace`` tool (Codex CLI's group of function tools) replaced by its
+    function tools and the hosted tools left out; anything else as it came (validated after)."""
+    out: list[Any] = []
+    for t in tools:
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "namespace" and isinstance(t.get("tools"), list):
+            out.extend(flat_tools(t["tools"]))
+        elif kind not in HOSTED_TOOLS:
+            out.append(t)
+    return out
+
+
 class FunctionTool(FunctionDef):
     """A Responses function tool: the chat completions ``function`` object, flat, with its ``type``."""
 
@@ -172,6 +190,8 @@ class ResponsesRequest(_Body):
             if data.get(name) not in (None, False, 0):
                 raise ValueError(why)
         tools = data.get("tools")
+        if isinstance(tools, list):
+            data["tools"] = tools = flat_tools(tools)
         for t in tools if isinstance(tools, list) else []:
             kind = t.get("type") if isinstance(t, dict) else None
             if isinstance(kind, str) and kind != "function":

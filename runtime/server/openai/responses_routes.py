@@ -1,5 +1,5 @@
 """The Responses API routes: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
-``POST /v1/responses/{id}/cancel`` and ``POST /v1/responses/input_tokens``.
+``POST /v1/responses/{id}/cancel``, ``GET /v1/responses/{id}/input_items`` and ``POST /v1/responses/input_tokens``.
 
 Every id is looked up in the caller's tenant only: another tenant's id is a 404, like an unknown one.
 """
@@ -15,6 +15,7 @@ from kvreuse.runtime.server.core.generate import generate, parse_body
 from kvreuse.runtime.server.errors import APIError
 from kvreuse.runtime.server.fingerprint import system_fingerprint
 from kvreuse.runtime.server.openai import responses_stream
+from kvreuse.runtime.server.openai.responses_items import page
 from kvreuse.runtime.server.openai.responses_prompt import build_prompt, chat_input
 from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
 from kvreuse.runtime.server.openai.responses_run import ResponsesRun
@@ -63,6 +64,13 @@ def install_responses_routes(app: FastAPI, state: ServerState, openapi_body: dic
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> dict[str, Any]:
         return store.get(response_id, request.state.tenant).body
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(
+        response_id: str, request: Request, limit: int = 20, order: str = "desc",
+        after: str | None = None, before: str | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return page(store.get(response_id, request.state.tenant).input_items, limit, order, after, before)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from kvreuse.runtime.server.core import chat_run
 from kvreuse.runtime.server.core.prompting import ChatInput, ChatPrompt
 from kvreuse.runtime.server.core.run import Caller
 from kvreuse.runtime.server.errors import bad_request
+from kvreuse.runtime.server.openai.responses_items import input_items
 from kvreuse.runtime.server.openai.responses_prompt import build_prompt, chat_input
 from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
 from kvreuse.runtime.server.openai.responses_store import ResponseStore, StoredResponse, pin_owner
@@ -95,6 +96,7 @@ class ResponsesRun(chat_run.ChatRun):
             "output_tokens": output,
             "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, output)},
             "total_tokens": prompt + output,
+            **self.clamp_usage(),
         }
 
     def body(
@@ -130,7 +132,7 @@ class ResponsesRun(chat_run.ChatRun):
             self.store.put(StoredResponse(
                 self.id, self.tenant, body, self.req.instructions, self.chat.tools,
                 dict(self.chat.template_kwargs or {}), self.prompt.messages + [message],
-                list(out.prompt_token_ids) + list(out.output_token_ids),
+                list(out.prompt_token_ids) + list(out.output_token_ids), input_items(self.req),
             ))  # fmt: skip
         return body
 

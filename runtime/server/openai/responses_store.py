@@ -14,7 +14,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class StoredResponse:
     template_kwargs: dict[str, Any]
     messages: list[dict]  # the conversation up to and including this response's assistant message
     token_ids: list[int]  # prompt + output: what a response naming this one continues
+    input_items: list[dict] = field(default_factory=list)  # this request's input, as listed by input_items
 
 
 def pin_owner(tenant: str | None, response_id: str) -> Hashable:

@@ -41,4 +41,5 @@ class OpenAIRun:
         }  # fmt: skip
 
     def usage(self, ordered: list[RequestOutput]) -> dict[str, Any]:
-        return usage([len(p) for p in self.prompts], ordered, self.req.n)  # type: ignore[attr-defined]
+        totals = usage([len(p) for p in self.prompts], ordered, self.req.n)  # type: ignore[attr-defined]
+        return {**totals, **self.clamp_usage()}  # type: ignore[attr-defined]
