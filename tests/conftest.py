@@ -1,6 +1,25 @@
+import importlib.abc
 import os
+import sys
 
 import pytest
+
+
+class _OneImportRoot(importlib.abc.MetaPathFinder):
+    """The project's folders are importable only as ``kvreuse.<folder>``. pytest puts the repository root
+    on ``sys.path``, where a bare ``chat_templates`` would import (a second copy of every module, and code
+    that names its package by the bare name works here but not from a wheel); refusing it here makes
+    the tests see what an installed wheel sees. (``kernels`` is Hugging Face's package.)"""
+
+    BARE = frozenset({"runtime", "chat_templates", "benchmarks"})
+
+    def find_spec(self, name, path=None, target=None):
+        if name in self.BARE:
+            raise ModuleNotFoundError(f"No module named {name!r} (the project imports as kvreuse.{name})")
+        return None
+
+
+sys.meta_path.insert(0, _OneImportRoot())
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
