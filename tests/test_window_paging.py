@@ -112,6 +112,22 @@ def test_ten_turn_session_prefills_only_new_tokens(model_dir):
     assert eng.stats().snapshots > 0
 
 
+@pytest.mark.parametrize("extra", [0, 1, 2, 3])
+def test_prompt_whose_last_boundary_is_a_chunk_end_resumes_there(model_dir, extra):
+    """Issue 50: a prompt of one chunk + a few tokens (its last page boundary is the first chunk's end)
+    and a reply that reaches no further page.  The next turn resumes at that chunk end (16), not at 0."""
+    eng, off = _engine(model_dir, chunk_size=16), _engine(model_dir, chunk_size=16, prefix_cache="off")
+    gen = torch.Generator().manual_seed(9)
+    first = random_ids(gen, 16 + extra)
+    (turn1,) = _run(eng, [first], [1])
+    nxt = list(turn1.tokens) + random_ids(gen, 6)
+    (req,) = _run(eng, [nxt], [4])
+    (ref,) = _run(off, [nxt], [4])
+    assert req.output_ids == ref.output_ids
+    assert (req.cached_tokens, req.prefilled_tokens) == (16, len(nxt) - 16)
+    eng.check_integrity()
+
+
 def test_prompt_extended_within_the_turn_hits(model_dir):
     """vLLM #57610: the same turn's prompt grows (a tool result appended before any output is kept)."""
     eng, off = _engine(model_dir, chunk_size=64), _engine(model_dir, chunk_size=64, prefix_cache="off")

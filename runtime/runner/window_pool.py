@@ -46,10 +46,6 @@ class WindowSnapshot(NamedTuple):
 class WindowPool:
     """``layers[i]``: window layer i's ring buffers ``[slots * ring_pages, page_size, kv_heads, head_dim]``."""
 
-    # a snapshot is W keys of every window layer (more than the KV pages of W tokens of the full layers):
-    # at the end of each prompt and request (and --snapshot-every), not at every chunk of a long prompt
-    chunk_end_snapshots = False
-
     def __init__(
         self,
         cfg: ModelConfig,
