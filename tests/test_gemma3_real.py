@@ -17,8 +17,9 @@ from kvreuse.runtime.engine.engine import Engine
 from kvreuse.runtime.sampling.params import SamplingParams
 from kvreuse.runtime.server.app import create_app
 from kvreuse.runtime.server.state import ServerConfig
+from tests.parity import hf_greedy_mismatch
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 PROMPT = "The capital of France is"
 
 
@@ -59,6 +60,47 @@ def test_raw_prompt_has_bos_and_matches_transformers(engine, hf):
     assert out.output_token_ids == want, (out.text, tok.decode(want))
 
 
+def _text_ids(tok, n: int, skip: int = 0) -> list[int]:
+    """``n`` ids of real English (this repository's README, from token ``skip``), after a BOS."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    ids = tok(text, add_special_tokens=False)["input_ids"][skip:]
+    assert len(ids) >= n - 1
+    return [tok.bos_token_id, *ids[: n - 1]]
+
+
+@pytest.mark.parametrize("n", [600, 1100])
+def test_greedy_past_the_window_matches_transformers(engine, hf, n):
+    """Prompts past the 512-token window (two, three chunks of 512): every prompt token's logprob
+    within 1e-3 of transformers' (the window layers' rings wrapped), and 24 greedy tokens identical
+    (one forward of transformers checks every step)."""
+    ids = _text_ids(engine.tokenizer, n)
+    out = engine.generate([ids], SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    tok = engine.tokenizer
+    assert hf_greedy_mismatch(hf, ids, out.output_token_ids) is None, tok.decode(out.output_token_ids)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0, :-1].float(), -1)
+    want = ref.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    mine = torch.tensor([info[0] for _, info in engine.prompt_logprobs(ids, 0)[1:]])
+    assert (mine - want).abs().max().item() < 1e-3 and want.min() < -5  # real logprobs, not all ~0
+
+
+@pytest.mark.parametrize("extra", [3, 9, 15])
+def test_turn_after_a_chunk_end_prompt_resumes_at_the_chunk_end(engine, hf, extra):
+    """The issue's repro: turn 1's prompt is 512 + ``extra`` tokens (its last page boundary is the first
+    chunk's end) and its reply reaches no further page; turn 2 read 0 tokens from the cache and
+    prefilled all ~525.  Now it resumes at 512, and its output is transformers' greedy."""
+    engine.reset_prefix_cache()
+    first = _text_ids(engine.tokenizer, 512 + extra, skip=2000)
+    (turn1,) = engine.generate([first], SamplingParams(max_tokens=1, ignore_eos=True))
+    nxt = first + turn1.output_token_ids + _text_ids(engine.tokenizer, 20, skip=4000)[1:]
+    (turn2,) = engine.generate([nxt], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert turn2.cached_tokens == 512 and turn2.prefilled_tokens == len(nxt) - 512
+    assert hf_greedy_mismatch(hf, nxt, turn2.output_token_ids) is None
+    engine.check_integrity()
+
+
 # ---- through the server (the engine's loop thread drives it from here on) ----
 
 
@@ -71,3 +113,36 @@ def test_completions_string_prompt_has_bos(engine, hf, client):
     # a text that already starts with BOS (a chat rendered to text) gets no second one
     r2 = client.completions.create(model="gemma", prompt="<bos>" + PROMPT, max_tokens=12, temperature=0)
     assert r2.usage.prompt_tokens == len(ids) and r2.choices[0].text == r.choices[0].text
+
+
+def test_ten_turn_chat_reads_each_previous_turn_from_the_cache(engine, client):
+    """A served 10-turn conversation (the bundled Gemma 3 template, greedy), its turns growing past the
+    window and across chunk ends: every turn's cached tokens reach the page boundary at or below the
+    previous request's computed sequence (its prompt + all but its last sampled token) whenever the
+    re-rendered history still holds that sequence; never fewer than the previous prompt's boundary."""
+    tok = engine.tokenizer
+    text = _text_ids(tok, 3000, skip=500)[1:]
+    messages, rows, prev = [{"role": "system", "content": "Answer in one sentence."}], [], None
+    for turn in range(10):
+        words = tok.decode(text[turn * 180 : turn * 180 + 60 + 27 * turn])
+        messages.append({"role": "user", "content": f"Summarise this: {words}"})
+        r = client.chat.completions.create(
+            model="gemma", messages=messages, max_tokens=12 + 5 * turn, temperature=0
+        )
+        cache = r.model_extra["kvreuse"]["cache"]
+        prompt, cached = cache["prompt_tokens"], cache["cached_tokens"]
+        if prev is not None:
+            reusable = cache["reusable_tokens"]  # the prefix this prompt shares with the last sequence
+            computed = min(prev[0] + prev[1] - 1, reusable)
+            rows.append((turn, prompt, cached, prompt - cached, prev[0], computed, cache["cause"]))
+            assert cached >= prev[0] // 16 * 16 and cached == computed // 16 * 16, rows
+        prev = (prompt, r.usage.completion_tokens)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    print(
+        "\n(turn, prompt, cached, prefilled, previous prompt, previous computed & shared, cause):",
+        *rows,
+        sep="\n",
+    )
+    stats = engine.stats()
+    print(f"snapshots {stats.snapshots} holding {stats.snapshot_bytes / 2**20:.1f} MiB; "
+          f"tree {stats.tree_pages} pages x {engine.runner.pool.bytes_per_page} B")  # fmt: skip
