@@ -73,6 +73,8 @@ class SizedSnapshot(NamedTuple):
 class ReplayWindowPool:
     """``WindowPool``'s calls that ``HybridStates`` makes, without rings: slots are numbers, snapshots sizes."""
 
+    splice_span = None  # matches end only where a snapshot is taken (no splicing of two) in this replay
+
     def __init__(self, num_slots: int, snapshot_bytes: int) -> None:
         self.num_slots = num_slots
         self.snapshot_bytes = snapshot_bytes

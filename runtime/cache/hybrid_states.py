@@ -33,6 +33,8 @@ from kvreuse.runtime.runner.state_pool import Snapshot, StateInput, StatePool
 class NoStates:
     """A dense model's states: none (so the cache manager and the scheduler never ask which model runs)."""
 
+    splice_span = None
+
     def admit(self, req: Request, state: object, kv_len: int) -> None:
         pass
 
@@ -59,6 +61,7 @@ class HybridStates:
 
     def __init__(self, pool: StatePool, page_size: int, keep: bool, every_pages: int = 0) -> None:
         self.pool = pool
+        self.splice_span = pool.splice_span  # a window pool's W: its snapshots splice (RadixCache.match)
         self.page_size = page_size
         self.keep = keep
         self.every_pages = every_pages

@@ -47,6 +47,8 @@ class StateInput(NamedTuple):
 class StatePool:
     """``conv[layer, slot]`` and ``rec[layer, slot]`` for ``num_slots`` requests; ``layers[i]`` is layer i's pair."""
 
+    splice_span = None  # a recurrent state is usable only where it was taken
+
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
         lc = cfg.linear_attn
         assert lc is not None, "a state pool is for hybrid models"
