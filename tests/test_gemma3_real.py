@@ -17,6 +17,7 @@ from kvreuse.runtime.engine.engine import Engine
 from kvreuse.runtime.sampling.params import SamplingParams
 from kvreuse.runtime.server.app import create_app
 from kvreuse.runtime.server.state import ServerConfig
+from tests.conversation_trees import reuse_excess
 from tests.parity import hf_greedy_mismatch
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
@@ -38,7 +39,7 @@ def hf(engine):
 @pytest.fixture(scope="module")
 def client(engine):
     aengine = AsyncEngine(engine)
-    config = ServerConfig("gemma", allowed_hosts=("testserver",), chat_template="gemma3")
+    config = ServerConfig("gemma", allowed_hosts=("testserver",))  # no template in the checkpoint: gemma3's
     with TestClient(create_app(aengine, config, on_shutdown=aengine.shutdown)) as http:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
 
@@ -101,6 +102,55 @@ def test_turn_after_a_chunk_end_prompt_resumes_at_the_chunk_end(engine, hf, extr
     engine.check_integrity()
 
 
+def test_rewrite_before_the_first_snapshot_resumes_at_its_page(engine, hf):
+    """The issue's item 3: a rewrite at token 40 of a 70-token prompt prefilled 70 of 70.  The first
+    prompt's snapshot at 64 holds the window (512) of every position below it, so the rewrite resumes
+    at 32, its page, and its output is transformers' greedy."""
+    engine.reset_prefix_cache()
+    first = _text_ids(engine.tokenizer, 70, skip=6000)
+    engine.generate([first], SamplingParams(max_tokens=1, ignore_eos=True))
+    rewrite = first[:40] + _text_ids(engine.tokenizer, 30, skip=7000)[1:]
+    (out,) = engine.generate([rewrite], SamplingParams(max_tokens=8, ignore_eos=True))
+    assert (out.cached_tokens, out.prefilled_tokens) == (32, len(rewrite) - 32)
+    assert hf_greedy_mismatch(hf, rewrite, out.output_token_ids) is None
+
+
+def test_conversation_tree_reuses_all_but_the_divergence(engine):
+    """The acceptance's tree on the real checkpoint: appends, rewrites before the first snapshot, in
+    the middle of the first chunk, just past its end and inside a reply; short and long replies around
+    the 512 chunk end.  Each request's output equals a cold engine's (no prefix cache), and it prefills
+    at most one window (512) more than the tokens after its divergence from earlier sequences, from
+    that point's page (``reuse_excess``); the worst excess is printed."""
+    cold = Engine("gemma-3-270m", dtype="float32", device="cpu", max_running=2, kv_cache_memory="256M",
+                  prefix_cache="off")  # fmt: skip
+    engine.reset_prefix_cache()
+    tok, history, rows = engine.tokenizer, [], []
+    base = _text_ids(tok, 530, skip=9000)
+    fresh = iter(_text_ids(tok, 400, skip=11000)[1:][i : i + 20] for i in range(0, 400, 20))
+    plan = [
+        (base, 2),
+        (base[:40] + next(fresh), 3),
+        (base[:300] + next(fresh), 4),
+        (base[:515] + next(fresh), 1),
+    ]
+    for prompt, n in plan + [(None, 6), (None, 20), (None, 2)]:
+        if (
+            prompt is None
+        ):  # a turn: the longest sequence so far + its reply + new text, or a cut inside a reply
+            last = max(history, key=len)
+            prompt = last + next(fresh) if n != 2 else last[: len(last) - 3] + next(fresh)
+        params = SamplingParams(max_tokens=n, ignore_eos=True)
+        (out,) = engine.generate([prompt], params)
+        (ref,) = cold.generate([prompt], params)
+        assert out.output_token_ids == ref.output_token_ids, len(prompt)
+        excess = reuse_excess(prompt, out.prefilled_tokens, history, engine.page_size)
+        rows.append((len(prompt), out.cached_tokens, out.prefilled_tokens, excess))
+        history.append(prompt + out.output_token_ids)
+    print("\n(prompt, cached, prefilled, excess over the divergence's page):", *rows, sep="\n")
+    assert max(r[3] for r in rows) <= 512, rows
+    engine.check_integrity()
+
+
 # ---- through the server (the engine's loop thread drives it from here on) ----
 
 
@@ -143,6 +193,10 @@ def test_ten_turn_chat_reads_each_previous_turn_from_the_cache(engine, client):
         *rows,
         sep="\n",
     )
-    stats = engine.stats()
-    print(f"snapshots {stats.snapshots} holding {stats.snapshot_bytes / 2**20:.1f} MiB; "
-          f"tree {stats.tree_pages} pages x {engine.runner.pool.bytes_per_page} B")  # fmt: skip
+    # the snapshot memory: one snapshot per chunk end and per request end at most, each 2 x 15 window
+    # layers x 512 keys x 256 x fp32 = 15 MiB, against 96 KiB a page of the 3 full layers
+    stats, snap = engine.stats(), engine.runner.state_pool.snapshot_bytes
+    assert snap == 2 * 15 * 512 * 256 * 4 and stats.snapshot_bytes == stats.snapshots * snap
+    assert stats.snapshots <= sum(-(-p // 512) + 1 for _, p, *_ in rows) + 2
+    print(f"snapshots {stats.snapshots} x {snap / 2**20:.1f} MiB = {stats.snapshot_bytes / 2**20:.0f} MiB; "
+          f"tree {stats.tree_pages} pages x {engine.runner.pool.bytes_per_page / 1024:.0f} KiB")  # fmt: skip
