@@ -61,7 +61,6 @@ from kvreuse.runtime.cache.manager import CacheManager
 from kvreuse.runtime.engine.config import EngineConfig
 from kvreuse.runtime.engine.states import hybrid_states
 from kvreuse.runtime.request import Request
-from kvreuse.runtime.runner.window_pool import WindowPool
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -74,7 +73,7 @@ class SizedSnapshot(NamedTuple):
 class ReplayWindowPool:
     """``WindowPool``'s calls that ``HybridStates`` makes, without rings: slots are numbers, snapshots sizes."""
 
-    chunk_end_snapshots = WindowPool.chunk_end_snapshots  # a window pool's placement, not a hybrid's
+    splice_span = None  # matches end only where a snapshot is taken (no splicing of two) in this replay
 
     def __init__(self, num_slots: int, snapshot_bytes: int) -> None:
         self.num_slots = num_slots

@@ -61,14 +61,30 @@ def run_all(eng: Engine, prompts: list[list[int]], max_tokens: list[int]) -> lis
     return reqs
 
 
-def check_conversation_tree(data: st.DataObject, eng: Engine, off: Engine, max_out: int, atol: float) -> None:
+def reuse_excess(prompt: list[int], prefilled: int, history: list[list[int]], page_size: int) -> int:
+    """Tokens prefilled beyond the ideal: the prompt after the longest prefix it shares with an earlier
+    request's computed sequence (its tokens but the last sampled one), rounded down to a page, and
+    never all of it (one token is computed for the logits).  Independent of the cache's own figures."""
+    shared = 0
+    for seq in history:
+        n = min(len(seq) - 1, len(prompt) - 1)
+        shared = max(shared, next((i for i in range(n) if seq[i] != prompt[i]), n))
+    return prefilled - (len(prompt) - shared // page_size * page_size)
+
+
+def check_conversation_tree(
+    data: st.DataObject, eng: Engine, off: Engine, max_out: int, atol: float, slack: int | None = None
+) -> int:
     """One random tree of 1-3 waves of 1-3 requests (1..``max_out`` tokens each) on both engines;
-    sampled rows within ``atol`` (``tree_atol`` of the model)."""
+    sampled rows within ``atol`` (``tree_atol`` of the model).  ``slack`` (a pool that never evicts):
+    every request prefills at most ``slack`` tokens beyond the ideal (``reuse_excess``: the tokens
+    after its divergence from every earlier wave's sequences, from its page).  Returns the worst excess."""
     eng.reset_prefix_cache()
     off.reset_prefix_cache()
     assert eng.stats().tree_pages == 0
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="token_seed"))
     history: list[list[int]] = []  # full sequences (prompt + output) of finished requests
+    worst = 0
     prompts_so_far: list[list[int]] = []
     for _ in range(data.draw(st.integers(1, 3), label="waves")):
         n = data.draw(st.integers(1, 3), label="wave_size")
@@ -78,7 +94,11 @@ def check_conversation_tree(data: st.DataObject, eng: Engine, off: Engine, max_o
         for a, b in zip(cached, naive):
             assert a.output_ids == b.output_ids
             assert_logits_close(a, b, atol)
+            excess = reuse_excess(a.prompt_ids, a.prefilled_tokens, history, eng.page_size)
+            worst = max(worst, excess)
+            assert slack is None or excess <= slack, (excess, slack, a.cached_tokens, a.prefilled_tokens)
         history += [list(r.tokens) for r in cached]
         prompts_so_far += prompts
         assert_no_request_pages(eng)
     assert_no_request_pages(off)
+    return worst

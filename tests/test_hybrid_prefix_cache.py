@@ -59,7 +59,11 @@ def engines(model_dir) -> dict:
 @given(data=st.data())
 def test_cache_matches_off_on_random_conversation_trees(engines, ps, data):
     small = data.draw(st.booleans(), label="small_pool")
-    check_conversation_tree(data, engines[(ps, small)], engines["off"], max_out=6, atol=engines["atol"])
+    # a hybrid: at most the snapshot interval (2 pages of 4; pages of 16: the 24-token chunk) beyond it
+    slack = None if small else (8 if ps == 4 else 24)
+    check_conversation_tree(
+        data, engines[(ps, small)], engines["off"], max_out=6, atol=engines["atol"], slack=slack
+    )
 
 
 def test_append_only_conversation_reuses_up_to_the_last_snapshot(model_dir):

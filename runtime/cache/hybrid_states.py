@@ -4,8 +4,10 @@ the snapshots it offers the prefix cache, which keeps them on its tree nodes (``
 Where snapshots are taken (always at page boundaries, where the tree's KV pages end):
 
 * the last page boundary of every prefill chunk: the end of the prompt (where the next turn of a
-  conversation continues) and chunk ends on long prompts (only the prompt's end where the pool says
-  snapshots are dear: ``chunk_end_snapshots``, a window model's);
+  conversation continues) and chunk ends on long prompts.  A window model's too, although its
+  snapshot (W keys of every window layer) is dear: a prompt whose last page boundary is a chunk's
+  end (one chunk + a few tokens) has its only resumable point there (issue 50: without it the next
+  turn re-prefilled everything);
 * every ``every_pages`` pages inside a chunk (0: off);
 * where a request's KV match was cut back to an earlier snapshot: the end of that KV match, a
   point where two prompts are known to diverge (a later prompt diverging there resumes from it);
@@ -30,6 +32,8 @@ from kvreuse.runtime.runner.state_pool import Snapshot, StateInput, StatePool
 
 class NoStates:
     """A dense model's states: none (so the cache manager and the scheduler never ask which model runs)."""
+
+    splice_span = None
 
     def admit(self, req: Request, state: object, kv_len: int) -> None:
         pass
@@ -57,6 +61,7 @@ class HybridStates:
 
     def __init__(self, pool: StatePool, page_size: int, keep: bool, every_pages: int = 0) -> None:
         self.pool = pool
+        self.splice_span = pool.splice_span  # a window pool's W: its snapshots splice (RadixCache.match)
         self.page_size = page_size
         self.keep = keep
         self.every_pages = every_pages
@@ -124,9 +129,7 @@ class HybridStates:
                 ends.append(None)
                 continue
             decode = length == 1 and start >= req.num_prompt
-            # the last boundary of a chunk: of every chunk where snapshots are cheap, else only the prompt's
-            last = pool.chunk_end_snapshots or start + length >= req.num_prompt
-            cut, at_end = self._cuts(start, length, decode, self._forks.get(req, 0), last)
+            cut, at_end = self._cuts(start, length, decode, self._forks.get(req, 0))
             cuts.append(cut)
             for off in cut:
                 inside.append(snap := pool.empty_snapshot())
@@ -178,11 +181,9 @@ class HybridStates:
             if n:
                 self._captured(req, n, held[req], True)
 
-    def _cuts(
-        self, start: int, length: int, decode: bool, fork: int, chunk_end: bool = True
-    ) -> tuple[list[int], bool]:
-        """Offsets inside a chunk whose states to capture, and whether to capture its end state too
-        (``chunk_end``: a snapshot at the chunk's last page boundary)."""
+    def _cuts(self, start: int, length: int, decode: bool, fork: int) -> tuple[list[int], bool]:
+        """Offsets inside a chunk whose states to capture (its last page boundary among them), and
+        whether to capture its end state too."""
         if not self.keep:
             return [], False
         ps, end = self.page_size, start + length
@@ -191,7 +192,7 @@ class HybridStates:
         last = end - end % ps
         every = self.every_pages * ps
         points = {n for n in range(start - start % ps + ps, end + 1, ps) if every and n % every == 0}
-        if last > start and chunk_end:
+        if last > start:
             points.add(last)
         if start < fork <= end:
             points.add(fork)

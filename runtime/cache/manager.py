@@ -95,7 +95,7 @@ class CacheManager:
         self.allocator = PageAllocator(num_pages)
         self.prefix: PrefixCache = make_prefix_cache(
             prefix_cache, page_size, self.allocator, eviction, tiers, io, write_through, state_budget,
-            state_tier,
+            state_tier, states.splice_span if states is not None else None,
         )  # fmt: skip
         self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
         self.tiers: LowerTiers | NoLowerTiers = tiers if tiers is not None else NoLowerTiers()

@@ -40,10 +40,14 @@ class NodeStateStats(NamedTuple):
 class NodeStates:
     """The per-node states of one tree: ``node.extra`` holds the state, this store its order and bytes."""
 
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, span: int | None = None) -> None:
         if budget_bytes < 0:
             raise ValueError(f"state budget must be >= 0 bytes, got {budget_bytes}")
         self.budget_bytes = budget_bytes
+        # a window model's snapshot at n holds the window layers' keys of positions [n - span, n): two of
+        # them, at n1 <= m <= n2 with n2 - n1 <= span, hold the window before m (RadixCache.match splices
+        # them).  None: a hybrid's recurrent state, usable only where it was taken.
+        self.span = span
         self._lru: OrderedDict[Any, None] = OrderedDict()  # nodes holding a state, least recent first
         # which state goes first when the budget is short: the lowest rank, least recent among equals.
         # The radix cache ranks by its eviction policy, so pages and their states are judged alike
@@ -128,6 +132,7 @@ class NoNodeStates:
     every page boundary is a resume point, and no node ever holds a state."""
 
     budget_bytes = nbytes = 0
+    span = None
     rank: Callable[[Any], Any] = staticmethod(lambda node: 0)
 
     def __len__(self) -> int:

@@ -31,7 +31,11 @@ tree's pages mean:
   ``insert(..., extra=[(n, state)])`` splits the path at ``n`` tokens and hangs the state there.
   With a state store a prefix is usable only where a state is: ``match`` / ``peek_len`` return the
   longest matched prefix whose last node holds one (or the root: the empty prefix, state zero);
-  ``MatchResult.state`` is that state and ``cut_len`` the KV-matched tokens past it.  A split
+  ``MatchResult.state`` is that state and ``cut_len`` the KV-matched tokens past it.  A window
+  model's snapshots (``states.span``: W) splice: the match keeps all its KV, m tokens, where the last
+  state at or above m (n1, or the root) and the nearest one below m in the tree (n2 <= n1 + W, on a
+  continuation that diverged from this prompt) together hold the window before m
+  (``SplicedSnapshot``): a rewrite before the first snapshot resumes at the rewrite's page.  A split
   leaves the state on the lower half; evicting a node drops its state; the store frees states
   (not pages) LRU within its own byte budget.  ``check()`` re-counts them.
 """
@@ -48,6 +52,7 @@ from kvreuse.runtime.cache.page_allocator import PageAllocator
 from kvreuse.runtime.cache.prefix_cache import InsertResult, MatchResult, NoTiers, PrefixCacheStats
 from kvreuse.runtime.cache.radix_tree import RadixTree, TreeNode
 from kvreuse.runtime.request import PUBLIC, CacheScope
+from kvreuse.runtime.runner.window_pool import SplicedSnapshot
 
 __all__ = ["InsertResult", "MatchResult", "RadixCache", "TreeNode"]
 
@@ -113,12 +118,37 @@ class RadixCache(NoTiers, RadixTree):
         which match public ones (``runtime/request.py``).
         """
         node, pos, pages = self._walk(tuple(token_ids), scope, self._tick())
-        kv_len = pos
+        kv_node, kv_len = node, pos
         while node is not self.root and not self.states.resumes_at(node, True):  # back to a state
             pos -= len(node.key)
             node = node.parent
         self.states.touch(node)
+        span = self.states.span
+        if span is not None and pos < kv_len:  # a window model: splice the window before kv_len
+            top = self._snapshot_below(kv_node, kv_len, pos + span, {kv_node.ns, scope.namespace})
+            if top is not None:
+                self.states.touch(top[0])
+                state = SplicedSnapshot(((pos, node.extra), (top[1], top[0].extra)))
+                return MatchResult(kv_node, kv_len, pages[: kv_len // self.page_size], state=state)
         return MatchResult(node, pos, pages[: pos // self.page_size], state=node.extra, cut_len=kv_len - pos)
+
+    def _snapshot_below(
+        self, node: TreeNode, depth: int, limit: int, namespaces: set
+    ) -> tuple[TreeNode, int] | None:
+        """The nearest node below ``node`` (which ends at ``depth``) holding a state and ending at most at
+        ``limit``, and where it ends; only through ``namespaces`` (a snapshot of another tenant's
+        continuation holds the same keys below ``depth``, but whether it exists is theirs to know)."""
+        best = None
+        stack = [(c, depth + len(c.key)) for c in node.children.values() if c.ns in namespaces]
+        while stack:
+            child, end = stack.pop()
+            if end > limit or (best is not None and end >= best[1]):
+                continue
+            if child.extra is not None:
+                best = (child, end)
+                continue
+            stack.extend((c, end + len(c.key)) for c in child.children.values() if c.ns in namespaces)
+        return best
 
     def peek_len(self, token_ids: Sequence[int], scope: CacheScope = PUBLIC) -> int:
         """``match(token_ids).cached_len`` without its side effects: no split, no access-time update.

@@ -57,17 +57,18 @@ def make_prefix_cache(
     write_through: bool = False,
     state_budget: int | None = None,
     state_tier: StateTier | None = None,
+    state_span: int | None = None,
 ) -> PrefixCache:
     """The cache of kind ``prefix_cache`` over ``allocator``'s pages: for ``radix``, with ``tiers`` below it if given
     and per-node states in ``state_budget`` bytes if given (a hybrid model's snapshots), which go below the
-    pool to ``state_tier`` when there are tiers (a window model's snapshots)."""
+    pool to ``state_tier`` when there are tiers (a window model's snapshots; ``state_span``: their window)."""
     if not cache_kind(prefix_cache).keeps_prefixes:
         from kvreuse.runtime.cache.prefix_cache import NoPrefixCache
 
         return NoPrefixCache(page_size)
     from kvreuse.runtime.cache.node_states import NodeStates, NoNodeStates
 
-    states = NoNodeStates() if state_budget is None else NodeStates(state_budget)
+    states = NoNodeStates() if state_budget is None else NodeStates(state_budget, state_span)
     if tiers is not None:
         from kvreuse.runtime.cache.tiered_cache import TieredRadixCache
 

@@ -10,6 +10,7 @@ import itertools
 
 import torch
 
+from kvreuse.runtime.loading.tokenizer import text_prompt_ids
 from kvreuse.runtime.request import PUBLIC, CacheScope, Request
 from kvreuse.runtime.sampling.constrained import GrammarBusy, GrammarCompiler, GrammarError
 from kvreuse.runtime.sampling.params import SamplingParams
@@ -50,11 +51,7 @@ class Admission:
         """Tokenise and check a prompt; raises EngineError with a one-line reason.  A grammar compiles
         in ``scope``'s tenant's cache (a hit must not tell one tenant what another compiled)."""
         try:
-            ids = (
-                self.tokenizer.encode(prompt, add_special_tokens=False)
-                if isinstance(prompt, str)
-                else list(prompt)
-            )
+            ids = text_prompt_ids(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         except Exception as e:  # e.g. a lone surrogate: the tokenizer's TypeError is the caller's problem
             raise EngineError(f"the prompt cannot be tokenised: {e}".splitlines()[0][:300]) from None
         if not ids:

@@ -119,7 +119,14 @@ class ModelRunner:
             )
         rings = isinstance(self.state_pool, WindowPool)
         if rings and kv_cache_memory is not None and num_pages is None:  # the rings come out of the budget
-            kv_cache_memory -= self.state_pool.nbytes
+            ring_bytes = self.state_pool.nbytes
+            if ring_bytes >= kv_cache_memory:
+                raise ValueError(
+                    f"KV budget too small: the window rings of {state_slots} running requests (--max-running)"
+                    f" take {ring_bytes / 2**20:.0f} MiB of the {kv_cache_memory / 2**20:.0f} MiB"
+                    " (--kv-cache-memory); lower --max-running or raise --kv-cache-memory"
+                )
+            kv_cache_memory -= ring_bytes
         pooled_windows = not rings and any(w is not None for w in self.cfg.windows)
         if pooled_windows and self.cfg.kv_shape(True) != self.cfg.kv_shape(False):
             raise ValueError(

@@ -47,8 +47,7 @@ class StateInput(NamedTuple):
 class StatePool:
     """``conv[layer, slot]`` and ``rec[layer, slot]`` for ``num_slots`` requests; ``layers[i]`` is layer i's pair."""
 
-    # snapshots at every prefill chunk's end, not only the prompt's: a long prompt's mid-points resume
-    chunk_end_snapshots = True
+    splice_span = None  # a recurrent state is usable only where it was taken
 
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
         lc = cfg.linear_attn

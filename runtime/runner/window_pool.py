@@ -43,12 +43,16 @@ class WindowSnapshot(NamedTuple):
         return self.kv.nbytes
 
 
+class SplicedSnapshot(NamedTuple):
+    """The window before a point m made of snapshots taken elsewhere: ``parts`` ``(n, snapshot)``, each
+    holding positions ``[n - span, n)`` (None: the empty prefix at 0), together covering ``[m - span,
+    m)``.  Any snapshot on a path through m holds the same keys below m: they depend on those tokens only."""
+
+    parts: tuple[tuple[int, WindowSnapshot | None], ...]
+
+
 class WindowPool:
     """``layers[i]``: window layer i's ring buffers ``[slots * ring_pages, page_size, kv_heads, head_dim]``."""
-
-    # a snapshot is W keys of every window layer (more than the KV pages of W tokens of the full layers):
-    # at the end of each prompt and request (and --snapshot-every), not at every chunk of a long prompt
-    chunk_end_snapshots = False
 
     def __init__(
         self,
@@ -75,6 +79,12 @@ class WindowPool:
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def splice_span(self) -> int:
+        """How many positions before its end a snapshot holds: two snapshots within this of each other
+        hold the window before any point between them (``SplicedSnapshot``)."""
+        return self.span
 
     @property
     def nbytes(self) -> int:
@@ -123,14 +133,23 @@ class WindowPool:
             snap.kv[i, 0].copy_(k.view(-1, *k.shape[2:]).index_select(0, idx))
             snap.kv[i, 1].copy_(v.view(-1, *v.shape[2:]).index_select(0, idx))
 
-    def restore(self, slot: int, snap: WindowSnapshot, end: int) -> None:
-        """Put a snapshot taken at ``end`` back into ``slot``'s ring: its request resumes at ``end``."""
+    def restore(self, slot: int, snap: WindowSnapshot | SplicedSnapshot, end: int) -> None:
+        """Put a snapshot taken at ``end`` (or the parts of a spliced one) back into ``slot``'s ring:
+        its request resumes at ``end``."""
+        parts = snap.parts if isinstance(snap, SplicedSnapshot) else ((end, snap),)
         first = max(0, end - self.span)
-        idx = self.slots_of(slot, first, end)
-        part = snap.kv[:, :, self.span - (end - first) :]
-        for i, (k, v) in enumerate(self.layers):
-            k.view(-1, *k.shape[2:]).index_copy_(0, idx, part[i, 0])
-            v.view(-1, *v.shape[2:]).index_copy_(0, idx, part[i, 1])
+        for n, part in parts:
+            lo, hi = max(first, n - self.span), min(n, end)
+            if part is None or lo >= hi:
+                continue
+            assert n >= end or n - self.span <= first, (
+                "a snapshot below the resume point misses part of its window"
+            )
+            idx = self.slots_of(slot, lo, hi)
+            kv = part.kv[:, :, lo - n + self.span : hi - n + self.span]
+            for i, (k, v) in enumerate(self.layers):
+                k.view(-1, *k.shape[2:]).index_copy_(0, idx, kv[i, 0])
+                v.view(-1, *v.shape[2:]).index_copy_(0, idx, kv[i, 1])
 
 
 def ring_batch(fb: ForwardBatch, slots: list[int], ring_pages: int, page_size: int) -> ForwardBatch:

@@ -82,7 +82,9 @@ class ServerState:
         self.engine = aengine.engine
         self.config = config
         self.tokenizer = self.engine.tokenizer
-        self.template: TemplateInfo = resolve_template(self.tokenizer, config.chat_template)
+        self.template: TemplateInfo = resolve_template(
+            self.tokenizer, config.chat_template, self.engine.model_config.model_type
+        )
         self.diagnostics = CacheDiagnostics(self.tokenizer, self.engine.page_size, config.diagnostics_history)
         self._tenant_diagnostics: dict[Any, CacheDiagnostics] = {None: self.diagnostics}
         self.activity = RecentRequests(config.ui_history) if config.ui else NoActivity()

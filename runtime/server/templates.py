@@ -25,11 +25,31 @@ class TemplateInfo(NamedTuple):
     harmony: Any = None  # gpt-oss: openai-harmony's encoding (the parser reads token ids), else None
 
 
-def resolve_template(tokenizer: Any, name: str | None) -> TemplateInfo:
+# a checkpoint without a chat template (a GGUF converted without one: Gemma 3 270M's) renders with the
+# bundled template of its architecture
+BUNDLED_FOR = {"gemma3": "gemma3", "gemma3_text": "gemma3", "gpt_oss": "gpt_oss", "qwen3": "qwen3",
+               "qwen3_moe": "qwen3", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}  # fmt: skip
+
+
+class NoChatTemplate(ValueError):
+    """The model has no chat template and none is bundled for its architecture; the message names
+    ``--chat-template``."""
+
+
+def resolve_template(tokenizer: Any, name: str | None, model_type: str = "") -> TemplateInfo:
     """``name`` None means the model's own template, except that a ChatML template without tool
-    support is replaced by the bundled ChatML one (same turns, plus Hermes tools) so agents work."""
-    source = load_template(name, tokenizer)
+    support is replaced by the bundled ChatML one (same turns, plus Hermes tools) so agents work,
+    and a model without one gets the bundled template of its ``model_type`` (else ``NoChatTemplate``)."""
     label = name or "model"
+    if name is None and not getattr(tokenizer, "chat_template", None):
+        name = BUNDLED_FOR.get(model_type)
+        if name is None:
+            raise NoChatTemplate(
+                f"the model ({model_type or 'unknown architecture'}) has no chat template and none is "
+                "bundled for it: pass --chat-template (chatml, llama3, ... or a .jinja file)"
+            )
+        label = f"{name} (bundled; the model has none)"
+    source = load_template(name, tokenizer)
     if name is None and "tools" not in source and "<|im_start|>" in source:
         source, label = load_template("chatml", tokenizer), "chatml (bundled; the model's own has no tools)"
     if is_harmony(source):

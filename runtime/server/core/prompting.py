@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 from kvreuse.chat_templates.parsers import THINK_OPEN
 from kvreuse.chat_templates.render import RenderedPrompt, render
+from kvreuse.runtime.loading.tokenizer import text_prompt_ids
 from kvreuse.runtime.server.errors import bad_request
 from kvreuse.runtime.server.templates import TemplateInfo, forced_tool_prefix
 
@@ -107,10 +108,13 @@ def prompt_from(
     )
 
 
-def encode_text(tokenizer: Any, text: str, param: str) -> list[int]:
-    """Token ids of ``text``; a string the tokenizer cannot take (a lone surrogate, ...) is a 400."""
+def encode_text(tokenizer: Any, text: str, param: str, prompt: bool = False) -> list[int]:
+    """Token ids of ``text`` (``prompt``: a whole raw prompt, with the tokenizer's leading BOS:
+    ``text_prompt_ids``); a string the tokenizer cannot take (a lone surrogate, ...) is a 400."""
     try:
-        return tokenizer.encode(text, add_special_tokens=False)
+        return (
+            text_prompt_ids(tokenizer, text) if prompt else tokenizer.encode(text, add_special_tokens=False)
+        )
     except Exception as e:  # tokenizers raises TypeError for unencodable str, others their own
         raise bad_request(f"{param} cannot be tokenised: {one_line(e)}", param) from None
 

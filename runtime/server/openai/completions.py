@@ -29,7 +29,7 @@ class CompletionRun(OpenAIRun, EngineRun):
     def __init__(self, state: ServerState, caller: Caller, req: CompletionRequest) -> None:
         # tokenised once here; the engine streams get the ids
         ids = [
-            list(p) if isinstance(p, list) else encode_text(state.tokenizer, p, "prompt")
+            list(p) if isinstance(p, list) else encode_text(state.tokenizer, p, "prompt", prompt=True)
             for p in req.prompts()
         ]
         self.req = req

@@ -35,8 +35,8 @@ def template_messages(req: ChatCompletionRequest) -> list[dict]:
                 raise bad_request(
                     f"messages[{i}]: an assistant message needs content or tool_calls", f"messages.{i}"
                 )
-            if m.reasoning_content is not None:
-                d["reasoning_content"] = m.reasoning_content
+            if (reasoning := m.reasoning_text()) is not None:
+                d["reasoning_content"] = reasoning
             if m.tool_calls:
                 d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
                 open_calls.update(c.id for c in m.tool_calls)

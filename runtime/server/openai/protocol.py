@@ -90,6 +90,15 @@ class ChatMessage(_Body):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    # the same, as other clients send it (gpt-oss's template reads ``thinking``; OpenRouter's ``reasoning``)
+    thinking: str | None = None
+    reasoning: str | None = None
+
+    def reasoning_text(self) -> str | None:
+        """An assistant message's reasoning, under whichever of its three names the client used."""
+        return next(
+            (r for r in (self.reasoning_content, self.thinking, self.reasoning) if r is not None), None
+        )
 
     @model_validator(mode="before")
     @classmethod
