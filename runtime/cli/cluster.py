@@ -4,13 +4,16 @@
 
     kvreuse cluster --replicas 3 --port 8000 -- --model HuggingFaceTB/SmolLM2-135M-Instruct
         valkey  127.0.0.1:P0   (--store-memory, LRU)         the shared tier every replica writes through to
-        replica 127.0.0.1:P1.. kvreuse serve <args after --> --kv-shared-store valkey://127.0.0.1:P0
-        gateway 127.0.0.1:8000 smg launch --worker-urls ... --policy cache_aware
+        replica 127.0.0.1:P1.. kvreuse serve <args after --> --kv-shared-store valkey://:PASSWORD@127.0.0.1:P0
+        gateway 127.0.0.1:8000 smg launch --worker-urls ... --policy cache_aware --cache-threshold 0.5 ...
 
 Clients talk to the gateway (OpenAI API); it routes each request to the replica whose cache most
 likely holds its prefix (SMG's approximate radix tree per worker, balanced by the load each replica
-reports at ``/v1/loads``).  A replica that exits is started again on its port; meanwhile the gateway
-sends its sessions elsewhere and they read their prefixes from the shared tier.  With ``--routing
+reports at ``/v1/loads``), with the settings the routing benchmark measured (``GATEWAY_DEFAULTS``).
+Every part that exits (Valkey, a replica, the gateway) is started again on its address, a failed
+restart retried with backoff (``runtime/cluster/supervisor.py``); meanwhile the gateway sends a dead
+replica's sessions elsewhere and they read their prefixes from the shared tier.
+``kvreuse cluster metrics|reset --workdir W`` scrape or reset every replica of the cluster running there.  With ``--routing
 events`` each replica also serves SMG's gRPC engine service (``kvreuse serve --grpc-port``), the
 gateway is given ``grpc://`` workers and routes by the pages each replica reports it stores and
 evicts (its KV cache events), not by a guess.  Ctrl-C / SIGTERM
