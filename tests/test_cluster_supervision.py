@@ -172,7 +172,9 @@ def test_the_cluster_survives_each_part_killed_even_during_its_restart(tmp_path)
         body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hello again"}]}
         _wait("a chat through the new gateway", lambda: httpx.post(gw + "/v1/chat/completions", json=body, timeout=60).status_code == 200, 30, proc)  # fmt: skip
 
-        # the operator's views of every replica
+        # the operator's views of every replica; a reset through the gateway reaches both
+        r = httpx.post(gw + "/flush_cache", timeout=60)
+        assert r.status_code == 200 and r.json()["workers_flushed"] == 2, r.text
         out = subprocess.run([sys.executable, "-m", "kvreuse.runtime.cli.main", "cluster", "metrics", "--workdir", str(work)],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         assert out.returncode == 0, out.stderr
