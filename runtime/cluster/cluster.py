@@ -21,6 +21,7 @@ from kvreuse.runtime.cluster.services import (
     GatewayAuth,
     Host,
     Service,
+    await_healthy,
     free_port,
     launch_replica,
     register_worker,
@@ -232,8 +233,9 @@ class Cluster:
         self.replicas[i].kill()
 
     def restart_replica(self, i: int) -> None:
-        """Start replica ``i`` again on its port and wait until it is ready, then make sure the gateway
-        lists it (SMG takes it back at its next health checks; one that dropped it is told again)."""
+        """Start replica ``i`` again on its port and wait until it is ready, then until the gateway lists
+        it healthy (SMG takes it back at its second good health check; one that dropped it is told
+        again), so that new sessions reach it when this returns."""
         self.replicas[i].kill()  # a half-started one, if any (idempotent)
         port = int(self.urls[i].rsplit(":", 1)[1])
         grpc_port = int(self.worker_urls[i].rsplit(":", 1)[1]) if self.routing == "events" else None
@@ -246,7 +248,9 @@ class Cluster:
             try:
                 register_worker(self.url, self.worker_urls[i], self.auth)
             except httpx.HTTPError:
-                pass  # the gateway is going down: its restart is given every replica
+                return  # the gateway is going down: its restart is given every replica
+            # back in rotation, so new sessions reach it (or the gateway is gone: it takes it back later)
+            await_healthy(self.url, self.worker_urls[i], self.auth)
 
     def restart_store(self) -> None:
         """Start the Valkey server again on its port, with its password (empty: no persistence; the

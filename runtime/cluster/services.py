@@ -283,5 +283,22 @@ def register_worker(gateway: str, worker: str, auth: GatewayAuth = NO_AUTH) -> N
         ).raise_for_status()
 
 
+def await_healthy(gateway: str, worker: str, auth: GatewayAuth = NO_AUTH, timeout_s: float = 15.0) -> bool:
+    """Wait until the gateway lists ``worker`` as healthy (SMG marks a restarted worker healthy again at
+    its second good health check); False if it has not by ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            listed = (
+                httpx.get(gateway + "/workers", headers=auth.headers(), timeout=5).json().get("workers", [])
+            )
+            if any(w.get("url") == worker and w.get("is_healthy") for w in listed):
+                return True
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
 def scratch_dir(prefix: str = "kvreuse-cluster-") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
