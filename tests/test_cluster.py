@@ -90,6 +90,12 @@ def test_a_cluster_with_api_keys_passes_each_tenants_key_through_the_gateway(tmp
         assert cached("k-one") == 0 and cached("k-one") > 0
         assert cached("k-two") == 0  # another tenant: the same prompt is not shared
         cached(None)
+        # a cache reset through the gateway: SMG calls each worker's /flush_cache with its operator key
+        r = httpx.post(c.url + "/flush_cache", headers=c.auth.headers(), timeout=60)
+        assert r.status_code == 200 and r.json()["workers_flushed"] == 1, r.text
+        assert cached("k-one") == 0
+        direct = httpx.post(c.urls[0] + "/flush_cache", headers={"Authorization": "Bearer k-one"}, timeout=60)
+        assert direct.status_code == 403  # a tenant's key cannot drop every tenant's cache
 
 
 def test_a_gateway_that_never_becomes_ready_is_stopped(tmp_path):

@@ -56,7 +56,8 @@ def _metrics(url: str) -> str:
 
 def test_each_part_is_reached_at_its_own_hosts_address(cluster, hosts):
     assert cluster.url.startswith(f"http://{hosts['gw'].address}:")
-    assert cluster.store_url.startswith(f"valkey://{hosts['store'].address}:")
+    assert cluster.public_store_url.startswith(f"valkey://{hosts['store'].address}:")  # its password left out
+    assert cluster.store_url.startswith(f"valkey://:{cluster.store_password}@{hosts['store'].address}:")
     assert [u.split("//")[1].split(":")[0] for u in cluster.urls] == [
         hosts["r0"].address,
         hosts["r1"].address,

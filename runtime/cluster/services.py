@@ -77,6 +77,10 @@ class Service:
         )
 
     @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -92,7 +96,7 @@ class Service:
             try:
                 if probe():
                     return
-            except (OSError, httpx.HTTPError):
+            except (OSError, httpx.HTTPError, _valkey_errors()):
                 pass
             time.sleep(0.2)
         self.stop()
@@ -103,6 +107,7 @@ class Service:
         if self.alive:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+        self._log.close()
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``."""
@@ -115,31 +120,50 @@ class Service:
         self._log.close()
 
 
+def _valkey_errors() -> type[BaseException]:
+    try:
+        from valkey.exceptions import ValkeyError
+
+        return ValkeyError
+    except ImportError:
+        return OSError
+
+
 def _http_ok(url: str) -> bool:
     return httpx.get(url, timeout=2.0).status_code == 200
 
 
 def start_valkey(
-    workdir: Path, maxmemory: str = "1gb", port: int | None = None, host: Host = LOOPBACK
+    workdir: Path,
+    maxmemory: str = "1gb",
+    port: int | None = None,
+    host: Host = LOOPBACK,
+    password: str | None = None,
 ) -> tuple[Service, str]:
     """A Valkey server holding at most ``maxmemory`` (LRU over all keys: the shared tier's budget),
-    no persistence; returns the service and its ``valkey://`` URL."""
+    no persistence; returns the service and its ``valkey://`` URL (with the password, if any).
+
+    With ``password`` it demands it of every client (``requirepass``); without one, Valkey's protected
+    mode stays on and answers ``DENIED`` to any client off loopback, so a store reachable from other
+    hosts always has a password (a page's K/V is readable by whoever reaches the store)."""
     port = port or free_port()
-    argv = [valkey_binary(), "--port", str(port), "--bind", host.address, "--save", "",
+    conf = workdir / "valkey.conf"  # the password in a file only we read, not on the command line
+    conf.touch(mode=0o600)
+    conf.write_text(f"requirepass {password}\n" if password else "")
+    argv = [valkey_binary(), str(conf), "--port", str(port), "--bind", host.address, "--save", "",
             "--appendonly", "no", "--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru",
-            "--dir", str(workdir),
-            # protected mode answers DENIED to any client not on loopback when no password is set; the
-            # bind above is what fences the store (docs/scaling.md: to the replicas' network)
-            "--protected-mode", "no"]  # fmt: skip
+            "--dir", str(workdir)]  # fmt: skip
     svc = Service("valkey", host.argv(argv), workdir / "valkey.log")
 
     def ping() -> bool:
-        with socket.create_connection((host.address, port), timeout=1.0) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+        import valkey  # the cluster extra's client, as the replicas use
+
+        with valkey.Valkey(host.address, port, password=password, socket_timeout=1.0) as db:
+            return bool(db.ping())
 
     svc.wait_ready(ping, 20.0)
-    return svc, host.url("valkey", port)
+    secret = f":{password}@" if password else ""
+    return svc, f"valkey://{secret}{host.address}:{port}"
 
 
 def launch_replica(
@@ -209,9 +233,12 @@ def start_gateway(
     host: Host = LOOPBACK,
     auth: GatewayAuth = NO_AUTH,
     ready_timeout_s: float = 60.0,
+    workers_ready: int | None = None,
 ) -> tuple[Service, str]:
     """SMG in front of ``worker_urls`` (``http://`` or ``grpc://``) with ``policy``; its metrics on a
-    free port of ``host`` too (``Service.metrics_url``)."""
+    free port of ``host`` too (``Service.metrics_url``).  Ready when ``workers_ready`` workers (default:
+    all) are registered."""
+    workers_ready = len(worker_urls) if workers_ready is None else workers_ready
     port = port or free_port()
     metrics_port = free_port()
     argv = [*smg_binary(), "launch", "--host", host.address, "--port", str(port),
@@ -230,7 +257,7 @@ def start_gateway(
     def ready() -> bool:  # every worker registered, so the first request has somewhere to go
         r = httpx.get(url + "/workers", headers=auth.headers(), timeout=2.0)
         workers = r.json().get("workers", []) if r.status_code == 200 else []
-        if len(workers) < len(worker_urls):
+        if len(workers) < workers_ready:
             return False
         if not any(u.startswith("grpc://") for u in worker_urls):
             return True
@@ -254,6 +281,23 @@ def register_worker(gateway: str, worker: str, auth: GatewayAuth = NO_AUTH) -> N
         httpx.post(
             gateway + "/workers", json={"url": worker}, headers=auth.headers(), timeout=30
         ).raise_for_status()
+
+
+def await_healthy(gateway: str, worker: str, auth: GatewayAuth = NO_AUTH, timeout_s: float = 15.0) -> bool:
+    """Wait until the gateway lists ``worker`` as healthy (SMG marks a restarted worker healthy again at
+    its second good health check); False if it has not by ``timeout_s``."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            listed = (
+                httpx.get(gateway + "/workers", headers=auth.headers(), timeout=5).json().get("workers", [])
+            )
+            if any(w.get("url") == worker and w.get("is_healthy") for w in listed):
+                return True
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
 
 
 def scratch_dir(prefix: str = "kvreuse-cluster-") -> Path:

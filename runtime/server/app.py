@@ -133,6 +133,15 @@ def create_app(
     async def cache_reset(request: Request) -> dict[str, Any]:
         if not isinstance(load_json(await request.body()), dict):
             raise bad_request("the body must be a JSON object (send {})")
+        return await reset_all_caches(request)
+
+    # SGLang's name, which the SMG gateway's POST /flush_cache calls on every worker with its operator
+    # key: a cache reset of the whole cluster through the gateway (docs/scaling.md); no body
+    @app.post("/flush_cache", include_in_schema=False)
+    async def flush_cache(request: Request) -> dict[str, Any]:
+        return await reset_all_caches(request)
+
+    async def reset_all_caches(request: Request) -> dict[str, Any]:
         if not state.tenants.sees_all(request.state.tenant):  # a tenant must not drop every tenant's cache
             raise APIError(403, "resetting the shared prefix cache needs an operator key (--operator-key)",
                            type="permission_error", code="forbidden")  # fmt: skip
@@ -165,7 +174,8 @@ def create_app(
         allowed_hosts=config.allowed_hosts,
         max_request_bytes=config.max_request_bytes,
         body_timeout_s=config.body_timeout_s,
-        json_paths={r.path for r in app.routes if "POST" in getattr(r, "methods", ())},
+        json_paths={r.path for r in app.routes if "POST" in getattr(r, "methods", ())}
+        - {"/flush_cache"},  # no body
         authenticate=authenticate,
         on_error=render_error,
         count=lambda path, status: state.metrics.http_requests.labels(path, str(status)).inc(),

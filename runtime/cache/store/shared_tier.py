@@ -51,6 +51,11 @@ class SharedTier:
         self.counts = {"loaded": 0, "written": 0, "failed": 0, "refused": 0}
         self._writer = PageWriter("kvreuse-kv-shared-writer", self._write, self._fail, self._mu)
         self._pending = self._writer.pending  # the same dict, under the same lock as ``_known``
+        # health in the background, every ``retry_s``: an idle replica learns the store went away
+        # (and came back) without waiting for a request that reaches past its pool
+        self._closed = threading.Event()
+        self._health = threading.Thread(target=self._watch, name="kvreuse-kv-shared-health", daemon=True)
+        self._health.start()
 
     # -- the fuse ------------------------------------------------------------------------
     def _up(self) -> bool:
@@ -59,7 +64,18 @@ class SharedTier:
     def _ok(self) -> None:
         if self.error is not None:
             log.warning("shared KV store %s is reachable again; using it", self.store.url)
+            with self._mu:  # it may have come back empty (a restarted server keeps nothing)
+                self._known.clear()
             self.error = None
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self.retry_s):
+            try:
+                self.store.db.ping()
+            except self._failures as e:
+                self._fail(e)
+                continue
+            self._ok()
 
     def _fail(self, e: BaseException) -> None:
         self.counts["failed"] += 1
@@ -165,6 +181,7 @@ class SharedTier:
             self._fail(e)
 
     def close(self) -> None:
+        self._closed.set()
         self._writer.close()
         try:
             self.store.close()
