@@ -51,3 +51,25 @@ def test_no_cache_claim_is_confirmed_without_a_cache(perturbed: Perturbed) -> No
         if (v := c(perturbed.off)) and v.cache and v.verdict == "confirmed"
     ]
     assert confirmed == []
+
+
+def test_a_derived_cache_off_run_equals_the_engines(perturbed: Perturbed) -> None:
+    """The agent session's cache-off twins are derived from its cache-on runs (``sections.cache_off``);
+    on every pair the engine ran both ways, the derivation gives the engine's cache-off counts exactly."""
+    from kvreuse.benchmarks.patterns.sections import cache_off
+
+    fields = ("prompt_tokens", "cached_tokens", "prefilled_tokens", "generated_tokens", "ideal_tokens")
+    by = {(r["workload"], r["variant"], r["stack"], r["pattern"], r["replies"], r.get("prefix_cache"), r["page_size"]): r
+          for r in perturbed.runs}  # fmt: skip
+    pairs = [
+        (r, by[k[:5] + ("radix",) + k[6:]])
+        for k, r in by.items()
+        if k[5] == "off" and k[:5] + ("radix",) + k[6:] in by
+    ]
+    assert len(pairs) >= 60
+    for off, on in pairs:
+        got = cache_off(on)
+        assert [[x[f] for f in fields] for x in got["requests"]] == [
+            [x[f] for f in fields] for x in off["requests"]
+        ]
+        assert got["totals"]["prefilled_tokens"] == off["totals"]["prefilled_tokens"]
