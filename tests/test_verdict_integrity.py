@@ -27,7 +27,11 @@ def perturbed() -> Perturbed:
 
 
 def _computed(P: Perturbed) -> list:
-    return [c for c in CLAIMS if (v := c(P.base)) is not None and v.verdict in COMPUTED]
+    """Every row with a computed verdict: the table's, and its pair rows restated at agent scale."""
+    from kvreuse.benchmarks.patterns.scale import scale_checks
+
+    checks = [*CLAIMS, *(x for _, longs in scale_checks() for x in longs)]
+    return [c for c in checks if (v := c(P.base)) is not None and v.verdict in COMPUTED]
 
 
 def test_every_row_can_fail_and_does_where_it_must(perturbed: Perturbed) -> None:
@@ -73,3 +77,15 @@ def test_a_derived_cache_off_run_equals_the_engines(perturbed: Perturbed) -> Non
             [x[f] for f in fields] for x in off["requests"]
         ]
         assert got["totals"]["prefilled_tokens"] == off["totals"]["prefilled_tokens"]
+
+
+def test_real_traffic_hook_reads_recordings_when_present(tmp_path: Path) -> None:
+    from kvreuse.benchmarks.patterns.real_traffic import section
+
+    assert section(tmp_path / "none") == []
+    rows = [{"prompt_tokens": 100, "cached_tokens": 0, "ideal_cached": 0},
+            {"prompt_tokens": 200, "cached_tokens": 96, "ideal_cached": 96},
+            {"prompt_tokens": 300, "cached_tokens": 96, "ideal_cached": 192}]  # fmt: skip
+    (tmp_path / "claude.json").write_text(json.dumps({"sessions": [{"agent": "claude-code", "rows": rows}]}))
+    text = "\n".join(section(tmp_path))
+    assert "| claude-code | 3 | 2 of 3 | 192 / 600 (32%) | partly |" in text

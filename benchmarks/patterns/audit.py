@@ -9,7 +9,8 @@ Perturbations (each a new list of runs; the rules only read them):
   partly verdict must turn refuted, unless the claim is symmetric by design (``symmetric``);
 * **arms equal** (a null effect): every side's runs replaced by a copy of the first side's: a claim of
   a difference must be refuted (a claim of no difference, ``claims_equal``, must not be);
-* **names shuffled**: pattern names permuted among a workload's runs (three fixed seeds).
+* **names shuffled**: pattern names permuted among a workload's runs (three fixed seeds);
+* **substituted** (rows with one side): the side's runs replaced by each other pattern's of its workload.
 
 Over all of them a row's verdict must take at least two values, so a rule that returns a fixed word
 (``Hardcoded``, the mutant ``tests/test_verdict_integrity.py`` checks the audit against) cannot pass.
@@ -51,6 +52,11 @@ def equalised(runs: list[dict], arms: tuple[Arm, ...]) -> list[dict]:
     out = [r for r in runs if key(r) not in rest]
     out += [_relabel(r, arm) for r in runs if key(r) == arms[0] for arm in arms[1:]]
     return out
+
+
+def substituted(runs: list[dict], side: Arm, other: Arm) -> list[dict]:
+    """The side's runs replaced by another pattern's, relabelled as the side."""
+    return [r for r in runs if key(r) != side] + [_relabel(r, side) for r in runs if key(r) == other]
 
 
 def shuffled(runs: list[dict], seed: int) -> list[dict]:
@@ -104,6 +110,10 @@ def problems(check: Any, P: Perturbed) -> list[str]:
             out.append(f"{name}: {eq.verdict} with both sides equal (a null effect)")
     for R in P.shuffles:
         score(R)
+    if len(arms) == 1:  # one side: it must tell its pattern from the workload's others
+        w, pat, stack = arms[0]
+        for other in sorted({r["pattern"] for r in P.runs if r["workload"] == w and r["pattern"] != pat}):
+            score(Runs(substituted(P.runs, arms[0], (w, other, stack))))
     if len(seen) < 2:
         out.append(f"{name}: always {v0.verdict} (cache off, swapped, equal sides, shuffled names)")
     return out

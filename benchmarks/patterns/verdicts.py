@@ -359,10 +359,20 @@ class NotMeasurable:
 
 
 def table(vs: list[Verdict]) -> list[str]:
+    """The verdict table; a rule shared by several rows is written once, under the table, and the rows
+    name it (R1, R2, ...); section names get their English gloss."""
+    from collections import Counter
+
+    from kvreuse.benchmarks.patterns.glosses import gloss
+
+    shared = [r for r, n in Counter(v.rule for v in vs).items() if n > 1 and r != "-"]
+    name = {r: f"R{k}" for k, r in enumerate(shared, 1)}
     lines = [
         "| # | claim | seed, section | runs | number | verdict | rule | why |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| {i} | {v.claim} | {v.source} | `{v.pattern}` | {v.number} | **{v.verdict}** | {v.rule} | {v.why} |"
-              for i, v in enumerate(vs, 1)]  # fmt: skip
+    lines += [f"| {i} | {v.claim} | {gloss(v.source)} | `{v.pattern}` | {v.number} | **{v.verdict}** | "
+              f"{name.get(v.rule, v.rule)} | {v.why} |" for i, v in enumerate(vs, 1)]  # fmt: skip
+    if shared:
+        lines += ["", "Rules shared by several rows:", ""] + [f"- **{name[r]}**: {r}" for r in shared]
     return lines
