@@ -89,3 +89,19 @@ def test_real_traffic_hook_reads_recordings_when_present(tmp_path: Path) -> None
     (tmp_path / "claude.json").write_text(json.dumps({"sessions": [{"agent": "claude-code", "rows": rows}]}))
     text = "\n".join(section(tmp_path))
     assert "| claude-code | 3 | 2 of 3 | 192 / 600 (32%) | partly |" in text
+
+
+@pytest.mark.parametrize(
+    "layout", ["timestamp_start", "tools_reordered", "status_in_system", "text_unstable"]
+)
+def test_row_1_refutes_a_layout_that_rewrites_its_prefix(perturbed: Perturbed, layout: str) -> None:
+    """Row 1 ("append-only reuses everything") read from a layout that rewrites its prefix every turn must
+    be refuted (the third edition's rule compared each run with its own ideal and confirmed all four)."""
+    from kvreuse.benchmarks.patterns.audit import substituted
+    from kvreuse.benchmarks.patterns.verdicts import Reaches, Runs
+
+    row = next(c for c in CLAIMS if isinstance(c, Reaches))
+    assert row(perturbed.base).verdict == "confirmed"
+    side = row.arms()[0]
+    v = row(Runs(substituted(perturbed.runs, side, (side[0], layout, side[2]))))
+    assert v.verdict == "refuted", v.number
