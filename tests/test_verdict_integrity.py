@@ -88,7 +88,9 @@ def test_real_traffic_hook_reads_recordings_when_present(tmp_path: Path) -> None
             {"prompt_tokens": 300, "cached_tokens": 96, "ideal_cached": 192}]  # fmt: skip
     (tmp_path / "claude.json").write_text(json.dumps({"sessions": [{"agent": "claude-code", "rows": rows}]}))
     text = "\n".join(section(tmp_path))
-    assert "| claude-code | 3 | 2 of 3 | 192 / 600 (32%) | partly |" in text
+    assert (
+        "| claude-code | 3 | 2 of 3 | 96 (66.7% of the ideal reached) | 192 / 600 (32%) | refuted |" in text
+    )
 
 
 @pytest.mark.parametrize(
