@@ -39,7 +39,7 @@ def _sessions(node: Any, name: str, page: int = PAGE) -> list[tuple[str, list[di
             and rows
             and all(isinstance(r, dict) and "cached_tokens" in r for r in rows)
         ):
-            return [(name, rows)]
+            return [(name, [r for r in rows if r.get("kind") != "side"])]
         return [s for v in node.values() for s in _sessions(v, name, page)]
     if isinstance(node, list):
         return [s for v in node for s in _sessions(v, name, page)]
@@ -49,13 +49,15 @@ def _sessions(node: Any, name: str, page: int = PAGE) -> list[tuple[str, list[di
 def sessions(folder: Path = FOLDER) -> list[tuple[str, list[dict]]]:
     if not folder.is_dir():
         return []
-    out = []
+    out: dict[str, list[dict]] = {}
     for f in sorted(folder.glob("*.json")):
         try:
-            out += _sessions(json.loads(f.read_text()), f.stem)
+            found = _sessions(json.loads(f.read_text()), f.stem)
         except (OSError, ValueError):
             continue  # not a recording this hook understands
-    return out
+        for name, rows in found:  # a raw recording and its summary name the same session: one row each
+            out.setdefault(name, rows)
+    return list(out.items())
 
 
 def section(folder: Path = FOLDER) -> list[str]:
