@@ -235,6 +235,8 @@ def write_report(results: dict, out: Path) -> Path:
     report.html (the same, one self-contained page)."""
     from kvreuse.benchmarks.agents.report import section as real_agents
     from kvreuse.benchmarks.patterns.claims import verdicts
+    from kvreuse.benchmarks.patterns.real_traffic import section as real_traffic
+    from kvreuse.benchmarks.patterns.scale import scale_table, summary, without_row
     from kvreuse.benchmarks.patterns.verdicts import table as verdict_table
     from kvreuse.benchmarks.report_html import write_html
     from kvreuse.benchmarks.report_plots import all_plots
@@ -249,7 +251,7 @@ def write_report(results: dict, out: Path) -> Path:
         r["page"] = r.get("page_size", page)
     pngs = all_plots({**results, "runs": runs}, out)
     vs = verdicts(all_runs)
-    lines = ["# Context patterns: measured KV reuse (third edition)", "",
+    lines = ["# Context patterns: measured KV reuse (fourth edition)", "", *summary(all_runs), "",
              "## Verdicts", "",
              "One row per checkable claim of the seeds (`shared/seeds`: [000] a product's context guide, [001] an "
              "analysis of Claude Code's context, [003] a book chapter on context engineering), each with the seed "
@@ -258,7 +260,7 @@ def write_report(results: dict, out: Path) -> Path:
              "better arm's with the prefix cache on, divided by the same ratio with the prefix cache off (the same "
              "requests on an engine with `prefix_cache=\"off\"`), so prompt-size differences cancel. Verdicts are "
              "computed (`benchmarks/patterns/verdicts.py`, claims in `claims*.py`); none is written by hand.", "",
-             *claim_counts(vs), "", *verdict_table(vs), ""]  # fmt: skip
+             *claim_counts(vs), "", *verdict_table(vs), *without_row(), *scale_table(all_runs), ""]  # fmt: skip
     if all(v.verdict == "not measurable here" for v in vs):
         lines = lines[: lines.index("## Verdicts") + 2]
         lines += [
@@ -287,7 +289,7 @@ def write_report(results: dict, out: Path) -> Path:
                   "engine requests in this report."]  # fmt: skip
     if any(r["workload"] == "coding" for r in runs):
         lines += ["", "## Cost per session", "", *_cost(runs, main_stack)]
-    lines += sweep(all_runs) + exp23(all_runs) + agent_scale(all_runs)
+    lines += sweep(all_runs) + exp23(all_runs) + agent_scale(all_runs) + real_traffic()
     lines += real_agents()  # the kept recordings of the real agent CLIs (benchmarks/agents/report.py)
     old = [r for r in runs if r.get("replies") == "replayed"]
     if old:

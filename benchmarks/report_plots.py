@@ -83,12 +83,14 @@ def cumulative(runs: list[dict], out: Path, workload: str, fname: str) -> str | 
     sel = [r for r in sel if r["cache"]]
     if not sel:
         return None
+    ref = next((r for r in sel if r["pattern"] == "append_only"), sel[0])["requests"]
+    # only sessions as long as the reference: a 16-request panel beside a 10-request reference misleads
+    sel = [r for r in sel if len(r["requests"]) == len(ref)]
     plt = _plt()
     rows, cols = _grid(len(sel))
     fig, axes = plt.subplots(
         rows, cols, figsize=(3.3 * cols, 2.5 * rows), squeeze=False, sharex=True, sharey=True
     )
-    ref = next((r for r in sel if r["pattern"] == "append_only"), sel[0])["requests"]
     naive = [sum(r["prompt_tokens"] for r in ref[: i + 1]) for i in range(len(ref))]
     ideal = [sum(r["ideal_tokens"] for r in ref[: i + 1]) for i in range(len(ref))]
     for ax, r in zip(axes.flat, sel, strict=False):
@@ -141,6 +143,8 @@ def ttft(timed: list[dict], out: Path) -> str | None:
     if not timed:
         return None
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
     rows, cols = _grid(len(timed))
     fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols, 2.6 * rows), squeeze=False, sharey=True)
     for ax, r in zip(axes.flat, timed, strict=False):
@@ -148,6 +152,7 @@ def ttft(timed: list[dict], out: Path) -> str | None:
         lo = [x["ttft_s"] - x.get("ttft_min", x["ttft_s"]) for x in r["requests"]]
         hi = [x.get("ttft_max", x["ttft_s"]) - x["ttft_s"] for x in r["requests"]]
         ax.errorbar(range(len(med)), med, yerr=[lo, hi], marker="o", markersize=3, capsize=2)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # requests are whole
         ax.set_title(f"{r['pattern']} (total {r['totals']['ttft_s']:.1f}s)", fontsize=8)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=7)

@@ -89,12 +89,18 @@ def test_every_check_fails_against_a_cache_off_run():
     assert checks and not any(c["ok"] for c in checks), [c for c in checks if c["ok"]]
 
 
-def test_plan_default_covers_the_claims_full_adds_the_agent_session_quick_is_small():
+def test_plan_default_covers_the_claims_and_the_agent_session_quick_is_small():
+    from kvreuse.benchmarks.patterns.sections import accounted
+
     default_tokens, default_timed = make_plan(parse_args([]))
     full_tokens, _ = make_plan(parse_args(["--full"]))
     quick_tokens, quick_timed = make_plan(parse_args(["--quick"]))
-    assert {j.workload for j in default_tokens} == {"coding", "research", "fanout"}
-    assert {j.workload for j in full_tokens} - {j.workload for j in default_tokens} == {"agent"}
+    assert {j.workload for j in default_tokens} == {"coding", "research", "fanout", "agent"}
+    assert full_tokens == default_tokens  # --full only moves the agent session onto the engine
+    assert accounted(parse_args([])) == {"agent"} and accounted(parse_args(["--full"])) == set()
+    agent = {(j.stack, j.pattern, j.prefix_cache) for j in default_tokens if j.workload == "agent"}
+    assert {(s, p, c) for s, p, _ in agent for c in ("radix", "off")} == agent  # cache-off twins, both stacks
+    assert {s for s, _, _ in agent} == {"qwen3-append", "llama3.1"}
     assert {j.stack for j in default_tokens} == {"qwen3-stock", "qwen3-append", "llama3.1"}
     assert {j.replies for j in default_tokens} == {"cached", "replayed"}
     assert {j.pattern for j in default_timed} >= {"append_only", "naive", "timestamp_start"}

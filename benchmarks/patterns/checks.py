@@ -208,5 +208,5 @@ def acceptance(runs: list[dict], page: int) -> list[dict]:
         for check in filter(None, (own, _prefix_reused)):
             ok, text = check(run, page)
             out.append({"workload": run["workload"], "stack": run.get("stack"), "pattern": run["pattern"],
-                        "check": check.__name__.strip("_"), "ok": ok, "text": text})  # fmt: skip
+                        "replies": run.get("replies"), "check": check.__name__.strip("_"), "ok": ok, "text": text})  # fmt: skip
     return out

@@ -10,6 +10,7 @@ bar, five compression layers, sub-agent isolation).  Section names are the seeds
 from __future__ import annotations
 
 from kvreuse.benchmarks.patterns.claims_compression import COMPRESSION_CLAIMS
+from kvreuse.benchmarks.patterns.claims_coverage import COVERAGE_CLAIMS
 from kvreuse.benchmarks.patterns.claims_extra import EXTRA_CLAIMS
 from kvreuse.benchmarks.patterns.claims_measured import MEASURED_CLAIMS
 from kvreuse.benchmarks.patterns.verdicts import (
@@ -46,8 +47,8 @@ CACHE_CLAIMS = [
     Contrast("Or the agent gets the time from a tool call when it needs it, instead of the system prompt",
              S003_EXP, "coding", "timestamp_tool", "timestamp_end",
              "the tool call and its result are appended history; nothing before them changes"),
-    Contrast("Order the prompt system -> tools -> messages with the most stable part first (tools before the "
-             "system text, a change at the system text's end)", f"{S001_ORDER}; {S003_KV}", "coding",
+    Contrast("Most stable part first: with the tools rendered before the system text (the seed's order is system "
+             "-> tools -> messages), a change at the system text's end keeps the tools cached", f"{S001_ORDER}; {S003_KV}", "coding",
              "timestamp_end_tools_first", "timestamp_end",
              "with the tools first, a change at the end of the system text keeps the tool block cached"),
     Contrast("A live user-profile message near the start breaks the cache", S003_EXP, "coding", "append_only",
@@ -94,7 +95,7 @@ CACHE_CLAIMS = [
              "subagent_own_system", "aligned sub-agents share the parent's whole static prefix and prefill only "
              "their own turns; an own prompt is computed once per sub-agent", sub_prefilled, "sub-agent prefilled"),
     Contrast("A skill loaded into the system prompt breaks the cache; delivered as a message it does not",
-             S003_SKILL, "coding", "skill_in_messages", "skill_in_system",
+             f"{S003_SKILL}; 000 §换轮时哪些内容会延续 (a skill activated later stays where it happened)", "coding", "skill_in_messages", "skill_in_system",
              "the system prompt precedes tools and history, so loading the skill there recomputes all of it"),
     Contrast("Switching skills repeatedly in the system prompt invalidates the cache each time", S003_SKILL,
              "coding", "skill_switch_messages", "skill_switch_system",
@@ -114,7 +115,9 @@ NOT_MEASURABLE = [
                   S003_EXP, "behavioural: needs a trained model run over tool-use tasks (pass rate and repeated "
                   "calls, structured vs flattened history); the tiny random models here only count tokens"),
     NotMeasurable("A sliding window makes agents loop, re-running tool calls whose results slid out", S003_EXP,
-                  "behavioural: needs a real agent on long tasks (repeated identical calls per session)"),
+                  "behavioural: needs a real agent on long tasks (repeated identical calls per session); partly measurable "
+                  "here: how many later turns cite a tool result that has slid out of the window (the precondition), "
+                  "not built"),
     NotMeasurable("A fixed tool order barely affects the model's tool choice", S003_EXP,
                   "behavioural: needs tool-selection accuracy of a real model under shuffled vs fixed order"),
     NotMeasurable("Raw timestamps alone do not change an agent's pacing; a usage manual lifts pass rates by 19-49 "
@@ -130,7 +133,8 @@ NOT_MEASURABLE = [
                   "003 §为什么需要压缩", "behavioural: needs a long-context retrieval/decision benchmark with a "
                   "real model at several fill levels"),
     NotMeasurable("Summaries lose detail, so an agent may 'forget' after compaction", "000 §为什么 Agent 仍可能“忘记”",
-                  "behavioural: needs task success after compaction with a real summariser and model"),
+                  "behavioural: needs task success after compaction with a real summariser and model; row 40 measures the "
+                  "part a text check can (identifiers lost through compression)"),
     NotMeasurable("AGENTS.md is kept out of the system prompt for permission isolation (prompt-injection risk)",
                   "001 §AGENTS.md", "security: needs an injection benchmark with a real model"),
     NotMeasurable("KV entries of a field carry under 1% of its influence; most lives in downstream 'notes', so "
@@ -138,10 +142,18 @@ NOT_MEASURABLE = [
                   "a research result about model internals: needs a trained model and attribution measurements; "
                   "no production engine (this one included) reuses KV past a changed token"),
     NotMeasurable("Reusing an old attachment reference does not free the image's context", "000 §能力开关与缓存",
-                  "the workloads carry no images (text-only engine)"),
+                  "the workloads carry no images (text-only engine); the server could count the tokens an image reference "
+                  "keeps in the context, not built"),
 ]  # fmt: skip
 
-CLAIMS = [*CACHE_CLAIMS, *EXTRA_CLAIMS, *MEASURED_CLAIMS, *COMPRESSION_CLAIMS, *NOT_MEASURABLE]
+CLAIMS = [
+    *CACHE_CLAIMS,
+    *EXTRA_CLAIMS,
+    *MEASURED_CLAIMS,
+    *COMPRESSION_CLAIMS,
+    *COVERAGE_CLAIMS,
+    *NOT_MEASURABLE,
+]
 
 
 def verdicts(runs: list[dict]) -> list[Verdict]:

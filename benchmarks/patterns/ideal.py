@@ -32,5 +32,11 @@ def ideal_prefill(
     At least one token is always computed because the next-token logits come from the last prompt
     position, so a fully cached prompt still costs one token.
     """
-    streams = computed_streams(prompts, outputs)
+    streams = as_arrays(computed_streams(prompts, outputs))
     return [max(1, len(p) - best_prefix(p, streams[:k])) for k, p in enumerate(prompts)]
+
+
+def as_arrays(streams: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Token streams as int64 arrays, converted once: ``best_prefix`` compares each request with every
+    earlier stream, and converting a list on every comparison cost ~90% of an agent session's accounting."""
+    return [np.asarray(s, dtype=np.int64) for s in streams]

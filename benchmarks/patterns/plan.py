@@ -6,8 +6,10 @@ Qwen3 append-only and Llama 3.1 stacks with cached replies, plus the status pair
 (the first edition's mode) for comparison.  Timed jobs run a few patterns on the embedded model in
 interleaved rounds for TTFT medians and spreads.
 
-Budget (idle 2-core machine): the default fits ~10-15 minutes; the agent-scale session (65 requests up to
-~50K tokens; full-recompute patterns prefill ~2M tokens each) is behind ``--full``.
+Budget (idle 2-core machine): the default fits ~10-15 minutes.  The agent-scale session (65 requests up to
+~50K tokens; full-recompute patterns prefill ~2M tokens each) runs by default through the engine's reuse
+rule (``AccountingTarget``, checked against the engine on every request of ``--full``'s engine runs) with
+cache-off twins on both tokenizers; ``--full`` runs it through the engine instead.
 """
 
 from __future__ import annotations
@@ -81,14 +83,15 @@ def token_jobs(full: bool, quick: bool, stacks: tuple[str, ...] = REAL_STACKS) -
     jobs = [
         Job(w, "default", s, p, "cached") for w, ps in groups for s in stacks for p in ps if _applies(s, w, p)
     ]
-    if full:
-        jobs += [Job("agent", "default", s, p, "cached") for s in stacks if s in AGENT_STACKS
-                 for p in AGENT]  # fmt: skip
+    # the agent session: through the engine's reuse rule by default, through the engine with --full
+    agent = [Job("agent", "default", s, p, "cached") for s in stacks if s in AGENT_STACKS for p in AGENT]
+    jobs += agent
     if MAIN_STACK in stacks:
         jobs += [Job("coding", "default", MAIN_STACK, p, "replayed") for p in ("append_only", "status_replace",
                                                                               "status_append", "text_stable")]  # fmt: skip
-        sweep = sweep_jobs(full)
+        sweep = sweep_jobs()
         jobs += sweep + contrast_jobs(jobs + sweep) + exp23_jobs()
+    jobs += [j._replace(prefix_cache="off") for j in agent if j.stack != MAIN_STACK]  # both tokenizers
     return jobs
 
 
@@ -96,7 +99,7 @@ def contrast_jobs(jobs: list[Job]) -> list[Job]:
     """The cache-off contrast: every main-stack job with cached replies again on an engine whose prefix
     cache is off (naive already is cache-off)."""
     return [j._replace(prefix_cache="off") for j in jobs
-            if j.stack == MAIN_STACK and j.replies == "cached" and j.pattern != "naive" and j.workload != "agent"]  # fmt: skip
+            if j.stack == MAIN_STACK and j.replies == "cached" and j.pattern != "naive"]  # fmt: skip
 
 
 def exp23_jobs() -> list[Job]:
@@ -105,11 +108,11 @@ def exp23_jobs() -> list[Job]:
     ]
 
 
-def sweep_jobs(full: bool) -> list[Job]:
-    """The status-bar sweep: replace vs append at four status sizes, over sessions of 10, 12 (and 65)."""
+def sweep_jobs() -> list[Job]:
+    """The status-bar sweep: replace vs append at four status sizes, over sessions of 10, 12 and 65."""
     from kvreuse.benchmarks.patterns.sweep import SIZES
 
-    workloads = ["coding", "research"] + (["agent"] if full else [])
+    workloads = ["coding", "research", "agent"]
     return [Job(w, "default", MAIN_STACK, f"status_{mode}_{n}", "cached") for w in workloads for n in SIZES
             for mode in ("replace", "append")]  # fmt: skip
 

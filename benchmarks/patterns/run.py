@@ -8,7 +8,7 @@ from typing import Any
 
 from kvreuse.benchmarks.patterns import Pattern, ideal_prefill
 from kvreuse.benchmarks.patterns.checks import change_start
-from kvreuse.benchmarks.patterns.ideal import best_prefix, computed_streams
+from kvreuse.benchmarks.patterns.ideal import as_arrays, best_prefix, computed_streams
 from kvreuse.benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
 from kvreuse.benchmarks.patterns.stacks import STACKS, Stack, render_request, reply_tokens, template_source
 from kvreuse.benchmarks.patterns.targets import Measured
@@ -107,7 +107,7 @@ def run_pattern(
         rows.append(row)
         tick(row)
     ids = [rp.token_ids for rp in rendered]
-    streams = computed_streams(ids, outputs)
+    streams = as_arrays(computed_streams(ids, outputs))
     for k, row in enumerate(rows):
         reusable = best_prefix(ids[k], streams[:k]) if pattern.cache else 0
         row["ideal_tokens"] = max(1, len(ids[k]) - reusable) if pattern.cache else len(ids[k])

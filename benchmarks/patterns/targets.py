@@ -94,7 +94,7 @@ class AccountingTarget:
 
     def __init__(self, tokenizer: Any, page_size: int = 16) -> None:
         self.tokenizer, self.page = tokenizer, page_size
-        self.streams: list[list[int]] = []
+        self.streams: list[Any] = []
         self.reset_note = ""
 
     def reset(self) -> None:
@@ -103,14 +103,14 @@ class AccountingTarget:
     def send(
         self, request: Request, token_ids: list[int], cache: bool, forced: list[int] | None = None
     ) -> Measured:
-        from kvreuse.benchmarks.patterns.ideal import best_prefix
+        from kvreuse.benchmarks.patterns.ideal import as_arrays, best_prefix
 
         if not cache:
             self.streams = []
         shared = best_prefix(token_ids, self.streams) // self.page * self.page
         prefilled = max(1, len(token_ids) - shared)
         out = list(forced) if forced else [0]
-        self.streams.append(list(token_ids) + out[:-1])
+        self.streams += as_arrays([list(token_ids) + out[:-1]])
         return Measured(len(token_ids), len(token_ids) - prefilled, prefilled, out, 0.0, None, None)
 
 
