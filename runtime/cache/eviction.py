@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING
 
 from kvreuse.runtime.cache.hazard import OutputHazard, ProvenHazard, ProvenOutputHazard, ReturnHazard
 from kvreuse.runtime.cache.policy_base import EvictionPolicy, PerNode
+from kvreuse.runtime.cache.predict import PredictReturn
 
 if TYPE_CHECKING:
     from kvreuse.runtime.cache.tree_node import TreeNode
@@ -268,6 +269,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
         ProvenHazard,
         OutputHazard,
         ProvenOutputHazard,
+        PredictReturn,
     )
 }
 
