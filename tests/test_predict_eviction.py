@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import random
 
+import pytest
+from fastapi.testclient import TestClient
+
 from kvreuse.benchmarks.belady import belady, replay
 from kvreuse.runtime.cache.manager import CacheManager
 from kvreuse.runtime.cache.return_model import Outcomes, ReturnModel
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
+from tests.helpers import make_tiny_model
 from tests.test_eviction import _documents_and_chats
 
 
@@ -53,3 +61,42 @@ def test_the_model_is_calibrated_on_a_known_rule():
             assert abs(c["predicted"] - c["observed"]) < 0.04, c
     s = out.summary()
     assert s["kept"]["return_rate"] > s["evicted"]["return_rate"] + 0.3, s
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("predict") / "m", vocab=49152)
+
+
+@pytest.mark.timeout(300)
+def test_the_server_shows_the_predictors_kept_and_evicted_return_rates(model_dir):
+    """``GET /v1/cache`` (operator view) carries the policy's own labelled figures; a policy that
+    learns nothing (``hazard``) shows no predictor."""
+    views = {}
+    for policy in ("predict", "hazard"):
+        engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", num_pages=24, page_size=16,
+                        eviction_policy=policy)  # fmt: skip
+        aengine = AsyncEngine(engine)
+        app = create_app(aengine, ServerConfig("tiny"), on_shutdown=aengine.shutdown)
+        topics = [" ".join(f"{t}{i}" for i in range(60)) for t in ("alpha", "beta", "gamma", "delta")]
+        with TestClient(app, base_url="http://127.0.0.1") as c:
+            for round_ in range(6):  # four prompts in a pool that holds about two: evictions and returns
+                for t in topics:
+                    body = {
+                        "model": "tiny",
+                        "prompt": f"{t} round {round_}",
+                        "max_tokens": 2,
+                        "temperature": 0,
+                    }
+                    assert c.post("/v1/completions", json=body).status_code == 200
+            views[policy] = c.get("/v1/cache").json()
+        assert engine.stats().evicted_pages > 0
+        if policy == "predict":
+            assert views[policy]["eviction_predictor"] == engine.cache.prefix.policy.predictor()
+    shown = views["predict"]["eviction_predictor"]
+    assert (
+        shown["labelled"] > 0
+        and shown["labelled"] == shown["kept"]["labelled"] + shown["evicted"]["labelled"]
+    )
+    assert sum(c["n"] for c in shown["calibration"]) == shown["labelled"]
+    assert "eviction_predictor" not in views["hazard"]
