@@ -53,7 +53,7 @@ def test_the_model_is_calibrated_on_a_known_rule():
         a, b = rng.random() < 0.5, rng.random() < 0.3
         p_true = 1 / (1 + 2.718281828 ** -(-1.5 + 2.5 * a - 1.0 * b))
         y = rng.random() < p_true
-        p = model.learn([1.0, float(a), float(b)], y)
+        p = model.learn([(0, 1.0), (1, float(a)), (2, float(b))], y)
         if i >= 20_000:
             out.add(p, y, evicted=p < 0.3)
     for c in out.summary()["calibration"]:

@@ -75,26 +75,27 @@ class PredictReturn(PerNode):
         self._scores = 0
 
     # -- features -----------------------------------------------------------------
-    def features(self, st: list, pages: int, now: int) -> list[float]:
-        x = [0.0] * N_FEATURES
+    def features(self, st: list, pages: int, now: int) -> list[tuple[int, float]]:
+        """The node's features, sparse: (index, value) pairs."""
         idle = now - st[LAST]
-        turn = self.turnover or 1.0
-        b = min(max(int(_log2((idle + 1) / turn * 16)), 0), IDLE_BUCKETS - 1)
-        x[CROSS + st[CLS] * IDLE_BUCKETS + b] = 1.0
-        x[CLASS + st[CLS]] = 1.0
-        x[BIAS] = 1.0
-        x[GHOST] = float(st[GHOSTED])
-        x[USES] = _log2(1 + st[NUSES]) / 3
+        b = min(max(int(_log2((idle + 1) / (self.turnover or 1.0) * 16)), 0), IDLE_BUCKETS - 1)
+        x = [
+            (CROSS + st[CLS] * IDLE_BUCKETS + b, 1.0),
+            (CLASS + st[CLS], 1.0),
+            (BIAS, 1.0),
+            (USES, _log2(1 + st[NUSES]) / 3),
+            (PROMPT, _log2(st[NPROMPT] + 1) / 16),
+            (PAGES, _log2(pages + 1) / 8),
+            (DEPTH, _log2(st[DEPTH_T] + 1) / 16),
+            (NO_OUTPUT, 1.0)
+            if st[NOUT] < 0
+            else (OUTPUT + min(max(st[NOUT], 1).bit_length() - 1, OUT_BUCKETS - 1), 1.0),
+        ]
+        if st[GHOSTED]:
+            x.append((GHOST, 1.0))
         if st[LGAP]:
-            x[HAS_GAP] = 1.0
-            x[GAP] = max(-2.0, min(2.0, (_log2(idle + 1) - _log2(st[LGAP] + 1)) / 4))
-        x[PROMPT] = _log2(st[NPROMPT] + 1) / 16
-        x[PAGES] = _log2(pages + 1) / 8
-        x[DEPTH] = _log2(st[DEPTH_T] + 1) / 16
-        if st[NOUT] < 0:
-            x[NO_OUTPUT] = 1.0
-        else:
-            x[OUTPUT + min(max(st[NOUT], 1).bit_length() - 1, OUT_BUCKETS - 1)] = 1.0
+            x.append((HAS_GAP, 1.0))
+            x.append((GAP, max(-2.0, min(2.0, (_log2(idle + 1) - _log2(st[LGAP] + 1)) / 4))))
         return x
 
     # -- labels -------------------------------------------------------------------

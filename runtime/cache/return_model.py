@@ -15,7 +15,7 @@ DECILES = 10
 
 
 class ReturnModel:
-    """Logistic regression learned online by AdaGrad: ``p = sigmoid(w . x)``."""
+    """Logistic regression learned online by AdaGrad: ``p = sigmoid(w . x)``, ``x`` sparse: (index, value) pairs."""
 
     def __init__(self, n_features: int, learning_rate: float = LEARNING_RATE) -> None:
         self.w = [0.0] * n_features
@@ -23,19 +23,19 @@ class ReturnModel:
         self.lr = learning_rate
         self.examples = 0
 
-    def predict(self, x: Sequence[float]) -> float:
-        z = sum(w * v for w, v in zip(self.w, x) if v)
+    def predict(self, x: Sequence[tuple[int, float]]) -> float:
+        w = self.w
+        z = sum(w[i] * v for i, v in x)
         return 1.0 / (1.0 + math.exp(-z)) if z > -30 else 0.0
 
-    def learn(self, x: Sequence[float], y: bool) -> float:
+    def learn(self, x: Sequence[tuple[int, float]], y: bool) -> float:
         """One gradient step on the log loss; returns the prediction before the step."""
         p = self.predict(x)
         err = p - (1.0 if y else 0.0)
-        for i, v in enumerate(x):
-            if v:
-                g = err * v
-                self.g2[i] += g * g
-                self.w[i] -= self.lr * g / math.sqrt(self.g2[i])
+        for i, v in x:
+            g = err * v
+            self.g2[i] += g * g
+            self.w[i] -= self.lr * g / math.sqrt(self.g2[i])
         self.examples += 1
         return p
 
