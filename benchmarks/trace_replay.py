@@ -28,6 +28,7 @@ from kvreuse.benchmarks import mooncake
 from kvreuse.benchmarks.belady import Trace, belady, replay, which_oracle, working_set_pages
 from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from kvreuse.runtime.cache.manager import CacheManager
 
 SHARES = (0.03, 0.10, 0.30)
 BEFORE = "reuse"  # the default these traces were first replayed against (issue 33)
@@ -44,11 +45,43 @@ def pool_for(trace: Trace, share: float, page: int, ws: int) -> int:
     return max(int(share * ws), need)
 
 
-def _cell(trace: Trace, pool: int, page: int, policy: str) -> tuple[float, float]:
-    """One policy's hit rate at one pool, and the seconds it took (run in a worker process)."""
+def _cell(trace: Trace, pool: int, page: int, policy: str) -> tuple[float, float, dict]:
+    """One policy's hit rate at one pool, the seconds it took, and what eviction cost: each eviction
+    call and each leaf scored timed (run in a worker process).  A learned policy's figures too."""
+    cache = CacheManager(pool, page, "radix", policy)
+    prefix, pol, cost = (
+        cache.prefix,
+        cache.prefix.policy,
+        {"evictions": 0, "evict_s": 0.0, "scored": 0, "score_s": 0.0},
+    )
+    evict, priority = prefix.evict, pol.priority
+
+    def timed_evict(n: int) -> int:
+        t = time.perf_counter()
+        out = evict(n)
+        cost["evictions"] += 1
+        cost["evict_s"] += time.perf_counter() - t
+        return out
+
+    def timed_priority(node, now: int) -> tuple:
+        t = time.perf_counter()
+        out = priority(node, now)
+        cost["scored"] += 1
+        cost["score_s"] += time.perf_counter() - t
+        return out
+
+    prefix.evict, pol.priority = timed_evict, timed_priority
     t0 = time.perf_counter()
-    rate = hit_rate(trace, replay(trace, pool, page, policy, check=False))
-    return rate, time.perf_counter() - t0
+    rate = hit_rate(trace, replay(trace, pool, page, policy, check=False, cache=cache))
+    seconds = time.perf_counter() - t0
+    per = {
+        "evictions": cost["evictions"],
+        "us_per_eviction": 1e6 * cost["evict_s"] / max(cost["evictions"], 1),
+        "scored_per_eviction": cost["scored"] / max(cost["evictions"], 1),
+        "us_per_score": 1e6 * cost["score_s"] / max(cost["scored"], 1),
+    }
+    learned = pol.predictor()
+    return rate, seconds, {**per, "predictor": learned} if learned is not None else per
 
 
 def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES, jobs: int = 1) -> dict:
@@ -65,9 +98,9 @@ def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES, jobs:
             pool = pools[share]
             opt = hit_rate(trace, belady(trace, pool, page))
             which = hit_rate(trace, which_oracle(trace, pool, page))
-            rates, seconds = {}, {}
+            rates, seconds, costs = {}, {}, {}
             for policy in policies:
-                rates[policy], seconds[policy] = cells[share, policy].result()
+                rates[policy], seconds[policy], costs[policy] = cells[share, policy].result()
                 progress(
                     f"  {share:.0%} {policy}: {rates[policy]:.3f} (belady {opt:.3f}, {seconds[policy]:.0f} s)"
                 )
@@ -77,6 +110,7 @@ def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES, jobs:
                 "which_oracle": which,
                 "hit_rate": rates,
                 "replay_seconds": seconds,
+                "eviction_cost": costs,
             }
     return out
 
