@@ -45,8 +45,9 @@ BIAS, GHOST, USES, GAP, HAS_GAP, PROMPT, PAGES, DEPTH, NO_OUTPUT = range(CLASS +
 OUTPUT = NO_OUTPUT + 1
 N_FEATURES = OUTPUT + OUT_BUCKETS
 
-# per-node state: [last use, uses, last gap, class, ghost, prompt, output, depth tokens, first page hash]
-LAST, NUSES, LGAP, CLS, GHOSTED, NPROMPT, NOUT, DEPTH_T, HASH = range(9)
+# per-node state: [last use, uses, last gap, class, ghost, prompt, output, depth tokens, first page hash,
+# the features that do not move with time (None until scored, and again after any change)]
+LAST, NUSES, LGAP, CLS, GHOSTED, NPROMPT, NOUT, DEPTH_T, HASH, STATIC = range(10)
 
 
 def _log2(x: float) -> float:
@@ -76,25 +77,29 @@ class PredictReturn(PerNode):
 
     # -- features -----------------------------------------------------------------
     def features(self, st: list, pages: int, now: int) -> list[tuple[int, float]]:
-        """The node's features, sparse: (index, value) pairs."""
+        """The node's features, sparse: (index, value) pairs; the part that does not move with time is
+        kept in the node's state until the state changes."""
+        static = st[STATIC]
+        if static is None:
+            static = st[STATIC] = [
+                (CLASS + st[CLS], 1.0),
+                (BIAS, 1.0),
+                (USES, _log2(1 + st[NUSES]) / 3),
+                (PROMPT, _log2(st[NPROMPT] + 1) / 16),
+                (PAGES, _log2(pages + 1) / 8),
+                (DEPTH, _log2(st[DEPTH_T] + 1) / 16),
+                (NO_OUTPUT, 1.0)
+                if st[NOUT] < 0
+                else (OUTPUT + min(max(st[NOUT], 1).bit_length() - 1, OUT_BUCKETS - 1), 1.0),
+            ]
+            if st[GHOSTED]:
+                static.append((GHOST, 1.0))
+            if st[LGAP]:
+                static.append((HAS_GAP, 1.0))
         idle = now - st[LAST]
         b = min(max(int(_log2((idle + 1) / (self.turnover or 1.0) * 16)), 0), IDLE_BUCKETS - 1)
-        x = [
-            (CROSS + st[CLS] * IDLE_BUCKETS + b, 1.0),
-            (CLASS + st[CLS], 1.0),
-            (BIAS, 1.0),
-            (USES, _log2(1 + st[NUSES]) / 3),
-            (PROMPT, _log2(st[NPROMPT] + 1) / 16),
-            (PAGES, _log2(pages + 1) / 8),
-            (DEPTH, _log2(st[DEPTH_T] + 1) / 16),
-            (NO_OUTPUT, 1.0)
-            if st[NOUT] < 0
-            else (OUTPUT + min(max(st[NOUT], 1).bit_length() - 1, OUT_BUCKETS - 1), 1.0),
-        ]
-        if st[GHOSTED]:
-            x.append((GHOST, 1.0))
+        x = [(CROSS + st[CLS] * IDLE_BUCKETS + b, 1.0), *static]
         if st[LGAP]:
-            x.append((HAS_GAP, 1.0))
             x.append((GAP, max(-2.0, min(2.0, (_log2(idle + 1) - _log2(st[LGAP] + 1)) / 4))))
         return x
 
@@ -133,7 +138,7 @@ class PredictReturn(PerNode):
         uses = 1 + max(back) if back else 0
         cls = min(uses, 2) + 1 if uses else int(parent is not None and parent[NUSES] > 0)
         h0 = hashes[0] if hashes else 0
-        self.state[node] = [now, uses, 0, cls, bool(back), 0, -1, depth, h0]
+        self.state[node] = [now, uses, 0, cls, bool(back), 0, -1, depth, h0, None]
         self._tick(now, len(node.pages))
         self._expire(now)
 
@@ -151,7 +156,7 @@ class PredictReturn(PerNode):
         st = self.state.get(node)
         if st is None:
             hashes = self._page_hashes(node)
-            self.state[node] = [now, 1, 0, 2, False, 0, -1, 0, hashes[0] if hashes else 0]
+            self.state[node] = [now, 1, 0, 2, False, 0, -1, 0, hashes[0] if hashes else 0, None]
             self.pages += len(node.pages)
             return
         if st[HASH] in self.pending:
@@ -160,12 +165,14 @@ class PredictReturn(PerNode):
         st[LAST] = now
         st[NUSES] += 1
         st[CLS] = min(st[NUSES], 2) + 1
+        st[STATIC] = None
 
     def split(self, upper: TreeNode, lower: TreeNode) -> None:
         st = self.state.get(lower)
         if st is None:
             return
-        self.state[upper] = list(st)  # the upper part keeps the first page, its hash and any record
+        self.state[upper] = [*st[:STATIC], None]  # the upper part keeps the first page, its hash, any record
+        st[STATIC] = None
         hashes = self._page_hashes(lower)
         st[HASH] = hashes[0] if hashes else 0
         st[DEPTH_T] += len(upper.key)
@@ -175,7 +182,7 @@ class PredictReturn(PerNode):
         while (
             node is not None and (st := self.state.get(node)) is not None and st[NUSES] == 0 and st[NOUT] < 0
         ):
-            st[NPROMPT], st[NOUT] = num_prompt, num_output
+            st[NPROMPT], st[NOUT], st[STATIC] = num_prompt, num_output, None
             node = node.parent
 
     def removed(self, node: TreeNode) -> None:
