@@ -65,7 +65,7 @@ class PredictReturn(PerNode):
         self.outcomes = Outcomes()
         self.ghost: OrderedDict[int, int] = OrderedDict()  # first page's hash -> uses when evicted
         self.ghost_size = ghost_size
-        self.pending: OrderedDict[int, list] = OrderedDict()  # hash -> [time, features, p, evicted]
+        self.pending: OrderedDict[int, list] = OrderedDict()  # hash -> [time, features, p, evicted, returned]
         # the turnover: ticks in which the tree took in as many new pages as it holds (a measure of how
         # long the cache keeps things that does not depend on what this policy chose to evict)
         self.turnover = 0.0
@@ -105,20 +105,23 @@ class PredictReturn(PerNode):
 
     # -- labels -------------------------------------------------------------------
     def _returned(self, h: int) -> None:
-        rec = self.pending.pop(h, None)
-        if rec is not None:
-            self.model.learn(rec[1], True)
-            self.outcomes.add(rec[2], True, rec[3])
+        rec = self.pending.get(h)
+        if rec is not None and not rec[4]:
+            self.model.learn(rec[1], True)  # the model learns a return at once
+            rec[4] = True
 
     def _expire(self, now: int) -> None:
+        """Records whose horizon has passed: a negative for the model unless it came back; every one
+        an outcome then, returned or not, so the figures do not favour the returns that resolve early."""
         horizon = HORIZON * max(self.turnover, 1.0)
         while self.pending:
             h, rec = next(iter(self.pending.items()))
             if now - rec[0] <= horizon:
                 break
             del self.pending[h]
-            self.model.learn(rec[1], False)
-            self.outcomes.add(rec[2], False, rec[3])
+            if not rec[4]:
+                self.model.learn(rec[1], False)
+            self.outcomes.add(rec[2], rec[4], rec[3])
 
     # -- hooks --------------------------------------------------------------------
     @staticmethod
@@ -191,7 +194,7 @@ class PredictReturn(PerNode):
             return
         self.pages -= len(node.pages)
         rec = self.pending.get(st[HASH])
-        if rec is not None:
+        if rec is not None and not rec[4]:  # evicted before it came back
             rec[3] = True
         self.ghost[st[HASH]] = st[NUSES]
         while len(self.ghost) > self.ghost_size:
@@ -206,7 +209,7 @@ class PredictReturn(PerNode):
         p = self.model.predict(x)
         self._scores += 1
         if self._scores % SAMPLE_EVERY == 0 and st[HASH] not in self.pending:
-            self.pending[st[HASH]] = [now, x, p, False]
+            self.pending[st[HASH]] = [now, x, p, False, False]
         return (p, st[LAST])
 
     def predictor(self) -> dict:
