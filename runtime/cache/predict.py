@@ -12,10 +12,8 @@ Features of a node (all known to the engine when it evicts; nothing reads ahead)
   deep in the prefix it starts.
 
 Labels come from the server's own future, once it is past: a node scored at an eviction is
-*sampled* (one score in ``SAMPLE_EVERY``); once ``HORIZON`` turnovers have passed it is learned
-as a positive if a request reached it (or its ghost) meanwhile, else as a negative.  Both wait the
-same time: learned at once, the returns alone taught a pool that never turns over (30% of the
-conversation trace) that everything returns (0.78x LRU there, a slice of the trace says 1.00x now).  The same
+*sampled* (one score in ``SAMPLE_EVERY``); it is a positive if a request reaches it (or its
+ghost) within ``HORIZON`` turnovers, a negative once that time has passed without one.  The same
 labels give the calibration and the kept-vs-evicted return rates (``return_model.Outcomes``).
 
 The order is by expected value per page held: a node that returns saves every one of its pages,
@@ -108,7 +106,8 @@ class PredictReturn(PerNode):
     # -- labels -------------------------------------------------------------------
     def _returned(self, h: int) -> None:
         rec = self.pending.get(h)
-        if rec is not None:
+        if rec is not None and not rec[4]:
+            self.model.learn(rec[1], True)  # the model learns a return at once
             rec[4] = True
 
     def _expire(self, now: int) -> None:
@@ -120,7 +119,8 @@ class PredictReturn(PerNode):
             if now - rec[0] <= horizon:
                 break
             del self.pending[h]
-            self.model.learn(rec[1], rec[4])
+            if not rec[4]:
+                self.model.learn(rec[1], False)
             self.outcomes.add(rec[2], rec[4], rec[3])
 
     # -- hooks --------------------------------------------------------------------
