@@ -9,6 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from kvreuse.benchmarks.belady import belady, replay
+from kvreuse.runtime.cache import predict
 from kvreuse.runtime.cache.manager import CacheManager
 from kvreuse.runtime.cache.return_model import Outcomes, ReturnModel
 from kvreuse.runtime.engine.async_engine import AsyncEngine
@@ -69,18 +70,22 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
-def test_the_server_shows_the_predictors_kept_and_evicted_return_rates(model_dir):
+def test_the_server_shows_the_predictors_kept_and_evicted_return_rates(model_dir, monkeypatch):
     """``GET /v1/cache`` (operator view) carries the policy's own labelled figures; a policy that
-    learns nothing (``hazard``) shows no predictor."""
+    learns nothing (``hazard``) shows no predictor.  Every node sampled: a short run has few."""
+    monkeypatch.setattr(predict, "SAMPLE_EVERY", 1)
     views = {}
     for policy in ("predict", "hazard"):
         engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", num_pages=24, page_size=16,
                         eviction_policy=policy)  # fmt: skip
         aengine = AsyncEngine(engine)
         app = create_app(aengine, ServerConfig("tiny"), on_shutdown=aengine.shutdown)
-        topics = [" ".join(f"{t}{i}" for i in range(60)) for t in ("alpha", "beta", "gamma", "delta")]
+        topics = [
+            " ".join(f"{t}{i}" for i in range(60))
+            for t in ("alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta")
+        ]
         with TestClient(app, base_url="http://127.0.0.1") as c:
-            for round_ in range(6):  # four prompts in a pool that holds about two: evictions and returns
+            for round_ in range(6):  # eight prompts in a pool that holds about two: evictions and returns
                 for t in topics:
                     body = {
                         "model": "tiny",

@@ -12,7 +12,7 @@ Features of a node (all known to the engine when it evicts; nothing reads ahead)
   deep in the prefix it starts.
 
 Labels come from the server's own future, once it is past: a node scored at an eviction is
-*sampled* (one score in ``SAMPLE_EVERY``); it is a positive if a request reaches it (or its
+*sampled* (one node in ``SAMPLE_EVERY``, by its first page's hash); it is a positive if a request reaches it (or its
 ghost) within ``HORIZON`` turnovers, a negative once that time has passed without one.  The same
 labels give the calibration and the kept-vs-evicted return rates (``return_model.Outcomes``).
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from kvreuse.runtime.cache.tree_node import TreeNode
 
 HORIZON = 4.0  # a sampled node is a positive if back within this many turnovers
-SAMPLE_EVERY = 8  # one score in this many becomes a training example
+SAMPLE_EVERY = 1  # 1 node in this many (by first-page hash) gives examples; 8 starved agents
 IDLE_BUCKETS = 8  # log2(idle / turnover) from -4 to +3
 CLASSES = 4
 OUT_BUCKETS = 12
@@ -73,7 +73,6 @@ class PredictReturn(PerNode):
         self.inserted = 0  # pages ever added
         self.marks: deque[tuple[int, int]] = deque()  # (tick, pages ever added then)
         self.now = 0
-        self._scores = 0
 
     # -- features -----------------------------------------------------------------
     def features(self, st: list, pages: int, now: int) -> list[tuple[int, float]]:
@@ -207,8 +206,9 @@ class PredictReturn(PerNode):
             return (0.0, node.last_access)
         x = self.features(st, len(node.pages), now)
         p = self.model.predict(x)
-        self._scores += 1
-        if self._scores % SAMPLE_EVERY == 0 and st[HASH] not in self.pending:
+        # sampled by the node, not by the count of scores, so an eviction shadow that scores as often
+        # or less often as the pool learns the same examples (``runtime/cache/shadows.py``)
+        if st[HASH] % SAMPLE_EVERY == 0 and st[HASH] not in self.pending:
             self.pending[st[HASH]] = [now, x, p, False, False]
         return (p, st[LAST])
 
