@@ -20,12 +20,15 @@ what Belady gains beyond it is knowing when.
 from __future__ import annotations
 
 import argparse
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from kvreuse.benchmarks import mooncake
 from kvreuse.benchmarks.belady import Trace, belady, replay, which_oracle, working_set_pages
 from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
+from kvreuse.runtime.cache.manager import CacheManager
 
 SHARES = (0.03, 0.10, 0.30)
 BEFORE = "reuse"  # the default these traces were first replayed against (issue 33)
@@ -42,26 +45,73 @@ def pool_for(trace: Trace, share: float, page: int, ws: int) -> int:
     return max(int(share * ws), need)
 
 
-def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES) -> dict:
-    """Belady, infinite and every policy at each pool share, for one trace and page size."""
+def _cell(trace: Trace, pool: int, page: int, policy: str) -> tuple[float, float, dict]:
+    """One policy's hit rate at one pool, the seconds it took, and what eviction cost: each eviction
+    call and each leaf scored timed (run in a worker process).  A learned policy's figures too."""
+    cache = CacheManager(pool, page, "radix", policy)
+    prefix, pol, cost = (
+        cache.prefix,
+        cache.prefix.policy,
+        {"evictions": 0, "evict_s": 0.0, "scored": 0, "score_s": 0.0},
+    )
+    evict, priority = prefix.evict, pol.priority
+
+    def timed_evict(n: int) -> int:
+        t = time.perf_counter()
+        out = evict(n)
+        cost["evictions"] += 1
+        cost["evict_s"] += time.perf_counter() - t
+        return out
+
+    def timed_priority(node, now: int) -> tuple:
+        t = time.perf_counter()
+        out = priority(node, now)
+        cost["scored"] += 1
+        cost["score_s"] += time.perf_counter() - t
+        return out
+
+    prefix.evict, pol.priority = timed_evict, timed_priority
+    t0 = time.perf_counter()
+    rate = hit_rate(trace, replay(trace, pool, page, policy, check=False, cache=cache))
+    seconds = time.perf_counter() - t0
+    per = {
+        "evictions": cost["evictions"],
+        "us_per_eviction": 1e6 * cost["evict_s"] / max(cost["evictions"], 1),
+        "scored_per_eviction": cost["scored"] / max(cost["evictions"], 1),
+        "us_per_score": 1e6 * cost["score_s"] / max(cost["scored"], 1),
+    }
+    learned = pol.predictor()
+    return rate, seconds, {**per, "predictor": learned} if learned is not None else per
+
+
+def run_trace(trace: Trace, page: int, policies: list[str], shares=SHARES, jobs: int = 1) -> dict:
+    """Belady, infinite and every policy at each pool share, for one trace and page size.  ``jobs``:
+    worker processes replaying the (pool, policy) cells side by side (each cell is independent)."""
     ws = working_set_pages(trace, page)
     infinite = hit_rate(trace, belady(trace, 1 << 62, page))
     out = {"requests": len(trace), "prompt_tokens": sum(len(p) for p, _ in trace), "working_set_pages": ws,
            "infinite": infinite, "pools": {}}  # fmt: skip
-    for share in shares:
-        pool = pool_for(trace, share, page, ws)
-        opt = hit_rate(trace, belady(trace, pool, page))
-        which = hit_rate(trace, which_oracle(trace, pool, page))
-        rates = {}
-        for policy in policies:
-            rates[policy] = hit_rate(trace, replay(trace, pool, page, policy, check=False))
-            progress(f"  {share:.0%} {policy}: {rates[policy]:.3f} (belady {opt:.3f})")
-        out["pools"][f"{share:.2f}"] = {
-            "pool_pages": pool,
-            "belady": opt,
-            "which_oracle": which,
-            "hit_rate": rates,
-        }
+    pools = {share: pool_for(trace, share, page, ws) for share in shares}
+    with ProcessPoolExecutor(jobs) as ex:
+        cells = {(s, p): ex.submit(_cell, trace, pools[s], page, p) for s in shares for p in policies}
+        for share in shares:
+            pool = pools[share]
+            opt = hit_rate(trace, belady(trace, pool, page))
+            which = hit_rate(trace, which_oracle(trace, pool, page))
+            rates, seconds, costs = {}, {}, {}
+            for policy in policies:
+                rates[policy], seconds[policy], costs[policy] = cells[share, policy].result()
+                progress(
+                    f"  {share:.0%} {policy}: {rates[policy]:.3f} (belady {opt:.3f}, {seconds[policy]:.0f} s)"
+                )
+            out["pools"][f"{share:.2f}"] = {
+                "pool_pages": pool,
+                "belady": opt,
+                "which_oracle": which,
+                "hit_rate": rates,
+                "replay_seconds": seconds,
+                "eviction_cost": costs,
+            }
     return out
 
 
@@ -101,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
         for page in pages:
             label = f"{page * args.unit}"
             progress(f"{name}, page {label} trace tokens ({len(trace)} requests)")
-            r = results[name][label] = run_trace(trace, page, policies)
+            r = results[name][label] = run_trace(trace, page, policies, SHARES, args.jobs)
             for share, pr in r["pools"].items():
                 table.append([name, label, share, r["infinite"], pr["belady"], pr["which_oracle"],
                               *(pr["hit_rate"][p] for p in policies),
@@ -121,6 +171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--unit", type=int, default=16, help="trace tokens per replayed token (default 16)")
     p.add_argument("--pages", default="4,32", help="page sizes in replayed tokens (default 4,32: 64, 512)")
     p.add_argument("--policies", default="", help="comma-separated (default: every policy)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes for the (pool, policy) cells")
     p.add_argument(
         "--traces", default="first,second,full", help="which of first,second,full (halves by time)"
     )

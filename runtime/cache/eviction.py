@@ -51,6 +51,9 @@ other and against Belady's offline optimum):
   under ``hazard`` and LRU, the conversations that came back once.  Where matches end only at a
   state (window and hybrid models) the line is left out (``state_priority``): ranked by it, a short
   snapshot budget lost the sub-agent window trace.
+* ``predict`` (``predict.py``): an online logistic model of whether a node comes back, over the
+  node's class and idle time, its uses and gaps, and the lengths of the request that wrote it,
+  labelled by the server's own later traffic; lowest predicted chance first.
 * ``proven-answer``: ``answer``'s classes behind ``proven``'s line.  At least ``hazard`` in every
   Mooncake trace cell, and 0.986x LRU at worst there.
   Neither line policy is the default: the line keeps every prefix that proved reuse once.  Where
@@ -65,6 +68,7 @@ from typing import TYPE_CHECKING
 
 from kvreuse.runtime.cache.hazard import OutputHazard, ProvenHazard, ProvenOutputHazard, ReturnHazard
 from kvreuse.runtime.cache.policy_base import EvictionPolicy, PerNode
+from kvreuse.runtime.cache.predict import PredictReturn
 
 if TYPE_CHECKING:
     from kvreuse.runtime.cache.tree_node import TreeNode
@@ -268,6 +272,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
         ProvenHazard,
         OutputHazard,
         ProvenOutputHazard,
+        PredictReturn,
     )
 }
 

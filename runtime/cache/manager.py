@@ -296,6 +296,12 @@ class CacheManager:
         """What each ``--eviction-shadows`` policy would have served of the same requests (None: no shadows)."""
         return self.shadows.stats()
 
+    def predictor_stats(self) -> dict | None:
+        """The eviction policy's learned figures (``predict``: kept vs evicted return rates); None for a
+        policy that learns nothing, or no prefix cache."""
+        policy = getattr(self.prefix, "policy", None)  # NoPrefixCache has none
+        return policy.predictor() if policy is not None else None
+
     # -- lower tiers -------------------------------------------------------------------
     def tick(self) -> None:
         """Between steps: every ``persist_every_s`` start writing pool-only pages to the disk tier (a

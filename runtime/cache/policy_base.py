@@ -46,6 +46,11 @@ class EvictionPolicy:
     def check(self, tree_pages: int) -> None:
         """Assert the policy's own page counts agree with the tree's (tests)."""
 
+    def predictor(self) -> dict | None:
+        """A learned order's figures (``predict``: return rates of kept and evicted nodes, calibration);
+        ``None`` for a policy that learns nothing to show."""
+        return None
+
 
 class PerNode(EvictionPolicy):
     """A policy with one state object per node, copied on split and dropped on removal."""

@@ -21,6 +21,7 @@ class CacheSnapshot(NamedTuple):
     lapses: dict[str, int]
     lapses_by_tenant: dict[Any, dict[str, int]]
     shadows: ShadowStats | None = None  # --eviction-shadows: other policies' hits on the same requests
+    predictor: dict | None = None  # a learned eviction order's kept-vs-evicted return rates (``predict``)
 
 
 def cache_snapshot(engine) -> CacheSnapshot | None:
@@ -34,9 +35,11 @@ def cache_snapshot(engine) -> CacheSnapshot | None:
     live, lapsed, by_tenant = engine.pins()
     pins = [(p.owner, p.tokens, p.ttl_left) for p in live]
     shadows = engine.cache.shadow_stats()
+    predictor = engine.cache.predictor_stats()
     return CacheSnapshot(
-        pages, engine.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant, shadows
-    )
+        pages, engine.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant, shadows,
+        predictor,
+    )  # fmt: skip
 
 
 def describe(snap: CacheSnapshot | None, tenant: str | None, own_only: bool = False) -> dict[str, Any]:
@@ -72,6 +75,8 @@ def describe(snap: CacheSnapshot | None, tenant: str | None, own_only: bool = Fa
             },
             "policies": {p: {"cached_tokens": n, "hit_rate": rate(n)} for p, n in sh.cached_tokens.items()},
         }
+    if snap.predictor is not None and not own_only:  # learned from every tenant's traffic: the operator's
+        out["eviction_predictor"] = snap.predictor
     return out
 
 

@@ -132,6 +132,7 @@ function renderTiers(t, cache) {
     : el("div", { class: "tier sub", "data-tier": "disk" }, "disk tier: off (--kv-store)"));
   out.push(sharedTier(t.shared));
   if (cache && cache.eviction_shadows) out.push(shadowsRow(cache.eviction_shadows));
+  if (cache && cache.eviction_predictor) out.push(predictorRow(cache.eviction_predictor));
   $("tiers").replaceChildren(...out);
 }
 
@@ -144,6 +145,14 @@ function shadowsRow(s) {
     el("div", { class: "sub" }, rate("served", `served (${s.served.policy})`, s.served, "served"), " · ",
       ...Object.entries(s.policies).flatMap(([name, r], i) =>
         [i ? " · " : "", rate(name, name, r, r.hit_rate === best && best > s.served.hit_rate ? "better" : "")])));
+}
+
+// --eviction-policy predict: how often what it kept came back, against what it evicted (labels seen afterwards).
+function predictorRow(p) {
+  const rate = (side) => el("b", { "data-field": side }, p[side].return_rate === null ? "-" : pct(p[side].return_rate));
+  return el("div", { class: "tier", "data-tier": "predictor" },
+    el("div", { class: "label" }, el("b", {}, "eviction predictor"), el("span", { class: "sub" }, `${fmt(p.labelled)} labelled`)),
+    el("div", { class: "sub" }, "kept came back ", rate("kept"), " · evicted came back ", rate("evicted")));
 }
 
 // No meter: the store's budget is the Valkey server's maxmemory, which this replica does not hold.
