@@ -34,6 +34,7 @@ def response_store(state: ServerState) -> ResponseStore:
 
 def install_responses_routes(app: FastAPI, state: ServerState, openapi_body: dict[str, Any]) -> ResponseStore:
     store = response_store(state)
+    state.faults["responses_store"] = store.error
 
     @app.post("/v1/responses", openapi_extra=openapi_body)
     async def create_response(request: Request) -> Any:

@@ -10,7 +10,6 @@ restarted server continues a stored conversation from the disk tier's pages.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvreuse.runtime.server.errors import APIError
+from kvreuse.runtime.server.openai.records_file import RecordsFile
 
 MAX_STORED = 4096  # records kept in memory (and on disk after a compaction): the oldest go first
 
@@ -52,23 +52,27 @@ class ResponseStore:
     """Records by id, visible only to the tenant that made them; ``path`` (a JSON-lines file) persists them."""
 
     def __init__(self, path: Path | None = None, max_stored: int = MAX_STORED) -> None:
-        self.path, self.max_stored = path, max_stored
+        self.max_stored = max_stored
+        self.file = RecordsFile(path) if path is not None else None
         self._records: OrderedDict[str, StoredResponse] = OrderedDict()
         self._running: dict[str, tuple[str | None, Any]] = {}  # id -> (tenant, the run)
         self._lock = threading.Lock()  # records are written in the event loop and read in the prep thread
-        if path is not None and path.exists():
-            self._load(path)
+        if self.file is not None:
+            self._load(self.file)
 
-    def _load(self, path: Path) -> None:
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:  # a line cut short by a crash: the records before it stand
-                continue
+    def error(self) -> str | None:
+        """Why records are not being written (no path), or None: ``/health`` reads it."""
+        return self.file.error if self.file is not None else None
+
+    def _load(self, file: RecordsFile) -> None:
+        for rec in file.read():  # a torn tail is dropped there, with one warning
             if "deleted" in rec:
                 self._records.pop(rec["deleted"], None)
             else:
-                self._remember(StoredResponse(**rec))
+                try:
+                    self._remember(StoredResponse(**rec))
+                except TypeError:  # a record of another shape: skipped like an unreadable line
+                    continue
         self._compact()
 
     def _remember(self, rec: StoredResponse) -> None:
@@ -76,18 +80,12 @@ class ResponseStore:
         while len(self._records) > self.max_stored:
             self._records.popitem(last=False)
 
-    def _append(self, obj: dict[str, Any]) -> None:
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    def _append(self, obj: dict[str, Any]) -> bool:
+        return self.file.append(obj) if self.file is not None else True
 
     def _compact(self) -> None:
-        if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(
-                "".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in self._records.values())
-            )
-            tmp.replace(self.path)
+        if self.file is not None:
+            self.file.rewrite([asdict(r) for r in self._records.values()])
 
     def get(self, response_id: str, tenant: str | None, param: str | None = None) -> StoredResponse:
         """The tenant's record, else a 404 (another tenant's id is as unknown as a made-up one)."""
@@ -97,10 +95,14 @@ class ResponseStore:
             raise not_found(response_id, param)
         return rec
 
-    def put(self, rec: StoredResponse) -> None:
+    def put(self, rec: StoredResponse) -> bool:
+        """Store ``rec``; False when its record could not be written (then it is not kept either: the
+        response says ``store: false`` rather than vanish at the next restart)."""
         with self._lock:
+            if not self._append(asdict(rec)):
+                return False
             self._remember(rec)
-            self._append(asdict(rec))
+            return True
 
     def delete(self, response_id: str, tenant: str | None) -> StoredResponse:
         rec = self.get(response_id, tenant)
