@@ -12,6 +12,7 @@ import torch
 
 from kvreuse.runtime.request import PUBLIC, CacheScope, Request
 from kvreuse.runtime.sampling.constrained import GrammarBusy, GrammarCompiler, GrammarError
+from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -43,6 +44,9 @@ class Admission:
         self.grammars = grammars
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(seed)
+
+    def _seed(self) -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
 
     def validate(
         self, prompt: str | list[int], params: SamplingParams, scope: CacheScope = PUBLIC
@@ -94,16 +98,11 @@ class Admission:
         """A validated request, complete: its cache ``scope`` and its sampling generator seeded (from
         ``params.seed`` or the engine's RNG).  The one place a prompt is checked."""
         ids = self.validate(prompt, params, scope)
-        gen = None
+        draws = None
         if not params.greedy:
-            seed = (
-                params.seed
-                if params.seed is not None
-                else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-            )
-            gen = torch.Generator().manual_seed(seed)
+            draws = Draws(params.seed if params.seed is not None else self._seed())
         rid = request_id or f"req-{next(self._ids)}"
-        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen, scope=scope)
+        req = Request(rid, ids, len(ids), params, self.eos_ids, draws=draws, scope=scope)
         if params.grammar is not None:
             req.matcher = self.grammars.matcher(params.grammar, params.max_tokens, scope.namespace)
         return req
