@@ -45,3 +45,22 @@ def test_a_seeded_request_gives_the_same_text_with_speculation_on_or_off(tiny_mo
     beside = _run(eng, [prompts[0], *others], [params[0]] + [_sampled(None)] * 3)  # another batch around it
     assert beside[0].output_ids == ref[0]
     assert accepted > 0, "no draft was accepted: the test proves nothing"
+
+
+def test_unseeded_requests_draw_from_the_os_so_fresh_engines_differ(tiny_models):
+    """Row 8: the old engine seeded unseeded requests from one stream with a constant start, so two
+    fresh servers gave the same samples in the same order (and one tenant's requests moved another's)."""
+    d = tiny_models[("llama", False)]
+    prompt = random_ids(torch.Generator().manual_seed(8), 20)
+    texts = [tuple(_run(tiny_engine(d), [prompt], [_sampled(None)])[0].output_ids) for _ in range(2)]
+    assert texts[0] != texts[1]  # 32 draws at temperature 0.6 over 3 tokens: equal by chance ~never
+    eng = tiny_engine(d)
+    first = _run(eng, [prompt] * 3, [_sampled(None)] * 3)
+    assert len({tuple(r.output_ids) for r in first}) > 1  # per request, not per engine
+
+
+def test_an_engine_given_a_seed_reproduces_its_unseeded_requests(tiny_models):
+    d = tiny_models[("llama", False)]
+    prompt = random_ids(torch.Generator().manual_seed(9), 20)
+    runs = [_run(tiny_engine(d, seed=5), [prompt], [_sampled(None)])[0].output_ids for _ in range(2)]
+    assert runs[0] == runs[1]

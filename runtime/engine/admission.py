@@ -12,7 +12,7 @@ import torch
 
 from kvreuse.runtime.request import PUBLIC, CacheScope, Request
 from kvreuse.runtime.sampling.constrained import GrammarBusy, GrammarCompiler, GrammarError
-from kvreuse.runtime.sampling.draws import Draws
+from kvreuse.runtime.sampling.draws import Draws, fresh_seed
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -37,15 +37,19 @@ class Admission:
         kv_capacity_tokens: int,
         eos_ids: frozenset[int],
         grammars: GrammarCompiler,
-        seed: int,
+        seed: int | None,
     ) -> None:
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
         self.max_model_len, self.kv_capacity_tokens = max_model_len, kv_capacity_tokens
         self.grammars = grammars
         self._ids = itertools.count()
-        self._seed_rng = torch.Generator().manual_seed(seed)
+        # an unseeded request's seed: the OS's entropy, per request (no stream a tenant could read or
+        # move); only an engine given a seed (in-process, reproducible runs) shares one stream
+        self._seed_rng = torch.Generator().manual_seed(seed) if seed is not None else None
 
     def _seed(self) -> int:
+        if self._seed_rng is None:
+            return fresh_seed()
         return int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
 
     def validate(
@@ -96,7 +100,7 @@ class Admission:
         scope: CacheScope = PUBLIC,
     ) -> Request:
         """A validated request, complete: its cache ``scope`` and its sampling generator seeded (from
-        ``params.seed`` or the engine's RNG).  The one place a prompt is checked."""
+        ``params.seed``, else the OS's entropy).  The one place a prompt is checked."""
         ids = self.validate(prompt, params, scope)
         draws = None
         if not params.greedy:

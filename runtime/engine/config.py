@@ -46,7 +46,9 @@ class EngineConfig:
     # prefills slower (benchmarks/results/quantized.json)
     quantize: str = "none"
     compile_decode: bool = False  # torch.compile decode steps' layers (CPU dispatch-bound); see decoder.py
-    seed: int = 0
+    # unseeded requests' seeds: None, the OS's entropy per request; an int, one stream for the engine
+    # (reproducible in-process runs; a server shares it among tenants, so it is never the default)
+    seed: int | None = None
     # speculative decoding drafted from tokens already seen (runtime/speculative): off | ngram | suffix, or
     # auto (`kvreuse serve`'s default): suffix where the model supports it (runtime/engine/states.py)
     speculative: str = "off"
