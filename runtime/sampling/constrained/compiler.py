@@ -158,6 +158,7 @@ class GrammarCompiler:
                 # share only if the compiled matcher built them: computed here, below the engine, each
                 # request's first mask on the engine step is cheap instead of a fresh build per request
                 m.compute_bitmask()
+                check_forced_start(m)
                 box.append((m, time.perf_counter() - t0))
                 if not m.is_error():
                     with self._lock:
@@ -210,6 +211,22 @@ class GrammarCompiler:
                 for ok in (_ends_string, _closes_container)
             ]
         return self._closers
+
+
+def check_forced_start(m: Any) -> None:
+    """Follow the start every output of ``m``'s grammar shares, on a copy (llguidance bounds how far).
+    A grammar whose forced start the library cannot follow (a pattern like ``a{1000000}``, a schema
+    requiring itself forever) is refused here, at compile time (a 400): compiled as it was, each
+    request ended after ``{"`` with ``grammar_error``."""
+    probe = m.deep_copy()
+    forced = probe.compute_ff_tokens()
+    if forced:
+        probe.consume_tokens(forced)
+    if probe.is_error():
+        raise ValueError(
+            f"no output valid against it can be generated ({_first_line(probe.get_error())}); "
+            "simplify the schema"
+        )
 
 
 def renice(native_id: int, nice: int) -> None:
