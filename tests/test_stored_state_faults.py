@@ -94,3 +94,63 @@ def test_a_failed_records_write_serves_the_answer_not_stored_and_health_degrades
         again = _create(c).json()
         assert again["store"] is True and c.get(f"/v1/responses/{again['id']}").status_code == 200
         assert c.get("/health").json()["status"] == "ok"
+
+
+# -- row 3: budgets per tenant, compaction, inside the store's size --------------------------------
+def _rec(i: int, tenant: str, pad: int = 100):
+    from kvreuse.runtime.server.openai.responses_store import StoredResponse
+
+    body = {"id": f"r{tenant}{i}", "text": "x" * pad}
+    return StoredResponse(f"r{tenant}{i}", tenant, body, None, None, {}, [], list(range(pad)))
+
+
+def test_one_tenants_flood_never_pushes_out_anothers_responses(tmp_path):
+    from kvreuse.runtime.server.openai.responses_store import ResponseStore
+
+    store = ResponseStore(tmp_path / "r.jsonl", max_stored=8)
+    for i in range(3):
+        store.put(_rec(i, "A"))
+    for i in range(50):  # B's flood: 50 records against a count of 8 (the old cap was shared)
+        store.put(_rec(i, "B"))
+    for i in range(3):
+        assert store.get(f"rA{i}", "A").id == f"rA{i}"
+    kept_b = [i for i in range(50) if f"rB{i}" in store._records]
+    assert kept_b == list(range(42, 50))  # B keeps its newest 8
+    # by bytes: A (small) within its share survives B's big records passing the byte budget
+    size = len(json.dumps({"x": "x" * 4000}))
+    small = ResponseStore(tmp_path / "s.jsonl", max_stored=1000, max_bytes=20 * size)
+    small.put(_rec(0, "A", pad=100))
+    for i in range(40):
+        small.put(_rec(i, "B", pad=4000))
+    assert small.get("rA0", "A") and sum(small._bytes.values()) <= small.max_bytes
+    reopened = ResponseStore(tmp_path / "s.jsonl", max_stored=1000, max_bytes=20 * size)
+    assert set(reopened._records) == set(small._records)  # the file holds what memory holds
+
+
+def test_deletes_and_floods_compact_the_records_file(tmp_path):
+    from kvreuse.runtime.server.openai.responses_store import ResponseStore
+
+    path = tmp_path / "r.jsonl"
+    store = ResponseStore(path, max_stored=4096)
+    for i in range(300):
+        store.put(_rec(i, "A", pad=2000))
+    full = path.stat().st_size
+    for i in range(300):  # the old file only grew (a tombstone per delete): 58.2 MB for 4,097 records
+        store.delete(f"rA{i}", "A")
+    assert path.stat().st_size < full // 2, (path.stat().st_size, full)
+    for i in range(2000):  # a flood past the count: the file stays near the live records' size
+        store.put(_rec(i, "B", pad=2000))
+    live = sum(store._bytes.values())
+    assert path.stat().st_size <= 2 * live + (1 << 20) + 20000
+
+
+def test_the_records_are_inside_the_stores_size_budget(model_dir, tmp_path):
+    from kvreuse.runtime.engine.states import records_budget
+
+    engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", num_pages=64, page_size=PS,
+                    kv_store=str(tmp_path), kv_store_size="100M")  # fmt: skip
+    pages_budget = engine.cache.tiers.disk.budget
+    assert pages_budget + records_budget(engine.config) == 100 << 20, pages_budget
+    assert records_budget(engine.config) == 5 << 20  # the records' 5 % (their file stays under it:
+    # live records at most half of it, and a compaction at twice the live size)
+    engine.close()

@@ -57,9 +57,13 @@ class RecordsFile:
                         torn, self.path.name)  # fmt: skip
         return out
 
+    @staticmethod
+    def line(obj: dict[str, Any]) -> bytes:
+        return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+
     def append(self, obj: dict[str, Any]) -> bool:
         """Append one record as one ``write``; False (and ``error`` set) when it could not be written."""
-        line = (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+        line = self.line(obj)
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         except OSError as e:
@@ -83,7 +87,7 @@ class RecordsFile:
 
     def rewrite(self, objs: list[dict[str, Any]]) -> bool:
         """Replace the file by ``objs`` atomically (a temporary file, fsync, rename)."""
-        data = "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objs).encode("utf-8")
+        data = b"".join(self.line(o) for o in objs)
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             with tmp.open("wb") as f:
