@@ -151,7 +151,7 @@ def _flood(url: str, work: Path, n: int) -> dict:
                     if r.status_code == 200:
                         b_ids.append(r.json()["id"])
                     if k % 500 == 0:
-                        progress(f"flood: {k} of {n}")
+                        progress(f"flood: {k} of {n}; A turns {len(a_ids)}; statuses {dict(statuses)}")
 
             await asyncio.gather(*(one(k) for k in range(n)))
         done.set()
