@@ -9,9 +9,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import torch
-
 from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -59,7 +58,7 @@ class Request:
     num_prompt: int
     params: SamplingParams
     eos_ids: frozenset[int]
-    generator: torch.Generator | None = None
+    draws: Draws | None = None  # a sampled request's randomness by output position (None: greedy)
     status: Status = Status.WAITING
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0

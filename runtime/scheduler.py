@@ -241,7 +241,7 @@ class Scheduler:
             if drafting
             else [c.sample for c in batch],
             params=[r.params for r in sampled],
-            generators=[r.generator for r in sampled],
+            draws=[r.draws.at(len(r.output_ids)) if r.draws is not None else None for r in sampled],
             states=self.cache.state_input(
                 [(c.req, c.start, c.length) for c in batch],
                 [len(c.draft) for c in batch] if drafting else None,

@@ -13,6 +13,7 @@ import torch
 from kvreuse.runtime.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
 from kvreuse.runtime.engine.engine import Engine
 from kvreuse.runtime.sampling import sampler
+from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.params import MIN_TEMPERATURE, SamplingParams
 from tests.engine_drive import alone, assert_no_request_pages, greedy, random_ids, run_checked, tiny_engine
 
@@ -29,7 +30,7 @@ def eng(tiny_models) -> Engine:
 def test_tiny_temperature_is_greedy_and_finite(temperature, dtype):
     logits = (torch.randn(3, 512, generator=torch.Generator().manual_seed(1)) * 30).to(dtype)
     params = [SamplingParams(temperature=temperature, top_p=0.9, top_k=50, logprobs=2)] * 3
-    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    gens = [Draws(i) for i in range(3)]
     res = sampler.sample(logits, params, gens)
     assert res.tokens == logits.float().argmax(-1).tolist()
     assert all(torch.isfinite(torch.tensor(lp[0])) for lp in res.logprobs)
@@ -39,7 +40,7 @@ def test_smallest_sampled_temperature_stays_finite():
     # just above the floor, logits of a bf16 model's magnitude: every probability is finite
     logits = torch.randn(4, 512, generator=torch.Generator().manual_seed(2)).bfloat16() * 100
     params = [SamplingParams(temperature=MIN_TEMPERATURE)] * 4
-    res = sampler.sample(logits, params, [torch.Generator().manual_seed(i) for i in range(4)])
+    res = sampler.sample(logits, params, [Draws(i) for i in range(4)])
     assert res.tokens == logits.float().argmax(-1).tolist()  # one-hot at this temperature
 
 
@@ -54,14 +55,14 @@ def test_engine_serves_tiny_temperatures(eng):
 
 def _failing_row(monkeypatch, bad_seed: int) -> None:
     """A sampler fault that hits only the request seeded ``bad_seed`` (fault injection)."""
-    real = sampler._sample_row
+    real = sampler.sample_row
 
-    def row(r, p, g):
+    def row(r, p, d, offset=0):
         if p.seed == bad_seed:
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
-        return real(r, p, g)
+        return real(r, p, d, offset)
 
-    monkeypatch.setattr(sampler, "_sample_row", row)
+    monkeypatch.setattr(sampler, "sample_row", row)
 
 
 def test_a_request_failing_in_the_sampler_fails_alone(eng, monkeypatch):

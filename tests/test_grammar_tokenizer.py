@@ -27,3 +27,20 @@ def test_a_tokenizer_that_fits_compiles():
     grammars = GrammarCompiler(tok, len(tok), frozenset({tok.eos_token_id}))
     grammars.warm()
     assert grammars.compiled(json_object()) is not None
+
+
+def test_one_tenants_schemas_never_push_another_tenants_grammar_out(monkeypatch):
+    """Issue 51 (tenant budgets on every per-tenant store): the compiled-grammar cache was one LRU, so
+    B compiling many schemas evicted A's and A paid the compile again."""
+    from kvreuse.runtime.sampling.constrained import compiler
+    from kvreuse.runtime.sampling.constrained.spec import json_schema
+
+    monkeypatch.setattr(compiler, "CACHE_SIZE", 4)
+    tok = AutoTokenizer.from_pretrained(embedded_dir())
+    grammars = GrammarCompiler(tok, len(tok), frozenset({tok.eos_token_id}))
+    mine = grammars.compiled(json_object(), "A")
+    for i in range(10):
+        grammars.compiled(json_schema({"type": "object", "properties": {f"p{i}": {"type": "integer"}}}), "B")
+    n = grammars.compiles
+    assert grammars.compiled(json_object(), "A") is mine and grammars.compiles == n  # a hit, not a compile
+    assert len(grammars._cache) == 4

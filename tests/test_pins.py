@@ -156,3 +156,39 @@ def test_a_tenant_holds_at_most_its_pin_count(tiny_models):
         clock.t += 1
         _tenant_run(eng, random_ids(gen, 40), "B", f"b{i}")
     assert [p.owner for p in eng.cache.pins.info()] == [("B", "b1"), ("B", "b2")]
+
+
+def _tenant_req(eng, prompt: list[int], tenant: str, session: str, out: int = 4) -> Request:
+    req = eng.make_request(prompt, greedy(out))
+    req.scope = CacheScope(tenant, 0, (tenant, session))
+    return req
+
+
+def test_a_pin_within_its_tenants_share_survives_anothers_load(tiny_models):
+    """Issue 51 row 4: B's concurrent sessions need more than the pool; A's one pin (15 of the 32-page
+    budget, within half of it) used to lapse as "pressure" once B had none left to lose."""
+    eng, clock = _engine(tiny_models[("llama", False)])
+    gen = torch.Generator().manual_seed(51)
+    a = _tenant_run(eng, random_ids(gen, 240), "A", "a1")  # 15 pages pinned
+    for round_ in range(3):  # B's flood: 4 sessions of 300 tokens at once (4 x 19 pages > the 64-page pool)
+        clock.t += 1
+        reqs = [_tenant_req(eng, random_ids(gen, 300), "B", f"b{round_}-{i}", out=8) for i in range(4)]
+        run_checked(eng, reqs)
+    pins = eng.cache.pins
+    assert ("A", "a1") in pins and not pins.lapsed_by["A"], dict(pins.lapsed_by)
+    nxt = _tenant_run(eng, list(a.tokens) + random_ids(gen, 8), "A", "a1")
+    assert nxt.cached_tokens == _reusable(a) == 240
+
+
+def test_over_budget_the_tenant_over_its_share_lapses_not_the_one_within(tiny_models):
+    """Two tenants share a 32-page budget (16 pages each): C's 5 pages are within its share and never
+    lapse to B's pins; B, over its share, loses its own."""
+    eng, clock = _engine(tiny_models[("llama", False)])
+    gen = torch.Generator().manual_seed(52)
+    _tenant_run(eng, random_ids(gen, 80), "C", "c1")  # 5 pages, the oldest pin
+    for i in range(6):  # B: 6 x 5 pages, over its share and, with C, over the budget
+        clock.t += 1
+        _tenant_run(eng, random_ids(gen, 80), "B", f"b{i}")
+    pins = eng.cache.pins
+    assert ("C", "c1") in pins and not pins.lapsed_by["C"]
+    assert pins.lapsed_by["B"]["budget"] >= 1

@@ -282,6 +282,28 @@ def test_output_that_stops_short_of_the_schema_is_not_a_normal_stop(client, sche
         assert choice["finish_reason"] in ("length", "grammar_error"), choice
 
 
+HOSTILE = [
+    {"type": "string", "pattern": "^a{1000000}$"},
+    {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]},
+    {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}},
+                                          "required": ["a"]}}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("schema", HOSTILE)
+def test_a_schema_no_output_can_satisfy_is_a_400_at_compile_time(client, schema):
+    """Issue 51 row 9: both compiled and ran, answering 200 with ``{"`` and ``grammar_error``."""
+    chat = _post(client, "/v1/chat/completions", {**_schema_chat(schema), "max_tokens": 24}, key="key-b")
+    assert "no output valid against it" in _openai_400(chat)
+    fmt = {"type": "json_schema", "name": "x", "schema": schema}
+    body = {"model": "smol", "input": "Hi", "max_output_tokens": 24, "text": {"format": fmt}}
+    resp = _post(client, "/v1/responses", body, key="key-b")
+    assert "no output valid against it" in _openai_400(resp)
+    fine = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    ok = _post(client, "/v1/chat/completions", {**_schema_chat(fine), "max_tokens": 24, "temperature": 0})
+    assert ok.status_code == 200, ok.text
+
+
 def test_a_grammar_that_errors_stops_the_request_as_grammar_error(engine):
     """The stop decision itself (``Request.stop_reason``), with a real llguidance matcher put in error
     by a token its grammar rejects (what a schema past llguidance's limits does mid-generation)."""

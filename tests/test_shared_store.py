@@ -113,13 +113,17 @@ def test_a_corrupt_or_foreign_entry_is_refused_and_recomputed(model, off, valkey
     out = _run(b, prompt)
     assert out.cached_shared_tokens == PS  # page 0 only: page 1 is foreign, so the chain stops there
     assert out.output_token_ids == _run(off, prompt).output_token_ids
-    assert b.cache.tiers.shared.counts["refused"] == 1
-    b.cache.tiers.flush()  # b rewrote page 1 (refused, so deleted); page 3 is still the corrupt copy
-    assert store.decode(keys[1], store.db.get(store.name(keys[1]))) is not None
+    assert (
+        b.cache.tiers.shared.counts["refused"] == 2
+    )  # both read, both deleted (issue 51: not only the first)
+    b.cache.tiers.flush()  # b rewrote pages 1 and 3 (refused, so deleted): good copies now
+    for k in (keys[1], keys[3]):
+        assert store.decode(k, store.db.get(store.name(k))) is not None
 
     c = _engine(model, url)
     out = _run(c, prompt)
-    assert out.cached_shared_tokens == 3 * PS and c.cache.tiers.shared.counts["refused"] == 1
+    whole = (len(prompt) - 1) // PS * PS
+    assert out.cached_shared_tokens == whole and c.cache.tiers.shared.counts["refused"] == 0
     assert out.output_token_ids == _run(off, prompt).output_token_ids
 
 
@@ -186,3 +190,85 @@ def test_the_logs_never_show_the_stores_password(model, off, caplog):
         eng.cache.tiers.flush()
     assert out.output_token_ids == _run(off, _prompt(9)).output_token_ids
     assert "shared KV store valkey://ops@127.0.0.1:9/0" in caplog.text and "s3cret" not in caplog.text
+
+
+# -- issue 51 row 5: a password on the store, entries authenticated with the cluster secret ------------
+def _secret(tmp_path, text: str = "s" * 32) -> str:
+    path = tmp_path / f"secret-{len(text)}-{text[:2]}"
+    path.write_text(text + "\n")
+    return str(path)
+
+
+def test_forged_entries_are_refused_and_deleted_under_a_cluster_secret(model, off, valkey, tmp_path):
+    """A forged page with a valid checksum was served (176 forged tokens, a wrong answer): with a secret,
+    an entry without a valid HMAC, a recomputed CRC or another secret's, is refused, deleted, recomputed."""
+    _, url = valkey
+    secret = _secret(tmp_path)
+    a = _engine(model, url, kv_shared_secret_file=secret)
+    prompt = _prompt(11)
+    _run(a, prompt)
+    a.cache.tiers.flush()
+    store: SharedStore = a.cache.tiers.shared.store
+    keys = a.cache.prefix._keys(prompt, CacheScope())
+    crc_only = SharedStore(url, store.fp.hex())  # the attacker: same fingerprint, no secret
+    wrong = SharedStore(url, store.fp.hex(), secret=b"w" * 32)  # or another secret
+    for i, forger in enumerate([crc_only, wrong, crc_only]):
+        real = store.decode(keys[i], store.db.get(store.name(keys[i])))
+        parent, root = (keys[i - 1], False) if i else (b"\0" * 16, True)
+        forged = forger.encode(keys[i], parent, root, prompt[i * PS : (i + 1) * PS], torch.zeros_like(real))
+        store.db.set(store.name(keys[i]), forged)
+        assert forger.decode(keys[i], forged) is not None  # sound to its forger
+    b = _engine(model, url, kv_shared_secret_file=secret)
+    out = _run(b, prompt)
+    assert out.cached_shared_tokens == 0 and out.output_token_ids == _run(off, prompt).output_token_ids
+    assert b.cache.tiers.shared.counts["refused"] == 3
+    b.cache.tiers.flush()
+    for k in keys[:3]:  # deleted, then written again by b: authenticated copies
+        assert store.decode(k, store.db.get(store.name(k))) is not None
+    c = _engine(model, url)  # a replica without the secret cannot read (or be fed) authenticated pages
+    assert _run(c, prompt).cached_shared_tokens == 0
+    for e in (a, b, c):
+        e.close()
+
+
+def test_a_store_with_a_password_is_used_through_its_url(model, off, tmp_path, caplog):
+    import socket
+
+    from kvreuse.runtime.cluster.services import Service, free_port, valkey_binary
+
+    port = free_port()
+    argv = [valkey_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--requirepass", "pa55-w0rd", "--dir", str(tmp_path)]  # fmt: skip
+    svc = Service("valkey", argv, tmp_path / "valkey.log")
+
+    def ping() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(b"PING\r\n")
+            return bool(s.recv(16))
+
+    svc.wait_ready(ping, 20.0)
+    try:
+        with caplog.at_level(logging.WARNING, "kvreuse.store"):
+            bare = _engine(model, f"valkey://127.0.0.1:{port}")  # no password: refused, the pool serves
+            prompt = _prompt(12)
+            assert _run(bare, prompt).output_token_ids == _run(off, prompt).output_token_ids
+            bare.cache.tiers.flush()
+            assert bare.store_error() is not None
+        url = f"valkey://:pa55-w0rd@127.0.0.1:{port}"
+        a, b = _engine(model, url), _engine(model, url)
+        _run(a, prompt)
+        a.cache.tiers.flush()
+        assert a.store_error() is None and a.stats().shared_written_pages > 0
+        assert _run(b, prompt).cached_shared_tokens == (len(prompt) - 1) // PS * PS
+        assert "pa55-w0rd" not in caplog.text
+        for e in (bare, a, b):
+            e.close()
+    finally:
+        svc.stop()
+
+
+def test_a_bad_secret_file_is_a_one_line_error(model, tmp_path):
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        _engine(model, "valkey://127.0.0.1:9", kv_shared_secret_file=_secret(tmp_path, "short"))
+    with pytest.raises(ValueError, match="cannot read it"):
+        _engine(model, "valkey://127.0.0.1:9", kv_shared_secret_file=str(tmp_path / "missing"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from kvreuse.runtime.request import CacheScope
+from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.params import SamplingParams
 from kvreuse.runtime.speculative.draft_length import DraftLength
 from kvreuse.runtime.speculative.drafter import SuffixLookup
@@ -71,8 +72,8 @@ def test_rejection_rule_draws_each_position_from_the_target_distribution():
     first = [0] * 8
     second = [0] * 8
     accepted = 0
-    for _ in range(n):
-        res = verify(logits, [p], [gen], None, [draft])
+    for k in range(n):
+        res = verify(logits, [p], [Draws(k)], None, [draft])
         t0 = res.tokens[0]
         first[t0] += 1
         if t0 == draft[0]:

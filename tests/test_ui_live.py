@@ -108,3 +108,31 @@ def test_tiers_and_anthropic_requests(model_dir, tmp_path):
 )
 def test_the_shared_store_url_is_shown_without_its_password(url, shown):
     assert public_url(url) == shown
+
+
+def _strip_times(obj):
+    """The live JSON less what moves with the clock (``now``, pins' TTL left)."""
+    if isinstance(obj, dict):
+        return {k: _strip_times(v) for k, v in obj.items() if k not in ("now", "ttl_left_s")}
+    if isinstance(obj, list):
+        return [_strip_times(v) for v in obj]
+    return obj
+
+
+def test_a_tenants_live_view_carries_only_what_its_cache_route_does(model_dir):
+    """Issue 51 row 6: a tenant's live view showed the whole pool (free 1,456 -> 1,445, pinned 0 -> 11
+    after another tenant's one request), running and in-flight counts, and "evicted pages NaN"."""
+    keys = {"key-a": "A", "key-b": "B", "key-op": "@operator"}
+    with _client(model_dir, api_keys=keys) as c:
+        auth = {k: {"Authorization": f"Bearer {k}"} for k in keys}
+        before = c.get("/ui/api/live", headers=auth["key-a"]).json()
+        r = c.post("/v1/completions", headers={**auth["key-b"], "X-Session-Id": "s1"},
+                   json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "temperature": 0})  # fmt: skip
+        assert r.status_code == 200, r.text
+        after = c.get("/ui/api/live", headers=auth["key-a"]).json()
+        assert _strip_times(after) == _strip_times(before)  # B's request moved nothing A sees
+        own = c.get("/v1/cache", headers=auth["key-a"]).json()
+        assert after["cache"] == own and after["engine"] is None
+        assert after["tiers"]["pool"] == {"total": own["pages"]["total"], "pinned": own["pages"]["pinned"]}
+        op = c.get("/ui/api/live", headers=auth["key-op"]).json()  # the operator still sees the pool
+        assert op["tiers"]["pool"]["pinned"] > 0 and op["engine"]["running"] == 0

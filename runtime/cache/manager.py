@@ -145,7 +145,7 @@ class CacheManager:
     def reserve(self, req: Request, n_new: int) -> bool:
         """Give ``req`` pages for ``n_new`` more tokens, evicting cached pages if needed.
 
-        Pins lapse, oldest first, only when evicting everything unpinned is not enough.
+        Pins lapse (see ``PinTable.lapse_for``) only when evicting everything unpinned is not enough.
         """
         need = self.pages_needed(req, n_new)
         if need == 0:
@@ -153,14 +153,18 @@ class CacheManager:
         if need > self.allocator.num_free:
             self.pins.expire()
             self.prefix.evict(need - self.allocator.num_free)
-            while need > self.allocator.num_free and len(self.pins):
-                self.pins.lapse_oldest("pressure")
+            others = self._held_by_requests() > len(req.pages) - req.num_tree_pages
+            while need > self.allocator.num_free and self.pins.lapse_for(req.scope.namespace, others):
                 self.prefix.evict(need - self.allocator.num_free)
         try:
             req.pages.extend(self.allocator.alloc(need))
         except OutOfPages:
             return False
         return True
+
+    def _held_by_requests(self) -> int:
+        """Pages running requests own (neither free nor the cache's): they come back as requests end."""
+        return self.allocator.num_pages - self.allocator.num_free - self.prefix.stats().cached_pages
 
     def trim(self, req: Request) -> None:
         """Free ``req``'s own pages past its computed tokens (a rejected draft's)."""

@@ -13,12 +13,15 @@ longest ago lapse first, so pins cannot starve admission; when the pool is short
 evicting everything unpinned, the cache manager lapses pins the same way.  Lapses are counted
 by cause (``ttl``, ``budget``, ``pressure``, ``moved``: the owner pinned another node).
 
-Tenants: an owner tuple's first item is its tenant (sessions, prewarms and ``cache_control``
-breakpoints all carry it).  When pins must lapse (budget, pressure), they lapse from the tenant
-holding the most pinned tokens, oldest first, so a tenant flooding sessions, prewarms or long-TTL
-breakpoints pushes out its own pins, never a smaller tenant's; and no tenant holds more than
-``per_tenant`` pins (its own oldest lapses).  Lapses are counted per tenant too, so each tenant
-sees only its own.
+Tenants: an owner tuple's first item is its tenant (sessions, prewarms, stored responses and
+``cache_control`` breakpoints all carry it).  Each tenant holding pins has an equal share of the
+budget (``share``).  Over the budget, pins lapse from the tenant most over its share, oldest first, so
+a tenant flooding sessions, prewarms, stored responses or long-TTL breakpoints pushes out its own
+pins, never those of a tenant within its share.  Under pool pressure (``lapse_for``) the same order,
+then the requester's own pins; another tenant's pin within its share lapses only when nothing else
+will free pages (no other request holds any), so pins never starve admission for good.  No tenant
+holds more than ``per_tenant`` pins (its own oldest lapses).  Lapses are counted per tenant too, so
+each tenant sees only its own.
 """
 
 from __future__ import annotations
@@ -105,7 +108,8 @@ class PinTable:
         for o in own[: max(0, len(own) - self.per_tenant)]:  # over its count: its own oldest go
             self._lapse(o, "budget")
         while self.cache.stats().pinned_pages > self.budget and self._pins:
-            self.lapse_oldest("budget")
+            if not self.lapse_over_share("budget"):
+                self.lapse_oldest("budget")
         return owner in self._pins
 
     def touch(self, owner: Hashable) -> None:
@@ -128,11 +132,46 @@ class PinTable:
             self._lapse(owner, "ttl")
         return len(dead)
 
-    def lapse_oldest(self, cause: str) -> None:
-        """Lapse the oldest-used pin of the tenant holding the most pinned tokens."""
+    def held(self) -> Counter[Hashable]:
+        """Pinned tokens per tenant (a prefix shared by two of its pins counts twice: against it)."""
         held: Counter[Hashable] = Counter()
         for p in self._pins.values():
             held[p.tenant] += p.tokens
+        return held
+
+    def share(self, tenants: int) -> float:
+        """Each of ``tenants`` tenants' share of the budget, in tokens."""
+        return self.budget * self.cache.page_size / max(1, tenants)
+
+    def lapse_over_share(self, cause: str) -> bool:
+        """Lapse the oldest pin of the tenant most over its share; False when none is over it."""
+        held = self.held()
+        share = self.share(len(held))
+        over = {t: n - share for t, n in held.items() if n > share}
+        if not over:
+            return False
+        worst = max(over, key=over.__getitem__)
+        self._lapse(next(o for o, p in self._pins.items() if p.tenant == worst), cause)
+        return True
+
+    def lapse_for(self, tenant: Hashable, others_hold_pages: bool, cause: str = "pressure") -> bool:
+        """Lapse one pin so that ``tenant``'s request gets pages: one over its share, else one of
+        ``tenant``'s own, else (only when no other request holds pages to give back) the oldest of the
+        tenant holding most; False when none may lapse (the request waits)."""
+        if self.lapse_over_share(cause):
+            return True
+        own = next((o for o, p in self._pins.items() if p.tenant == tenant), None)
+        if own is not None:
+            self._lapse(own, cause)
+            return True
+        if others_hold_pages or not self._pins:
+            return False
+        self.lapse_oldest(cause)
+        return True
+
+    def lapse_oldest(self, cause: str) -> None:
+        """Lapse the oldest-used pin of the tenant holding the most pinned tokens."""
+        held = self.held()
         top = max(held.values())
         owner = next(o for o, p in self._pins.items() if held[p.tenant] == top)
         self._lapse(owner, cause)

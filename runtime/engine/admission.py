@@ -13,6 +13,7 @@ import torch
 from kvreuse.runtime.loading.tokenizer import text_prompt_ids
 from kvreuse.runtime.request import PUBLIC, CacheScope, Request
 from kvreuse.runtime.sampling.constrained import GrammarBusy, GrammarCompiler, GrammarError
+from kvreuse.runtime.sampling.draws import Draws, fresh_seed
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -37,13 +38,20 @@ class Admission:
         kv_capacity_tokens: int,
         eos_ids: frozenset[int],
         grammars: GrammarCompiler,
-        seed: int,
+        seed: int | None,
     ) -> None:
         self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
         self.max_model_len, self.kv_capacity_tokens = max_model_len, kv_capacity_tokens
         self.grammars = grammars
         self._ids = itertools.count()
-        self._seed_rng = torch.Generator().manual_seed(seed)
+        # an unseeded request's seed: the OS's entropy, per request (no stream a tenant could read or
+        # move); only an engine given a seed (in-process, reproducible runs) shares one stream
+        self._seed_rng = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    def _seed(self) -> int:
+        if self._seed_rng is None:
+            return fresh_seed()
+        return int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
 
     def validate(
         self, prompt: str | list[int], params: SamplingParams, scope: CacheScope = PUBLIC
@@ -89,18 +97,13 @@ class Admission:
         scope: CacheScope = PUBLIC,
     ) -> Request:
         """A validated request, complete: its cache ``scope`` and its sampling generator seeded (from
-        ``params.seed`` or the engine's RNG).  The one place a prompt is checked."""
+        ``params.seed``, else the OS's entropy).  The one place a prompt is checked."""
         ids = self.validate(prompt, params, scope)
-        gen = None
+        draws = None
         if not params.greedy:
-            seed = (
-                params.seed
-                if params.seed is not None
-                else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-            )
-            gen = torch.Generator().manual_seed(seed)
+            draws = Draws(params.seed if params.seed is not None else self._seed())
         rid = request_id or f"req-{next(self._ids)}"
-        req = Request(rid, ids, len(ids), params, self.eos_ids, generator=gen, scope=scope)
+        req = Request(rid, ids, len(ids), params, self.eos_ids, draws=draws, scope=scope)
         if params.grammar is not None:
             req.matcher = self.grammars.matcher(params.grammar, params.max_tokens, scope.namespace)
         return req

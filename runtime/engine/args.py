@@ -168,8 +168,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--kv-shared-store",
         default=None,
         metavar="URL",
-        help="shared tier: a Valkey/Redis server (valkey://127.0.0.1:6379) that replicas write their pages "
-        "through to and read each other's from; its budget is the server's maxmemory (default: none)",
+        help="shared tier: a Valkey/Redis server (valkey://127.0.0.1:6379; with a password "
+        "valkey://:PASSWORD@HOST:PORT) that replicas write their pages through to and read each other's "
+        "from; its budget is the server's maxmemory (default: none)",
+    )
+    t.add_argument(
+        "--kv-shared-secret-file",
+        default=None,
+        metavar="FILE",
+        help="a file holding the replicas' shared secret (>= 16 bytes): every shared-tier entry carries an "
+        "HMAC-SHA256 under it, and an entry without a valid one is refused and deleted (default: a "
+        "checksum only, so anyone who can write to the store can forge pages)",
     )
     g.add_argument(
         "--snapshot-memory",
@@ -219,6 +228,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kv_host_memory=args.kv_host_memory,
         kv_write_through=args.kv_write_through,
         kv_shared_store=args.kv_shared_store,
+        kv_shared_secret_file=args.kv_shared_secret_file,
         snapshot_memory=args.snapshot_memory,
         snapshot_every=args.snapshot_every,
         speculative=args.speculative,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 from kvreuse.runtime.cache.registry import DEFAULT_KIND, cache_kind
+from kvreuse.runtime.cache.store.seal import read_secret
 from kvreuse.runtime.speculative.drafter import MODES as SPECULATIVE_MODES
 
 
@@ -46,7 +47,9 @@ class EngineConfig:
     # prefills slower (benchmarks/results/quantized.json)
     quantize: str = "none"
     compile_decode: bool = False  # torch.compile decode steps' layers (CPU dispatch-bound); see decoder.py
-    seed: int = 0
+    # unseeded requests' seeds: None, the OS's entropy per request; an int, one stream for the engine
+    # (reproducible in-process runs; a server shares it among tenants, so it is never the default)
+    seed: int | None = None
     # speculative decoding drafted from tokens already seen (runtime/speculative): off | ngram | suffix, or
     # auto (`kvreuse serve`'s default): suffix where the model supports it (runtime/engine/states.py)
     speculative: str = "off"
@@ -61,6 +64,8 @@ class EngineConfig:
     kv_store_sync_s: float = 60.0  # how often pool-only pages are written to the disk tier
     # the shared tier: a Valkey/Redis server (valkey://host:port) every replica writes its pages through to
     kv_shared_store: str | None = None
+    # a file holding the replicas' shared secret: entries carry an HMAC under it (runtime/cache/store/seal.py)
+    kv_shared_secret_file: str | None = None
 
     # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/cache/hybrid_states.py)
     snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
@@ -74,6 +79,10 @@ class EngineConfig:
     def tiered(self) -> bool:
         """Whether any tier sits below the pool (host memory, disk, a shared store)."""
         return bool(self.kv_store or self.kv_host_memory or self.kv_shared_store)
+
+    def shared_secret(self) -> bytes | None:
+        """The shared tier's secret, read from ``kv_shared_secret_file`` (None without one)."""
+        return read_secret(self.kv_shared_secret_file) if self.kv_shared_secret_file else None
 
     def __post_init__(self) -> None:
         from kvreuse.runtime.runner.kv_pool import (
@@ -93,6 +102,10 @@ class EngineConfig:
             raise ValueError(
                 f"--kv-shared-store must be a valkey://, redis:// or unix:// URL, got {self.kv_shared_store!r}"
             )
+        if self.kv_shared_secret_file and not self.kv_shared_store:
+            raise ValueError("--kv-shared-secret-file needs --kv-shared-store")
+        if self.kv_shared_secret_file:
+            self.shared_secret()  # an unreadable or short secret: a one-line error before the model loads
         if self.snapshot_every < 0:
             raise ValueError(f"snapshot_every must be >= 0, got {self.snapshot_every}")
         if self.page_size < 1:

@@ -80,7 +80,7 @@ class Engine:
             cfg.kv_store, model_states.store_budgets(self.runner, cfg)[0], cfg.kv_host_memory, self.model_dir, dtype, cfg.page_size,
             pin=self.runner.device.type == "cuda", memo_dir=cache_dir() / "digests",
             settings={"quantize": cfg.quantize, "tensor_parallel_size": cfg.tensor_parallel_size},
-            shared_url=cfg.kv_shared_store,
+            shared_url=cfg.kv_shared_store, shared_secret=cfg.shared_secret(),
         )  # fmt: skip
         states, state_budget = model_states.hybrid_states(self.runner, cfg)
         state_tier = model_states.window_state_tier(self.runner, cfg) if tiers is not None else None

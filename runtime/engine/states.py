@@ -21,6 +21,7 @@ DEFAULT_SNAPSHOT_BYTES = 1 << 30
 # about as large as the window's pages of those layers, and one is kept per prefix end rather than per
 # page, so a quarter leaves the pages most of the room.
 SNAPSHOT_STORE_SHARE = 0.25
+RECORDS_STORE_SHARE = 0.05  # of --kv-store-size: the stored responses' file (the server's records)
 
 
 def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
@@ -33,9 +34,16 @@ def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates 
     return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
 
 
+def records_budget(cfg: EngineConfig) -> int:
+    """The bytes of ``--kv-store-size`` the server's stored responses may take (their file beside the
+    pages), kept out of the pages' budget so the store stays within its size."""
+    return int(int(cfg.kv_store_size) * RECORDS_STORE_SHARE)
+
+
 def store_budgets(runner: ModelRunner, cfg: EngineConfig) -> tuple[int, int]:
-    """``--kv-store-size`` split into (pages, window snapshot files): all pages but for a window model."""
-    size = int(cfg.kv_store_size)
+    """``--kv-store-size`` less the records' share (``records_budget``), split into (pages, window
+    snapshot files): all pages but for a window model."""
+    size = int(cfg.kv_store_size) - records_budget(cfg)
     if not isinstance(runner.state_pool, WindowPool):
         return size, 0
     snapshots = int(size * SNAPSHOT_STORE_SHARE)

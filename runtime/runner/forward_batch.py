@@ -23,6 +23,7 @@ import torch
 from kvreuse.runtime.models.batch import ForwardBatch
 from kvreuse.runtime.runner.state_pool import StateInput
 from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -37,7 +38,7 @@ class SeqChunk(NamedTuple):
 class StepInput(NamedTuple):
     """What the model runner runs in one step: the chunks, and how to sample the rows that end a sequence.
 
-    ``params`` / ``generators`` have one entry per ``True`` in ``sample_mask``, in order.
+    ``params`` / ``draws`` have one entry per ``True`` in ``sample_mask``, in order.
     ``drafts``: per sampled sequence, the drafted tokens its chunk ends with (``runtime/speculative``):
     such a sequence's ``sample_mask`` entry is the number of rows to sample, ``1 + len(draft)``.
     ``states``: a hybrid model's state slots and snapshot captures (``kvreuse.runtime.runner.state_pool.StateInput``).
@@ -46,7 +47,7 @@ class StepInput(NamedTuple):
     seqs: list[SeqChunk]
     sample_mask: list[bool]
     params: list[SamplingParams]
-    generators: list[torch.Generator | None]
+    draws: list[Draws | None]  # each sampled row's randomness at its output position
     states: StateInput | None = None
     matchers: list[Matcher | None] | None = (
         None  # grammar state per sampled row (runtime/sampling/constrained)

@@ -193,10 +193,8 @@ class ModelRunner:
         if not batch.params:
             return StepResult(logits, None)
         if batch.drafts is not None:
-            return StepResult(
-                logits, verify(logits, batch.params, batch.generators, batch.matchers, batch.drafts)
-            )
-        return StepResult(logits, sample(logits, batch.params, batch.generators, batch.matchers))
+            return StepResult(logits, verify(logits, batch.params, batch.draws, batch.matchers, batch.drafts))
+        return StepResult(logits, sample(logits, batch.params, batch.draws, batch.matchers))
 
     def forward(self, fb: ForwardBatch, states: StateInput | None = None) -> torch.Tensor:
         """The one door to the model: every forward rank 0 runs (a step, a prompt's scoring) goes

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.masking import apply_constraints
 from kvreuse.runtime.sampling.params import SamplingParams
 
@@ -40,7 +41,7 @@ class SampleResult(NamedTuple):
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    draws: list[Draws | None],
     matchers: list[Matcher | None] | None = None,
 ) -> SampleResult:
     # fp32 (never inf/NaN for any accepted parameter); the same tensor when no row has bias or grammar
@@ -50,7 +51,7 @@ def sample(
     for i, p in enumerate(params):
         if not p.greedy:
             try:
-                tokens[i] = _sample_row(logits[i], p, generators[i])
+                tokens[i] = sample_row(logits[i], p, draws[i])
             except (RuntimeError, ValueError) as e:  # one row's failure is that request's, not the batch's
                 errors[i] = e
     return SampleResult(tokens, row_logprobs(logits, params, tokens), errors or None)
@@ -69,7 +70,9 @@ def row_logprobs(logits: torch.Tensor, params: list[SamplingParams], tokens: lis
     return lps
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+def sample_row(row: torch.Tensor, p: SamplingParams, draws: Draws | None, offset: int = 0) -> int:
+    """The token drawn at ``draws``' position + ``offset``: the same whether the row is drafted or not."""
+    gen = draws.generator(offset) if draws is not None else None
     return int(torch.multinomial(probabilities(row, p).cpu(), 1, generator=gen).item())
 
 

@@ -99,6 +99,8 @@ class ServerState:
         self.max_token_chars = max(1, max(map(len, self.tokenizer.get_vocab()), default=1))
         self.in_flight = 0
         self.draining = False
+        # the server's own files that can fail to be written (name -> why not, or None): /health reads them
+        self.faults: dict[str, Callable[[], str | None]] = {}
         self.created = int(time.time())
         self.max_tokens = max_tokens_policy(config.max_tokens_overflow)
         self.replies = replies_from(config.script)  # the model's own, or a benchmark's script
@@ -177,6 +179,11 @@ class ServerState:
         if store is not None:
             body["kv_store"] = f"serving from the pool: {store}"
             body["status"] = "degraded" if not self.draining else body["status"]
+        for name, fault in self.faults.items():
+            why = fault()
+            if why is not None:
+                body[name] = why
+                body["status"] = "degraded" if not self.draining else body["status"]
         return body, 200
 
     def diagnostics_for(self, namespace: Any) -> CacheDiagnostics:

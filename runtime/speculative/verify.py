@@ -1,12 +1,14 @@
 """Verify drafts against the target model's logits of one forward (rows: the last accepted token and
 every drafted one).
 
-For each position the target token is drawn as the model would draw it without a draft:
-greedy rows take the argmax; sampled rows follow the rejection rule of speculative sampling
-(Leviathan et al. 2023, Chen et al. 2023) with a point-mass draft ``q = 1[d]``: accept the draft ``d``
-with probability ``min(1, p(d) / q(d)) = p(d)``, else draw from the residual ``max(0, p - q)``
-normalised (``p`` without ``d``).  Either way the target token is distributed as ``p``, so the
-output distribution is the one without speculation.  The caller (``Scheduler.commit``) keeps the
+For each position the target token is drawn exactly as the model would draw it without a draft:
+greedy rows take the argmax; sampled rows draw from ``p`` with the request's randomness at that
+output position (``runtime/sampling/draws.py``), and the draft ``d`` is kept when the draw equals it.
+That is the rejection rule of speculative sampling (Leviathan et al. 2023, Chen et al. 2023) for a
+point-mass draft ``q = 1[d]``: ``d`` is kept with probability ``min(1, p(d) / q(d)) = p(d)``, and
+otherwise the token is distributed as the residual ``max(0, p - q)`` normalised (``p`` without
+``d``); and since the draw never depends on the draft, a seeded request gives the same text with
+speculation on or off.  The caller (``Scheduler.commit``) keeps the
 drafted tokens up to the first position whose target differs from the draft, plus that target.
 """
 
@@ -15,15 +17,16 @@ from __future__ import annotations
 import torch
 
 from kvreuse.runtime.sampling.constrained.matcher import Matcher
+from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.masking import apply_constraints
 from kvreuse.runtime.sampling.params import SamplingParams
-from kvreuse.runtime.sampling.sampler import SampleResult, probabilities, row_logprobs
+from kvreuse.runtime.sampling.sampler import SampleResult, row_logprobs, sample_row
 
 
 def verify(
     logits: torch.Tensor,
     params: list[SamplingParams],
-    generators: list[torch.Generator | None],
+    draws: list[Draws | None],
     matchers: list[Matcher | None] | None,
     drafts: list[list[int]],
 ) -> SampleResult:
@@ -40,11 +43,13 @@ def verify(
     targets = logits.argmax(dim=-1).tolist()
     errors: dict[int, Exception] = {}
     r = 0
-    for i, (p, gen, draft) in enumerate(zip(params, generators, drafts)):
+    for i, (p, rng, draft) in enumerate(zip(params, draws, drafts)):
         if not p.greedy:
             try:
                 for j in range(len(draft) + 1):
-                    targets[r + j] = _target(logits[r + j], p, gen, draft[j] if j < len(draft) else None)
+                    targets[r + j] = sample_row(logits[r + j], p, rng, j)
+                    if j < len(draft) and targets[r + j] != draft[j]:
+                        break  # the rows after the first miss are never kept: no draw for them
             except (RuntimeError, ValueError) as e:  # this sequence's failure, not the batch's
                 errors[i] = e
         r += counts[i]
@@ -57,14 +62,3 @@ def verify(
         verified.append([(targets[r + j], lps[r + j]) for j in range(1, c)])
         r += c
     return SampleResult(tokens, first_lps, errors or None, verified)
-
-
-def _target(row: torch.Tensor, p: SamplingParams, gen: torch.Generator | None, draft: int | None) -> int:
-    probs = probabilities(row, p).cpu()
-    if draft is not None:
-        if torch.rand((), generator=gen).item() < probs[draft].item():
-            return draft
-        probs[draft] = 0.0  # the residual max(0, p - q) of a point-mass draft
-        if not probs.sum().item() > 0:  # p was the draft's alone up to rounding: nothing else to draw
-            return draft
-    return int(torch.multinomial(probs, 1, generator=gen).item())

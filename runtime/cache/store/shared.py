@@ -5,11 +5,13 @@ One entry per page, named by the same chained key as the disk tier's pages
 is the model's fingerprint, so two models (or two quantizations) never share an entry::
 
     name  : b"kvr:" + fingerprint[:20] + b":" + page key (16 bytes)
-    value : MAGIC | CRC-32 of the rest | fingerprint (20 B) | key | parent | is_root | n tokens |
-            tokens (int64) | dtype | ndim | pad | shape (u32) | pad zero bytes | K/V bytes (16-aligned)
+    value : seal (``KVR1`` + CRC-32, or with a cluster secret ``KVRH`` + HMAC-SHA256 of name and rest:
+            :mod:`kvreuse.runtime.cache.store.seal`) | fingerprint (20 B) | key | parent | is_root |
+            n tokens | tokens (int64) | dtype | ndim | pad | shape (u32) | pad zero bytes | K/V bytes
 
 The value repeats the fingerprint and the key, so an entry written for another model, or copied
-under another name, is refused like a corrupt one (and deleted): the caller recomputes those tokens.
+under another name, is refused like a corrupt or forged one; every refused entry read is deleted (so
+the next writer stores a good copy) and the caller recomputes those tokens.
 The budget is the server's: ``maxmemory`` with an LRU policy evicts pages, and a chain whose middle
 page went simply stops matching there.  This class only talks to the server; the background writer,
 the failure handling and the accounting are :class:`kvreuse.runtime.cache.store.shared_tier.SharedTier`'s.
@@ -19,14 +21,14 @@ from __future__ import annotations
 
 import struct
 import warnings
-import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import torch
 
-MAGIC = b"KVR1"
+from kvreuse.runtime.cache.store.seal import CrcSeal, HmacSeal, Seal
+
 _HEAD = struct.Struct("<20s16s16s?I")  # fingerprint, key, parent, parent is root, token count
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8]
 
@@ -73,8 +75,11 @@ class SharedStore:
     """Pages of one model in a Valkey server (see the module docstring); every method may raise the
     client's ``ConnectionError`` / ``TimeoutError`` when the server is gone."""
 
-    def __init__(self, url: str, fingerprint: str, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, fingerprint: str, timeout_s: float = 2.0, secret: bytes | None = None
+    ) -> None:
         self.url = public_url(url)  # for logs; the password stays in the client
+        self.seal: Seal = HmacSeal(secret) if secret is not None else CrcSeal()
         self.fp = bytes.fromhex(fingerprint)[:20].ljust(20, b"\0")
         self.prefix = b"kvr:" + self.fp.hex().encode() + b":"
         self.db = connect(url, timeout_s)
@@ -97,32 +102,34 @@ class SharedStore:
             n += 1
         return n
 
-    def get(self, keys: Sequence[bytes]) -> tuple[list[torch.Tensor], bool]:
-        """The K/V of the leading ``keys`` that are here and sound, and whether an entry was refused:
-        a corrupt or foreign one is deleted (so the next writer stores a good copy) and ends the run."""
+    def get(self, keys: Sequence[bytes]) -> tuple[list[torch.Tensor], int]:
+        """The K/V of the leading ``keys`` that are here and sound, and how many entries were refused:
+        a corrupt, forged or foreign one ends the run, and every refused entry read is deleted (so the
+        next writer stores a good copy), not only the first."""
         blobs = self.db.mget([self.name(k) for k in keys])
-        pages = []
+        pages: list[torch.Tensor] = []
+        bad: list[bytes] = []
+        run = True
         for k, blob in zip(keys, blobs):
             kv = None if blob is None else self.decode(k, blob)
-            if kv is None:
-                if blob is not None:
-                    self.db.delete(self.name(k))
-                return pages, blob is not None
-            pages.append(kv)
-        return pages, False
+            if kv is None and blob is not None:
+                bad.append(self.name(k))
+            run = run and kv is not None
+            if run:
+                pages.append(kv)  # type: ignore[arg-type]
+        if bad:
+            self.db.delete(*bad)
+        return pages, len(bad)
 
     def decode(self, key: bytes, blob: bytes) -> torch.Tensor | None:
-        """One entry's K/V, or None unless it is ours: magic, checksum, fingerprint and key all match."""
-        if (
-            len(blob) < 8 + _HEAD.size
-            or blob[:4] != MAGIC
-            or zlib.crc32(memoryview(blob)[8:]) != int.from_bytes(blob[4:8], "little")
-        ):
+        """One entry's K/V, or None unless it is ours: seal (checksum or HMAC), fingerprint and key."""
+        base = self.seal.size
+        if len(blob) < base + _HEAD.size or not self.seal.check(self.name(key), blob):
             return None
-        fp, k, _parent, _root, n_tok = _HEAD.unpack_from(blob, 8)
+        fp, k, _parent, _root, n_tok = _HEAD.unpack_from(blob, base)
         if fp != self.fp or k != key:
             return None
-        at = 8 + _HEAD.size + 8 * n_tok
+        at = base + _HEAD.size + 8 * n_tok
         if at + 3 > len(blob) or blob[at] >= len(_DTYPES):
             return None
         dtype, ndim, pad = _DTYPES[blob[at]], blob[at + 1], blob[at + 2]
@@ -142,7 +149,7 @@ class SharedStore:
     ) -> bytes:
         """One page's entry (``kv``: its ``[layers, 2, page_size, heads, dim]`` K/V on the host)."""
         kv = kv.detach().to("cpu").contiguous()
-        head = 8 + _HEAD.size + 8 * len(tokens) + 3 + 4 * kv.dim()
+        head = self.seal.size + _HEAD.size + 8 * len(tokens) + 3 + 4 * kv.dim()
         pad = -head % 16  # the K/V starts 16-byte aligned in the entry: a misaligned copy is slow
         parts = [
             _HEAD.pack(self.fp, key, parent, parent_is_root, len(tokens)),
@@ -152,10 +159,7 @@ class SharedStore:
             bytes(pad),
             memoryview(kv.view(torch.uint8).numpy()) if kv.numel() else b"",
         ]
-        crc = 0
-        for part in parts:
-            crc = zlib.crc32(part, crc)
-        return b"".join([MAGIC, crc.to_bytes(4, "little"), *parts])  # the page's bytes copied once
+        return b"".join([self.seal.seal(self.name(key), parts), *parts])  # the page's bytes copied once
 
     # -- writes ----------------------------------------------------------------------
     def put(

@@ -121,8 +121,8 @@ class SharedTier:
                 self._fail(e)
                 return []
             self._ok()
+            self.counts["refused"] += refused
             if len(pages) < len(keys):
-                self.counts["refused"] += refused
                 with self._mu:
                     for k in keys[len(pages) :]:
                         self._known.pop(k, None)

@@ -44,7 +44,8 @@ class GrammarCompiler:
     (llguidance releases the GIL), so one tenant's slow schema never delays another's compile.
 
     * The cache is keyed by the tenant's namespace: a hit is faster than a compile, so a shared cache
-      would let one tenant confirm another's schema by timing (issue 39).
+      would let one tenant confirm another's schema by timing (issue 39).  Full, it drops the oldest
+      grammar of the tenant holding the most, so another tenant's flood never evicts yours (issue 51).
     * A compile runs in a thread of its own; one over ``timeout_s`` is abandoned (a ``GrammarError``
       naming the grammar, a 400).  A thread cannot be killed, so the abandoned compile runs on and its
       result is still cached for that tenant; it is reniced to the lowest priority, so it only
@@ -158,6 +159,7 @@ class GrammarCompiler:
                 # share only if the compiled matcher built them: computed here, below the engine, each
                 # request's first mask on the engine step is cheap instead of a fresh build per request
                 m.compute_bitmask()
+                check_forced_start(m)
                 box.append((m, time.perf_counter() - t0))
                 if not m.is_error():
                     with self._lock:
@@ -165,7 +167,7 @@ class GrammarCompiler:
                         self.compiles += 1
                         self._cache[key] = m
                         if len(self._cache) > CACHE_SIZE:
-                            self._cache.popitem(last=False)
+                            self._evict()
             except Exception as e:  # llguidance refuses some inputs by raising
                 box.append(e)
             finally:
@@ -193,6 +195,13 @@ class GrammarCompiler:
             raise GrammarError(f"{grammar.label}: {_first_line(m.get_error())}")
         return m
 
+    def _evict(self) -> None:
+        """Drop the least recently used grammar of the tenant holding the most (under ``_lock``): one
+        tenant compiling many schemas pushes out its own, never another's within its share."""
+        held = Counter(t for t, _ in self._cache)
+        top = max(held, key=held.__getitem__)
+        del self._cache[next(k for k in self._cache if k[0] == top)]
+
     def matcher(self, grammar: Grammar, budget: int | None = None, tenant: Hashable = None) -> Matcher:
         """A fresh matcher at the grammar's start, for one request of at most ``budget`` tokens."""
         compiled = self.compiled(grammar, tenant)
@@ -210,6 +219,22 @@ class GrammarCompiler:
                 for ok in (_ends_string, _closes_container)
             ]
         return self._closers
+
+
+def check_forced_start(m: Any) -> None:
+    """Follow the start every output of ``m``'s grammar shares, on a copy (llguidance bounds how far).
+    A grammar whose forced start the library cannot follow (a pattern like ``a{1000000}``, a schema
+    requiring itself forever) is refused here, at compile time (a 400): compiled as it was, each
+    request ended after ``{"`` with ``grammar_error``."""
+    probe = m.deep_copy()
+    forced = probe.compute_ff_tokens()
+    if forced:
+        probe.consume_tokens(forced)
+    if probe.is_error():
+        raise ValueError(
+            f"no output valid against it can be generated ({_first_line(probe.get_error())}); "
+            "simplify the schema"
+        )
 
 
 def renice(native_id: int, nice: int) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
+from kvreuse.runtime.engine.states import records_budget
 from kvreuse.runtime.server.core.generate import generate, parse_body
 from kvreuse.runtime.server.errors import APIError
 from kvreuse.runtime.server.fingerprint import system_fingerprint
@@ -30,11 +31,12 @@ def response_store(state: ServerState) -> ResponseStore:
         return ResponseStore()
     path = Path(root) / f"responses-{system_fingerprint(state.engine)}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return ResponseStore(path)
+    return ResponseStore(path, max_bytes=records_budget(state.engine.config) // 2)  # //2: room to compact
 
 
 def install_responses_routes(app: FastAPI, state: ServerState, openapi_body: dict[str, Any]) -> ResponseStore:
     store = response_store(state)
+    state.faults["responses_store"] = store.error
 
     @app.post("/v1/responses", openapi_extra=openapi_body)
     async def create_response(request: Request) -> Any:

@@ -129,11 +129,15 @@ class ResponsesRun(chat_run.ChatRun):
         body = self.body(output, out, message.get("reasoning_content") or "")
         body["kvreuse"] = self.finish([out])
         if self.req.store and body["status"] != "cancelled":
-            self.store.put(StoredResponse(
+            stored = self.store.put(StoredResponse(
                 self.id, self.tenant, body, self.req.instructions, self.chat.tools,
                 dict(self.chat.template_kwargs or {}), self.prompt.messages + [message],
                 list(out.prompt_token_ids) + list(out.output_token_ids), input_items(self.req),
             ))  # fmt: skip
+            if not stored:  # the answer is served, as not stored; its pin would only hold pages for nothing
+                body["store"] = False
+                owner, engine = pin_owner(self.tenant, self.id), self.state.engine
+                engine.call_between_steps(lambda: engine.unpin(owner))
         return body
 
     def cancel(self) -> None:

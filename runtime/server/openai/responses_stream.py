@@ -11,6 +11,7 @@ response.  Every event names its ``type`` in the SSE ``event:`` line too and has
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -23,11 +24,21 @@ from kvreuse.runtime.server.openai.messages import assistant_message
 from kvreuse.runtime.server.openai.responses_input import call_item, message_item, reasoning_item
 from kvreuse.runtime.server.openai.responses_run import ResponsesRun
 
+log = logging.getLogger("kvreuse.server")
 
-def error_events(e: Exception) -> list[str]:
-    """An error after the stream began: the Responses ``error`` event (the client raises it)."""
+
+def error_fields(e: Exception) -> dict[str, Any]:
+    """An error's ``code`` and ``message``: the engine's own words for its failures, else nothing of the
+    exception (its text can name the server's paths; the log has it)."""
     code = {EngineDead: "engine_dead", RequestFailed: "request_failed"}.get(type(e), "server_error")
-    obj = {"type": "error", "code": code, "message": str(e), "param": None, "sequence_number": 0}
+    message = str(e) if code != "server_error" else "internal server error"
+    return {"code": code, "message": message, "param": None}
+
+
+def error_events(e: Exception, seq: int = 0) -> list[str]:
+    """An error after the stream began: the Responses ``error`` event (the client raises it), numbered
+    after the events already sent when ``stream_events`` reports it."""
+    obj = {"type": "error", **error_fields(e), "sequence_number": seq}
     return [f"event: error\ndata: {json.dumps(obj, ensure_ascii=False)}\n\n"]
 
 
@@ -146,8 +157,19 @@ async def output_events(run: ResponsesRun, w: EventWriter) -> AsyncIterator[str]
     yield w.event(kind, response=w.response)
 
 
-def stream_events(run: ResponsesRun) -> AsyncIterator[str]:
-    return output_events(run, EventWriter(run))
+async def stream_events(run: ResponsesRun) -> AsyncIterator[str]:
+    w = EventWriter(run)
+    try:
+        async with aclosing(output_events(run, w)) as events:
+            async for e in events:
+                yield e
+    except Exception as e:  # the error event carries the next sequence number, not 0
+        if isinstance(e, EngineDead | RequestFailed):
+            log.error("stream %s ended: %s", run.id, e)
+        else:
+            log.exception("stream %s failed", run.id)
+        for err in error_events(e, w.seq):
+            yield err
 
 
 async def complete(run: ResponsesRun) -> dict[str, Any]:

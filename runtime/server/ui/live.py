@@ -38,6 +38,22 @@ def tiers(stats: EngineStats, snap: CacheSnapshot | None, page_bytes: int, host_
     return {"page_bytes": page_bytes, "pool": pool, "host": host, "disk": disk, "shared": shared}
 
 
+def own_tiers(cache: dict[str, Any], page_bytes: int) -> dict[str, Any]:
+    """A tenant's view of the tiers: the pool's size and its own pinned pages (as its ``/v1/cache``);
+    the pool's free, cached and in-use pages, the lower tiers' occupancy and the shared tier's traffic
+    move with other tenants' requests, so they are the operator's (``scope: own``)."""
+    pages = cache.get("pages") or {}
+    pool = {"total": pages.get("total"), "pinned": pages.get("pinned", 0)}
+    return {
+        "page_bytes": page_bytes,
+        "scope": "own",
+        "pool": pool,
+        "host": None,
+        "disk": None,
+        "shared": None,
+    }
+
+
 def page_bytes(engine) -> int:
     """One KV page's bytes (the engine's dtype may be a name or a torch dtype)."""
     dtype = engine.dtype if isinstance(engine.dtype, torch.dtype) else getattr(torch, str(engine.dtype))
@@ -59,6 +75,15 @@ class LiveView:
     async def snapshot(self, tenant: str | None, after: int) -> dict[str, Any]:
         st = self.state
         stats = await st.refresh_stats()
+        own_only = not st.tenants.sees_all(tenant)
+        cache = describe(st.last_cache, tenant, own_only)  # as GET /v1/cache
+        if own_only:  # a tenant key sees what its /v1/cache carries: nothing other tenants' traffic moves
+            return {
+                "object": "ui.live", "now": time.time(), "model": st.config.served_model_name,
+                "tenant": tenant, "keys": st.tenants.enabled, "history": st.activity.per_tenant,
+                "requests": st.activity.since(tenant, after), "cache": cache,
+                "tiers": own_tiers(cache, self.page_bytes), "engine": None,
+            }  # fmt: skip
         return {
             "object": "ui.live",
             "now": time.time(),
@@ -67,7 +92,7 @@ class LiveView:
             "keys": st.tenants.enabled,
             "history": st.activity.per_tenant,
             "requests": st.activity.since(tenant, after),
-            "cache": describe(st.last_cache, tenant, not st.tenants.sees_all(tenant)),  # as GET /v1/cache
+            "cache": cache,
             "tiers": tiers(
                 stats, st.last_cache, self.page_bytes, self.host_budget, self.disk_budget, self.shared_url
             ),

@@ -100,6 +100,11 @@ function renderCards(body) {
   const ttfts = rs.map((r) => r.ttft_s).filter((t) => t !== null).sort((a, b) => a - b);
   $("ttft").textContent = ttfts.length ? secs(ttfts[Math.floor(ttfts.length / 2)]) : "–";
   $("ttft-sub").textContent = ttfts.length ? `median; max ${secs(ttfts[ttfts.length - 1])}` : "";
+  if (!body.engine) {  // a tenant key: the engine's queues move with other tenants' traffic
+    $("running").textContent = "–";
+    $("engine-sub").textContent = "the server's queues are shown to the operator key";
+    return;
+  }
   $("running").textContent = `${body.engine.running} running`;
   $("engine-sub").textContent = `${body.engine.waiting} waiting, ${body.engine.in_flight} HTTP requests in flight`;
 }
@@ -115,6 +120,12 @@ function meter(label, used, total, parts) {
 
 function renderTiers(t, cache) {
   const p = t.pool;
+  if (t.scope === "own") {  // a tenant key: the pool's size and its own pins, as its /v1/cache
+    $("tiers").replaceChildren(meter("pool", `${fmt(p.pinned)} of ${fmt(p.total)} pages pinned by this key`, p.total,
+      [["p-pinned", p.pinned, `${p.pinned} pages pinned by this key`]]),
+    el("div", { class: "tier sub", "data-tier": "own" }, "the pool's other pages and the lower tiers are shown to the operator key"));
+    return;
+  }
   const out = [meter("pool", `${fmt(p.total - p.free)} / ${fmt(p.total)} pages`, p.total, [
     ["p-inuse", p.in_use, `${p.in_use} pages held by running requests`],
     ["p-pinned", p.pinned, `${p.pinned} pages pinned (sessions, prewarm)`],
@@ -184,7 +195,8 @@ function renderPins(cache) {
     }
     if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 4, class: "hint" }, "no live pins: send a `user` or X-Session-Id to pin a session")));
     const l = cache.evictions.pin_lapses;
-    $("lapses").textContent = `evicted pages ${fmt(cache.evictions.evicted_pages)}; pin lapses: ` +
+    const evicted = cache.evictions.evicted_pages;  // absent for a tenant key (others' traffic moves it)
+    $("lapses").textContent = (evicted === undefined ? "" : `evicted pages ${fmt(evicted)}; `) + "pin lapses: " +
       Object.entries(l).map(([k, v]) => `${k} ${v}`).join(", ");
   }
   document.querySelector("#pins tbody").replaceChildren(...rows);
