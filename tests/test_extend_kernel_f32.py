@@ -156,3 +156,31 @@ def test_f32_engine_scores_like_the_reference_backend(ops, tmp_path) -> None:
     diff = (scores["cpu"] - scores["reference"]).abs()
     assert len(diff) == len(ids) - 1
     assert float(diff.max()) < 1e-4
+
+
+def test_embedded_model_cached_turns_greedy_match_transformers(ops) -> None:
+    """The embedded SmolLM2 (head_dim 64) in fp32 on the cpu backend: an append-only conversation whose
+    every turn extends over the cached earlier ones (the fp32 kernel over a real prefix) generates the
+    same greedy tokens as transformers' fp32 on the whole prompt."""
+    from kvreuse.benchmarks.ttft_multiturn import conversation_prompts
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.sampling.params import SamplingParams
+    from tests.helpers import embedded_dir, load_hf
+
+    d = embedded_dir()
+    hf = load_hf(d)
+    hf.generation_config.eos_token_id = None
+    eng = Engine(
+        model_dir=str(d), dtype="float32", device="cpu", kv_cache_memory="128M", attention_backend="cpu"
+    )
+    fused = eng.runner.backend.fused
+    calls, real = [], fused.extend_f32
+    fused.extend_f32 = lambda *a: calls.append(1) or real(*a)
+    prompts = conversation_prompts(eng.tokenizer, 3, seed=2, system_tokens=300, min_new=90, max_new=140)
+    for t, ids in enumerate(prompts):
+        out = eng.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+        assert t == 0 or out.cached_tokens >= len(prompts[t - 1]) - eng.page_size  # a real cached prefix
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert out.output_token_ids == want[0, len(ids) :].tolist(), f"turn {t + 1}"
+    assert calls, "the fp32 flash kernel served the extends"
