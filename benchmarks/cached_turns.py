@@ -15,14 +15,15 @@ Each turn is also put against the machine: its forward FLOPs (``kvreuse.benchmar
 linears and the attention pairs each side's causal mask keeps, counted for the tokens that side
 actually computed) over its TTFT, as a share of the **matmul ceiling** of that dtype, the best rate of
 ``torch.matmul`` on linear-layer shapes measured in the same process before and after the dtype's
-turns.  ``--before`` adds (fp32 only) a second kvreuse engine whose extends go through the torch reference
-(the fp32 path before ``kernels/cpu/extend_attention_f32.c``), alternating turn by turn with the others.
+turns.  ``--before`` adds a second kvreuse engine as it was before issue 54 (``before_engine``), alternating
+turn by turn with the others.
 ``--check-tokens N`` compares N greedy tokens a turn with transformers' (untimed).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import sys
 import time
@@ -59,6 +60,22 @@ def matmul_ceiling(dtype: torch.dtype, reps: int = 5) -> float:
     return best
 
 
+def before_engine(dt: str):
+    """kvreuse as it was before issue 54: extends on the torch layers (the fused CPU kernels for decode
+    only) and, in fp32, on the torch reference's attention (no fp32 flash kernel)."""
+    from kvreuse.kernels import reference
+    from kvreuse.runtime.engine.engine import Engine
+
+    eng = Engine(dtype=dt, quantize="none", kv_cache_memory="400M")
+    model = eng.runner.model
+    if model.decode_run is not None:  # a wrapper, not the fused layer itself: extends take the torch layers
+        fn, plans = model.decode_run
+        model.decode_run = (functools.partial(fn), plans)
+    if dt == "float32":
+        eng.runner.backend = eng.runner.backend._replace(extend_attention=reference.extend_attention)
+    return eng
+
+
 def greedy_hf(hf, cache, cache_arg: str, first: int, n: int) -> list[int]:
     """``n`` greedy tokens from transformers after a prompt whose first token was ``first`` (untimed)."""
     toks = [first]
@@ -85,12 +102,8 @@ def run(args: argparse.Namespace) -> dict:
         dtype = getattr(torch, dt)
         eng = Engine(dtype=dt, quantize="none", kv_cache_memory="400M")
         engines = {"kvreuse": eng}
-        if args.before and dt == "float32":  # bf16's flash extend kernel predates this comparison
-            from kvreuse.kernels import reference
-
-            old = Engine(dtype=dt, quantize="none", kv_cache_memory="400M")
-            old.runner.backend = old.runner.backend._replace(extend_attention=reference.extend_attention)
-            engines["before"] = old
+        if args.before:
+            engines["before"] = before_engine(dt)
         cfg = eng.model_config
         hf = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=dtype).eval()
         cache_arg = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
@@ -166,7 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new", type=int, default=450)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--agent", action="store_true", help="8 requests growing 1.6K -> 3.6K tokens")
-    p.add_argument("--before", action="store_true", help="also kvreuse with the torch reference's extends")
+    p.add_argument("--before", action="store_true", help="also kvreuse as before issue 54 (before_engine)")
     p.add_argument("--check-tokens", type=int, default=1, help="greedy tokens a turn compared")
     args = p.parse_args(argv)
     if args.agent:
