@@ -40,11 +40,12 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _build(cc: str, source: Path) -> Path:
+def _build(cc: str, source: Path, extra: tuple[str, ...] = ()) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what it includes
+    flags = FLAGS + list(extra)
     key = hashlib.sha256(
-        source.read_bytes() + headers + " ".join(FLAGS + [version, _cpu_id()]).encode()
+        source.read_bytes() + headers + " ".join(flags + [version, _cpu_id()]).encode()
     ).hexdigest()
     target = _cache_dir() / f"{source.stem}-{key[:16]}.so"
     if target.exists():
@@ -54,7 +55,7 @@ def _build(cc: str, source: Path) -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [cc, *FLAGS, str(source), "-o", tmp, "-lm"], capture_output=True, check=True, timeout=120
+            [cc, *flags, str(source), "-o", tmp, "-lm"], capture_output=True, check=True, timeout=120
         )
         os.replace(tmp, target)
     finally:
@@ -64,8 +65,9 @@ def _build(cc: str, source: Path) -> Path:
 
 
 @cache  # one load per source and process, like an import: the library never changes once loaded
-def compile_library(source: Path) -> ctypes.CDLL | None:
-    """``source`` built (or found built) and loaded; ``None`` without a compiler or when the build fails."""
+def compile_library(source: Path, extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """``source`` built (or found built) and loaded; ``None`` without a compiler or when the build fails.
+    ``extra``: flags after the defaults, e.g. ``("-mno-avx512f",)`` for the code another CPU would run."""
     if os.environ.get("KVREUSE_NATIVE", "1") == "0":
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -73,7 +75,7 @@ def compile_library(source: Path) -> ctypes.CDLL | None:
         _fallback("no C compiler found (install gcc, or set CC)")
         return None
     try:
-        return ctypes.CDLL(str(_build(cc, source)))
+        return ctypes.CDLL(str(_build(cc, source, extra)))
     except (OSError, subprocess.SubprocessError) as e:
         _fallback(f"the build with {cc} failed ({type(e).__name__})")
         return None

@@ -1,5 +1,6 @@
 """The CPU kernels of ``kernels/cpu/``: fused decode ops (``decode_ops.c``), the Q8_0 linear
-(``q8_linear.c``), the int4 linear for a few rows (``q4_linear.c``), bf16 extend attention (``extend_attention.c``) and the quantized linears' weight
+(``q8_linear.c``), the int4 linear for a few rows (``q4_linear.c``), flash extend attention in bf16 (``extend_attention.c``, AVX512-BF16) and fp32
+(``extend_attention_f32.c``, AVX-512 / AVX2 / portable, windows too) and the quantized linears' weight
 dequantization for prefill (``dequant.c``), built by ``kernels/cpu_build.py``.
 
 :func:`load` returns ``None`` where there is no compiler or the build fails; every caller then keeps
@@ -9,6 +10,7 @@ its torch path, which is also the oracle the kernels are tested against (``tests
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,7 +20,14 @@ from kvreuse.kernels.cpu_build import compile_library
 
 SOURCES = [
     Path(__file__).with_name("cpu") / f
-    for f in ("decode_ops.c", "q8_linear.c", "q4_linear.c", "extend_attention.c", "dequant.c")
+    for f in (
+        "decode_ops.c",
+        "q8_linear.c",
+        "q4_linear.c",
+        "extend_attention.c",
+        "extend_attention_f32.c",
+        "dequant.c",
+    )
 ]
 Q4_ROWS = 32  # q4_linear.c's ROWS_MAX and q8_linear.c's TILE_ROWS_MAX
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -52,6 +61,12 @@ class NativeOps:
         if self.extend_bf16 is not None:
             self.extend_bf16.restype = ctypes.c_int
             self.extend_bf16.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _P, _P]
+        # fp32 builds on every CPU (AVX-512, AVX2 or portable vectors); it also takes a window
+        self.extend_f32 = next(
+            lib for lib in libs if hasattr(lib, "extend_attention_f32")
+        ).extend_attention_f32
+        self.extend_f32.restype = ctypes.c_int
+        self.extend_f32.argtypes = [_P, _I, _P, _P, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _I, _P, _P]
 
     def supports(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and t.dtype in _SUFFIX
@@ -165,12 +180,12 @@ class NativeOps:
                          page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens_k: torch.Tensor,
                          scale: float, *, window: int | None = None,
                          sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        """The backend's ``extend_attention``: bf16 through the flash kernel (pages read in place, sinks
-        too), other dtypes, head sizes (``head_dim % 64``) and sliding windows through
-        ``kvreuse.kernels.reference``."""
+        """The backend's ``extend_attention``: fp32 and bf16 through the flash kernels (pages read in
+        place, sinks too; fp32 also windows), other dtypes, head sizes (``head_dim % 64``) and bf16
+        windows through ``kvreuse.kernels.reference``."""
         nh, d = q.shape[1:]
-        if (window is not None or self.extend_bf16 is None or q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16
-                or d % 64 or d > 256 or q.stride(2) != 1 or q.stride(1) != d):  # fmt: skip
+        kernel = self._flash_kernel(q, k_cache, window)
+        if kernel is None:
             return reference.extend_attention(
                 q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens_k, scale, window=window, sinks=sinks
             )
@@ -180,22 +195,34 @@ class NativeOps:
         lens = seq_lens_k.to(torch.int32).contiguous()
         nkv = k_cache.shape[-2]
         sk = None if sinks is None else sinks.detach().float().contiguous()
-        for b0, b1 in _scratch_groups(lens.tolist(), nkv * d * 4):
+        for b0, b1 in _scratch_groups(lens.tolist(), nkv * d * 2 * q.element_size()):
             q0, q1 = int(cu[b0]), int(cu[b1])
             sub_cu = (cu[b0 : b1 + 1] - q0).contiguous()
-            rc = self.extend_bf16(q[q0:q1].data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                                  table[b0:b1].data_ptr(), table.stride(0), sub_cu.data_ptr(),
-                                  lens[b0:b1].data_ptr(), b1 - b0, nh, nkv, d, k_cache.shape[1], scale,
-                                  None if sk is None else sk.data_ptr(), out[q0:q1].data_ptr())  # fmt: skip
+            rc = kernel(q[q0:q1].data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                        table[b0:b1].data_ptr(), table.stride(0), sub_cu.data_ptr(), lens[b0:b1].data_ptr(),
+                        b1 - b0, nh, nkv, d, k_cache.shape[1], scale, None if sk is None else sk.data_ptr(),
+                        out[q0:q1].data_ptr())  # fmt: skip
             if rc == -2:
                 raise MemoryError("extend_attention: out of memory")
             if rc != 0:
                 raise ValueError(f"extend_attention: unsupported shape (heads {nh}, head_dim {d})")
         return out
 
+    def _flash_kernel(self, q: torch.Tensor, k_cache: torch.Tensor, window: int | None) -> Callable | None:
+        """The flash kernel for these inputs, called with the bf16 kernel's arguments, or ``None``."""
+        d = q.shape[2]
+        if q.dtype != k_cache.dtype or d % 64 or d > 256 or q.stride(2) != 1 or q.stride(1) != d:
+            return None
+        if q.dtype == torch.float32:
+            fn = self.extend_f32
+            return lambda *a: fn(*a[:14], window or 0, *a[14:])  # the window goes before the sinks
+        if q.dtype == torch.bfloat16 and window is None:
+            return self.extend_bf16
+        return None
 
-# The flash kernel packs the keys and values of every sequence it is given (bf16 pairs, ~4 bytes a
-# key, KV head and dim); a step's sequences go to it in groups of at most this much scratch, so many
+
+# The flash kernels pack the keys and values of every sequence they are given (two copies of each
+# key's K and V: 4 bytes a key, KV head and dim in bf16, 8 in fp32); a step's sequences go to it in groups of at most this much scratch, so many
 # long cached contexts in one step never ask for gigabytes at once.
 SCRATCH_BYTES = 256 << 20
 

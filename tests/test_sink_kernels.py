@@ -2,7 +2,7 @@
 eager attention (``eager_attention_forward``: the sink column concatenated, softmaxed and dropped).
 
 Backends: the torch reference, the ``cpu`` backend's C kernels (paged decode in fp32 and bf16, the
-bf16 flash extend kernel where the CPU has AVX512-BF16) and the Triton kernels (in the interpreter
+fp32 flash extend kernel, the bf16 one where the CPU has AVX512-BF16) and the Triton kernels (in the interpreter
 without CUDA).  Keys before each sequence's first visible key are NaN in the pool, so a kernel that
 reads outside a window fails; some heads get a sink far above their scores and some far below, so a
 kernel that drops the sink, or adds it outside the max, fails too.
@@ -65,7 +65,7 @@ def _expected(q, dense, seq_lens, q_lens, window, sinks):
 def _extend_kernels():
     impls = [("reference", reference.extend_attention)]
     ops = load()
-    if ops is not None and ops.extend_bf16 is not None:
+    if ops is not None:  # the fp32 flash kernel always, the bf16 one where the CPU has AVX512-BF16
         impls.append(("cpu", ops.extend_attention))
     if pytest.importorskip("triton"):
         from kvreuse.kernels import triton_attention

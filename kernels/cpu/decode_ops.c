@@ -47,6 +47,7 @@ void rms_norm_##SUF(T *x, const T *res, const T *w, T *out, int64_t rows, int64_
 /* out = silu(gate) * up for gate_up rows [gate | up] of width 2 * inter.  */                        \
 void silu_mul_##SUF(const T *gu, T *out, int64_t rows, int64_t inter) {                              \
     if (silu_fast_##SUF(gu, out, rows, inter)) return;                                               \
+    _Pragma("omp parallel for if (rows >= 32)")                                                      \
     for (int64_t r = 0; r < rows; r++) {                                                             \
         const T *g = gu + r * 2 * inter, *u = g + inter;                                             \
         T *o = out + r * inter;                                                                      \
@@ -83,6 +84,7 @@ void rope_store_##SUF(T *qkv, int64_t rows, int64_t nh, int64_t nkv, int64_t d, 
                       const float *sin_t, const T *qn, const T *kn, float eps, T *kc, T *vc,        \
                       const int64_t *slots) {                                                        \
     int64_t width = (nh + 2 * nkv) * d;                                                              \
+    _Pragma("omp parallel for if (rows >= 32)") /* prefill rows (distinct slots); decode stays serial */ \
     for (int64_t r = 0; r < rows; r++) {                                                             \
         T *row = qkv + r * width;                                                                    \
         const float *cs = cos_t + r * (d / 2), *sn = sin_t + r * (d / 2);                            \
@@ -241,6 +243,7 @@ static inline __m512 silu16(__m512 a) {
 }
 static int silu_fast_bf16(const bf16 *gu, bf16 *out, int64_t rows, int64_t inter) {
     if (inter % 16) return 0;
+#pragma omp parallel for if (rows >= 32)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < inter; i += 16) {
             const bf16 *g = gu + r * 2 * inter + i;
@@ -251,6 +254,7 @@ static int silu_fast_bf16(const bf16 *gu, bf16 *out, int64_t rows, int64_t inter
 }
 static int silu_fast_f32(const float *gu, float *out, int64_t rows, int64_t inter) {
     if (inter % 16) return 0;
+#pragma omp parallel for if (rows >= 32)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < inter; i += 16) {
             const float *g = gu + r * 2 * inter + i;

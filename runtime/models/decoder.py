@@ -246,8 +246,8 @@ class CausalLM(nn.Module):
         ctx, wctx = step_contexts(fb, ring, cos, sin, backend, kv_layers[0][0].shape[1], self.cfg.windows)
         h = self.embed_tokens(fb.input_ids)
         run_layer, layers = DecoderLayer.forward, self.layers
-        if fb.is_decode and self.decode_run is not None:
-            run_layer, layers = self.decode_run
+        if self.decode_run is not None and (fb.is_decode or self.decode_run[0] is fused_decode_layer):
+            run_layer, layers = self.decode_run  # the fused kernels serve extends too
         for layer, kv, w in zip(layers, kv_layers, self.cfg.windows or [None] * len(kv_layers)):
             h = run_layer(layer, h, ctx if w is None else wctx, kv)
         h = self.norm.forward(h[fb.logits_rows])

@@ -12,6 +12,8 @@ torch ops between them cost more than the matmuls (``kernels/cpu/decode_ops.c``)
     h += down(silu(gate) * up)                  matmul, silu_mul, matmul, add_
 
 The residual stream ``h`` is updated in place: each step's ``h`` is a fresh embedding lookup.
+Extend (prefill) steps take the same path with the backend's extend attention: there the torch ops
+between the GEMMs are memory passes over every new row (bf16 round trips through fp32), not dispatch.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def layer_plan(layer: torch.nn.Module) -> LayerPlan:
 def fused_decode_layer(
     p: LayerPlan, h: torch.Tensor, ctx, kv: tuple[torch.Tensor, torch.Tensor]
 ) -> torch.Tensor:
-    """``DecoderLayer.forward`` for one decode step (``ctx`` a ``StepContext``), ``h`` updated in place."""
+    """``DecoderLayer.forward`` for one decode or extend step (``ctx`` a ``StepContext``), ``h`` updated
+    in place."""
     ops: NativeOps = ctx.backend.fused
     fb = ctx.fb
     k_cache, v_cache = kv
@@ -89,7 +92,11 @@ def fused_decode_layer(
     ops.rope_store(qkv, p.nh, p.nkv, p.hd, ctx.cos, ctx.sin, p.qn, p.kn, p.qk_eps, k_cache, v_cache,
                    fb.slot_mapping)  # fmt: skip
     q = qkv[:, : p.q_size].view(-1, p.nh, p.hd)
-    o = ops.decode_attention(q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, p.scale, p.window)
+    if fb.is_decode:
+        o = ops.decode_attention(q, k_cache, v_cache, fb.page_table, fb.seq_lens_k, p.scale, p.window)
+    else:
+        o = ops.extend_attention(q, k_cache, v_cache, fb.page_table, fb.cu_seqlens_q, fb.seq_lens_k, p.scale,
+                                 window=p.window)  # fmt: skip
     a = p.o.run(o.view(-1, p.q_size))
     x = ops.rms_norm(h, p.post_w, p.post_eps, residual=a.contiguous())
     if p.gate_up is not None:
