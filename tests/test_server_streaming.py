@@ -51,6 +51,7 @@ class FakeRun(ChatCompletionRun):
         self.fingerprint = "fp_test"
         self.stream_usage = StreamUsage(self.req.stream_options)
         self.pieces = pieces
+        self.clamp = None  # EngineRun.__init__ (not run here) sets it: no max_tokens clamp
 
     async def _replay(self):
         text = ""
