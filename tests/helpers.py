@@ -207,3 +207,20 @@ def chat_topic(client, topic: str, words: int = 140) -> dict:
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def server_client(model_dir, store=None, keys=None, page_size: int = 16):
+    """An in-process server (FastAPI's TestClient) on ``model_dir``: fp32, 256 pages, an optional disk
+    store and API keys; server exceptions come back as responses, as a client sees them."""
+    from fastapi.testclient import TestClient
+
+    from kvreuse.runtime.engine.async_engine import AsyncEngine
+    from kvreuse.runtime.engine.engine import Engine
+    from kvreuse.runtime.server.app import create_app
+    from kvreuse.runtime.server.state import ServerConfig
+
+    engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", num_pages=256, page_size=page_size,
+                    kv_store=None if store is None else str(store))  # fmt: skip
+    aengine = AsyncEngine(engine)
+    app = create_app(aengine, ServerConfig("tiny", api_keys=keys or {}), on_shutdown=aengine.shutdown)
+    return TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)

@@ -11,11 +11,8 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from kvreuse.runtime.engine.async_engine import AsyncEngine
 from kvreuse.runtime.engine.engine import Engine
-from kvreuse.runtime.server.app import create_app
-from kvreuse.runtime.server.state import ServerConfig
-from tests.helpers import make_tiny_model
+from tests.helpers import make_tiny_model, server_client
 
 pytestmark = pytest.mark.timeout(300)
 PS = 16
@@ -23,11 +20,7 @@ KEYS = {"key-a": "A", "key-b": "B"}
 
 
 def _client(model_dir, store=None, keys=None) -> TestClient:
-    engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", num_pages=256, page_size=PS,
-                    kv_store=None if store is None else str(store))  # fmt: skip
-    aengine = AsyncEngine(engine)
-    app = create_app(aengine, ServerConfig("tiny", api_keys=keys or {}), on_shutdown=aengine.shutdown)
-    return TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)
+    return server_client(model_dir, store, keys, page_size=PS)
 
 
 @pytest.fixture(scope="module")
