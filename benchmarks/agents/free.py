@@ -11,7 +11,7 @@ from typing import Any
 
 from kvreuse.benchmarks.agents import tasks
 from kvreuse.benchmarks.agents.analyze import chat_records, rows
-from kvreuse.benchmarks.agents.session import PAGE, WORK, Agent, installed, scrub
+from kvreuse.benchmarks.agents.session import PAGE, WORK, Agent, installed, read_records, scrub
 from kvreuse.runtime.server.launcher import ServerProcess
 
 MODEL = "gemma-3-270m"
@@ -44,13 +44,7 @@ def run_free(agent: Agent, timeout_s: float = 600.0) -> dict[str, Any]:
             rc, out = 124, ""
     finally:
         server.terminate()
-    import json
-
-    records = [
-        json.loads(scrub(line, repo, home, agent.name))
-        for line in record.read_text().splitlines()
-        if line.strip()
-    ]
+    records = read_records(record, repo, home, agent.name)
     records = [r for r in records if r["path"] != "/health"]
     return {"agent": agent.name, "model": MODEL, "mode": "free", "rc": rc, "output_tail": scrub(out[-800:], repo, home, agent.name),
             "http_statuses": [r["status"] for r in records], "server_errors": sum(r["status"] >= 500 or (r["status"] == 200 and "error" in r["result"]) for r in records),

@@ -83,6 +83,12 @@ def installed(agent: Agent) -> Path | None:
     return path if path.exists() and shutil.which("node") else None
 
 
+def read_records(record: Path, repo: Path, home: Path, agent_name: str) -> list[dict]:
+    """The server's ``--record`` file, one exchange a line, scrubbed of the session's paths."""
+    lines = record.read_text().splitlines()
+    return [json.loads(scrub(line, repo, home, agent_name)) for line in lines if line.strip()]
+
+
 def scrub(text: str, repo: Path, home: Path, name: str = "agent") -> str:
     return text.replace(str(repo), str(WORK / name / "repo")).replace(str(home), str(WORK / name / "home"))
 
@@ -126,11 +132,7 @@ def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0
             runs.append({"task": k + 1, "rc": rc, "output_tail": scrub(out[-1500:], repo, home, agent.name)})
     finally:
         server.terminate()
-    records = [
-        json.loads(scrub(line, repo, home, agent.name))
-        for line in record.read_text().splitlines()
-        if line.strip()
-    ]
+    records = read_records(record, repo, home, agent.name)
     return {"agent": agent.name, "script": json.loads(scrub(script.read_text(), repo, home, agent.name)),
             "records": [r for r in records if r["path"] != "/health"], "runs": runs,
             "repo_diff": scrub(subprocess.run(["git", "diff"], cwd=repo, capture_output=True, text=True).stdout, repo, home, agent.name)}  # fmt: skip
