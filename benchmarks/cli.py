@@ -6,14 +6,20 @@ import importlib
 import sys
 
 BENCHES = {
-    "patterns": ("kvreuse.benchmarks.patterns.pattern_runner", "context-management patterns report (the main job)"),
+    "patterns": (
+        "kvreuse.benchmarks.patterns.pattern_runner",
+        "context-management patterns report (the main job)",
+    ),
     "agents": (
         "kvreuse.benchmarks.agents.agent_runner",
         "real agent CLIs (Claude Code, Codex) on kvreuse serve, recorded",
     ),
     "throughput": ("kvreuse.benchmarks.serving.throughput", "prefill/decode tokens/s vs transformers"),
     "ttft": ("kvreuse.benchmarks.serving.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
-    "batching": ("kvreuse.benchmarks.serving.batching", "continuous batching throughput and chunked-prefill latency"),
+    "batching": (
+        "kvreuse.benchmarks.serving.batching",
+        "continuous batching throughput and chunked-prefill latency",
+    ),
     "overhead": ("kvreuse.benchmarks.serving.engine_overhead", "per-token engine overhead, 8 and 64 streams"),
     "page-size": ("kvreuse.benchmarks.kernels.page_size", "page size trade-offs"),
     "kernels": ("kvreuse.benchmarks.kernels.kernel_bench", "Triton vs reference attention kernels (GPU)"),

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from kvreuse.benchmarks.kernels import gpu_bench
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")
 def test_without_cuda_exits_with_one_line(capsys, tmp_path):
     out = tmp_path / "gpu.json"

@@ -35,8 +35,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from kvreuse.benchmarks.common import base_parser, median, model_dir, percentile, progress, write_results
 from kvreuse.benchmarks.cluster.replica_client import MODEL, history, run_turns, sessions, stream, summary
+from kvreuse.benchmarks.common import base_parser, median, model_dir, percentile, progress, write_results
 from kvreuse.runtime.cluster.services import free_port
 
 PS = 16

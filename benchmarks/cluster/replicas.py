@@ -53,7 +53,6 @@ from pathlib import Path
 
 import torch
 
-from kvreuse.benchmarks.common import base_parser, median, model_dir, progress, write_results
 from kvreuse.benchmarks.cluster.replica_client import (
     MODEL,
     SHARED_TIER,
@@ -67,6 +66,7 @@ from kvreuse.benchmarks.cluster.replica_client import (
     stream,
     summary,
 )
+from kvreuse.benchmarks.common import base_parser, median, model_dir, progress, write_results
 
 SWEEP_CASES = ["single", "cache_aware_3", "events_cache_aware_3", "manual_3", "round_robin_3"]
 ALL_CASES = ["single", "cache_aware_2", "events_cache_aware_2", "manual_2", "round_robin_2", "cache_aware_3",

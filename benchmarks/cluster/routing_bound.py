@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import argparse
 
-from kvreuse.benchmarks.traces.belady import Trace, belady, replay
-from kvreuse.benchmarks.common import base_parser, bench_main, format_table, model_dir, progress
 from kvreuse.benchmarks.cluster.replica_client import sessions, think_rng
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, model_dir, progress
+from kvreuse.benchmarks.traces.belady import Trace, belady, replay
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 
 PAGE = 16

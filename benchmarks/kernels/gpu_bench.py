@@ -200,6 +200,7 @@ def run(args: argparse.Namespace) -> dict:
                     "torch": torch.__version__, "transformers": transformers.__version__, "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip
     if device.type == "cuda":
         from kvreuse.benchmarks.kernels import kernel_bench
+
         result["kernels"] = kernel_bench.run(kernel_bench.parse_args([]))
     else:
         result["kernels"] = {"skipped": "kernel timings need CUDA"}

@@ -137,8 +137,8 @@ def make_plan(args: argparse.Namespace) -> tuple[list[Job], list[Job]]:
 
 def main(argv: list[str] | None = None) -> int:
     from kvreuse.benchmarks.common import machine_info, progress
-    from kvreuse.benchmarks.patterns.sections import run_timed, run_tokens
     from kvreuse.benchmarks.patterns.report import write_report
+    from kvreuse.benchmarks.patterns.sections import run_timed, run_tokens
 
     args = parse_args(argv)
     try:

@@ -236,11 +236,11 @@ def write_report(results: dict, out: Path) -> Path:
     from kvreuse.benchmarks.agents.report import section as real_agents
     from kvreuse.benchmarks.patterns.claims import verdicts
     from kvreuse.benchmarks.patterns.real_traffic import section as real_traffic
-    from kvreuse.benchmarks.patterns.scale import scale_table, summary, without_row
-    from kvreuse.benchmarks.patterns.verdicts import table as verdict_table
     from kvreuse.benchmarks.patterns.report_html import write_html
     from kvreuse.benchmarks.patterns.report_plots import all_plots
     from kvreuse.benchmarks.patterns.report_sections import agent_scale, claim_counts, exp23, sweep
+    from kvreuse.benchmarks.patterns.scale import scale_table, summary, without_row
+    from kvreuse.benchmarks.patterns.verdicts import table as verdict_table
 
     meta, all_runs, timed = results["meta"], results["runs"], results.get("timed", [])
     page = meta.get("page_size", 16)

@@ -27,8 +27,8 @@ import random
 import tempfile
 from pathlib import Path
 
-from kvreuse.benchmarks.traces.belady import Trace, belady, replay, working_set_pages
 from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress
+from kvreuse.benchmarks.traces.belady import Trace, belady, replay, working_set_pages
 from kvreuse.runtime.cache.eviction import POLICIES
 
 PAGE = 16

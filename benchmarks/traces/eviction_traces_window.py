@@ -28,8 +28,8 @@ import random
 import tempfile
 from pathlib import Path
 
-from kvreuse.benchmarks.traces.belady import Trace, belady, replay
 from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress
+from kvreuse.benchmarks.traces.belady import Trace, belady, replay
 from kvreuse.benchmarks.traces.eviction_traces import PAGE, build, cyclic_steps, hit_rate, traces
 from kvreuse.benchmarks.traces.window_belady import belady_window, window_cache
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES

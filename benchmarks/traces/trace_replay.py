@@ -24,9 +24,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.benchmarks.traces import mooncake
 from kvreuse.benchmarks.traces.belady import Trace, belady, replay, which_oracle, working_set_pages
-from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 from kvreuse.runtime.cache.manager import CacheManager
 

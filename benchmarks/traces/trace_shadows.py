@@ -19,9 +19,9 @@ import argparse
 import time
 from pathlib import Path
 
+from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.benchmarks.traces import mooncake
 from kvreuse.benchmarks.traces.belady import belady, replay, working_set_pages
-from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.benchmarks.traces.trace_replay import SHARES, hit_rate, pool_for, traces
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 from kvreuse.runtime.cache.manager import CacheManager

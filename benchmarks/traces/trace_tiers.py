@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
+from kvreuse.benchmarks.common import RESULTS_DIR, base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.benchmarks.traces import mooncake
 from kvreuse.benchmarks.traces.belady import belady, replay, working_set_pages
-from kvreuse.benchmarks.common import RESULTS_DIR, base_parser, bench_main, format_table, progress, shown_path
 from kvreuse.benchmarks.traces.trace_replay import hit_rate, pool_for
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 from kvreuse.runtime.cache.manager import CacheManager

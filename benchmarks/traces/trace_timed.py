@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from kvreuse.benchmarks.traces import mooncake
 from kvreuse.benchmarks.common import base_parser, bench_main, format_table, progress
+from kvreuse.benchmarks.traces import mooncake
 from kvreuse.runtime.loading.model_source import embedded_model_dir
 from kvreuse.runtime.server.launcher import ServerProcess
 
