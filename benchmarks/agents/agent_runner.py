@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kvreuse.benchmarks.agents.session import AGENTS, PAGE
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "agents"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "agents"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -231,7 +231,7 @@ def routing(args, tok, work: Path) -> dict:
             progress(f"{policy}: {out[policy]}")
         finally:
             c.stop()
-    bound = json.loads((Path(__file__).parent / "results" / "routing_bound.json").read_text())
+    bound = json.loads((Path(__file__).resolve().parents[1] / "results" / "routing_bound.json").read_text())
     b = bound["pools"].get(str(args.pool_share), {}).get("hazard", {})
     out["affinity_bound"] = b.get("affinity")
     out["round_robin_replayed"] = b.get("round_robin")

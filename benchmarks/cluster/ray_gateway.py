@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # SIGTERM (Service.stop) unwinds through the finally below, so Ray's own processes go too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     ray.init(
         num_cpus=os.cpu_count(),
         include_dashboard=False,

@@ -33,7 +33,7 @@ from kvreuse.benchmarks.peers.hf_bench import bench_hf
 from kvreuse.runtime.engine.engine import Engine
 from kvreuse.runtime.sampling.params import SamplingParams
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "gpu.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "gpu.json"
 KV_CAP = {"qwen3-0.6b": 16 << 30, "qwen3-8b": 24 << 30, "smoke": 64 << 20}
 FULL = dict(prefill=[1024, 8192, 32768], ttft=[8192, 32768], batches=[1, 8, 64], decode_ctx=1024, steps=64)
 SMOKE = dict(prefill=[16, 64], ttft=[64, 128], batches=[1, 4], decode_ctx=16, steps=6)

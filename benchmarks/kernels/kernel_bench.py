@@ -22,7 +22,7 @@ import torch
 
 from kvreuse.kernels import reference
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "kernels_gpu.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "kernels_gpu.json"
 HQ, HKV, HEAD_DIM, PAGE_SIZE, DTYPE = 16, 8, 128, 16, torch.bfloat16
 
 

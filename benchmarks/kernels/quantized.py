@@ -92,7 +92,7 @@ def ours(engine, prompts: list[list[int]], new: int) -> list[dict]:
 def llamacpp(args: argparse.Namespace, prompts: list[list[int]], new: int) -> dict:
     job = {"gguf": str(args.gguf), "threads": torch.get_num_threads(), "prompts": prompts, "new": new}
     env = dict(os.environ, LD_PRELOAD=args.llamacpp_preload) if args.llamacpp_preload else None
-    side = Path(__file__).with_name("llamacpp_side.py")
+    side = Path(__file__).resolve().parents[1] / "peers" / "llamacpp_side.py"
     r = subprocess.run([args.llamacpp_python, str(side), args.llamacpp_module], input=json.dumps(job),
                        capture_output=True, text=True, env=env, check=True)  # fmt: skip
     return json.loads(r.stdout)

@@ -180,9 +180,9 @@ def gguf_for(args: argparse.Namespace, name: str) -> Path:
 
 
 def side(args: argparse.Namespace, script: str, where: str, job: dict) -> dict:
-    """One llama.cpp side script (``benchmarks/<script>``) run on ``job``; its KV cache sizes from the log."""
+    """One llama.cpp side script (``benchmarks/peers/<script>``) run on ``job``; its KV cache sizes from the log."""
     env = dict(os.environ, LD_PRELOAD=args.llamacpp_preload) if args.llamacpp_preload else None
-    r = subprocess.run([args.llamacpp_python, str(Path(__file__).with_name(script)), where], input=json.dumps(job),
+    r = subprocess.run([args.llamacpp_python, str(Path(__file__).resolve().parents[1] / "peers" / script), where], input=json.dumps(job),
                        capture_output=True, text=True, env=env, check=True)  # fmt: skip
     res = json.loads(r.stdout)
     # per context: the old build's "KV self size = X MiB", 0.5.0's "size = X MiB ( N cells, L layers"

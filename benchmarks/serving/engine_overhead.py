@@ -108,7 +108,7 @@ def run_tree(tree: Path, args: argparse.Namespace) -> list[dict]:
 def run(args: argparse.Namespace) -> dict:
     from kvreuse.benchmarks.common import format_table, median, progress, reps
 
-    trees = {"this": HERE.parents[1]}
+    trees = {"this": HERE.parents[2]}
     if args.against:
         trees["against"] = args.against.resolve()
     samples: dict[str, list[list[dict]]] = {k: [] for k in trees}

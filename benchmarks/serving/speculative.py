@@ -112,7 +112,7 @@ def llamacpp(args: argparse.Namespace, eng: Engine, workload: str, n: int, max_r
         gguf=str(gguf), threads=torch.get_num_threads(), prompts=prompts, replies=replies, ngram=2, k=10
     )
     env = dict(os.environ, LD_PRELOAD=args.llamacpp_preload) if args.llamacpp_preload else None
-    side = Path(__file__).with_name("llamacpp_lookup_side.py")
+    side = Path(__file__).resolve().parents[1] / "peers" / "llamacpp_lookup_side.py"
     r = subprocess.run([args.llamacpp_python, str(side), args.llamacpp_module], input=json.dumps(job),
                        capture_output=True, text=True, env=env, check=True)  # fmt: skip
     res = json.loads(r.stdout)["results"]

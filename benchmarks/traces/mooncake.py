@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BLOCK = 512  # trace tokens per hash id
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
