@@ -109,9 +109,9 @@ test-oldest:
 	$(OLDEST)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 bench: model
-	$(PY) -m kvreuse.benchmarks.throughput
-	$(PY) -m kvreuse.benchmarks.ttft_multiturn
-	$(PY) -m kvreuse.benchmarks.batching
+	$(PY) -m kvreuse.benchmarks.serving.throughput
+	$(PY) -m kvreuse.benchmarks.serving.ttft_multiturn
+	$(PY) -m kvreuse.benchmarks.serving.batching
 
 lint: setup
 	$(PY) -m ruff check .

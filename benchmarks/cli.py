@@ -6,18 +6,24 @@ import importlib
 import sys
 
 BENCHES = {
-    "patterns": ("kvreuse.benchmarks.pattern_runner", "context-management patterns report (the main job)"),
+    "patterns": (
+        "kvreuse.benchmarks.patterns.pattern_runner",
+        "context-management patterns report (the main job)",
+    ),
     "agents": (
-        "kvreuse.benchmarks.agent_runner",
+        "kvreuse.benchmarks.agents.agent_runner",
         "real agent CLIs (Claude Code, Codex) on kvreuse serve, recorded",
     ),
-    "throughput": ("kvreuse.benchmarks.throughput", "prefill/decode tokens/s vs transformers"),
-    "ttft": ("kvreuse.benchmarks.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
-    "batching": ("kvreuse.benchmarks.batching", "continuous batching throughput and chunked-prefill latency"),
-    "overhead": ("kvreuse.benchmarks.engine_overhead", "per-token engine overhead, 8 and 64 streams"),
-    "page-size": ("kvreuse.benchmarks.page_size", "page size trade-offs"),
-    "kernels": ("kvreuse.benchmarks.kernel_bench", "Triton vs reference attention kernels (GPU)"),
-    "gpu": ("kvreuse.benchmarks.gpu_bench", "real-size Qwen3 architectures on a GPU"),
+    "throughput": ("kvreuse.benchmarks.serving.throughput", "prefill/decode tokens/s vs transformers"),
+    "ttft": ("kvreuse.benchmarks.serving.ttft_multiturn", "multi-turn TTFT, prefix cache on vs off"),
+    "batching": (
+        "kvreuse.benchmarks.serving.batching",
+        "continuous batching throughput and chunked-prefill latency",
+    ),
+    "overhead": ("kvreuse.benchmarks.serving.engine_overhead", "per-token engine overhead, 8 and 64 streams"),
+    "page-size": ("kvreuse.benchmarks.kernels.page_size", "page size trade-offs"),
+    "kernels": ("kvreuse.benchmarks.kernels.kernel_bench", "Triton vs reference attention kernels (GPU)"),
+    "gpu": ("kvreuse.benchmarks.kernels.gpu_bench", "real-size Qwen3 architectures on a GPU"),
 }
 
 

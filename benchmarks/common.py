@@ -23,9 +23,15 @@ import torch
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
+def module_of(name: str) -> str:
+    """The dotted module of benchmark ``name``, in whichever kind's sub-package (``serving/``, ...) it sits."""
+    found = sorted(RESULTS_DIR.parent.glob(f"*/{name}.py"))
+    return f"kvreuse.benchmarks.{found[0].parent.name}.{name}" if found else f"kvreuse.benchmarks.{name}"
+
+
 def base_parser(name: str, description: str) -> argparse.ArgumentParser:
     """Flags every benchmark takes: ``--quick``, ``--out``, ``--threads``, ``--reps``."""
-    p = argparse.ArgumentParser(prog=f"python -m kvreuse.benchmarks.{name}", description=description)
+    p = argparse.ArgumentParser(prog=f"python -m {module_of(name)}", description=description)
     p.add_argument(
         "--quick", action="store_true", help="small sizes, one repetition: a correctness smoke run"
     )

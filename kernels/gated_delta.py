@@ -13,7 +13,7 @@ The chunked prefill follows transformers' ``torch_chunk_gated_delta_rule`` step 
 chunks from each sequence's first token), so logits match it to fp32 rounding.  Sequences of one
 chunk or less (a speculative draft's verify rows, short prompt tails) run together in one call,
 padded with zeros (which change no state) only to a multiple of 16 rather than 64: a batch-8 verify
-step spent most of its time in the per-sequence, 64-padded calls (benchmarks/speculative.py).
+step spent most of its time in the per-sequence, 64-padded calls (benchmarks/serving/speculative.py).
 """
 
 from __future__ import annotations

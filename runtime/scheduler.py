@@ -46,7 +46,7 @@ class StepClock:
 
     It turns the tenant step budget, a time, into tokens on whatever machine and load the engine
     runs: a fixed token budget stalls another tenant by 0.3 s on one machine and 1.2 s on a busier
-    one (benchmarks/fairness.py).  The fixed cost ``a`` is what a step of a few tokens costs anyway.
+    one (benchmarks/serving/fairness.py).  The fixed cost ``a`` is what a step of a few tokens costs anyway.
     """
 
     def __init__(self, keep: int = 64) -> None:

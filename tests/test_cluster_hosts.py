@@ -1,6 +1,6 @@
 """The across-hosts layout of ``docs/scaling.md``, run: store, replicas and gateway on hosts of their own.
 
-Each part runs in a network namespace of its own (``benchmarks/emulated_hosts.py``), joined by a
+Each part runs in a network namespace of its own (``benchmarks/cluster/emulated_hosts.py``), joined by a
 bridge shaped to 10 Gbit/s: the replicas bind their host's address and are reached there by the
 gateway, which runs on a third host; Valkey runs on a fourth; this test is the client, on the
 bridge.  Nothing crosses a loopback interface, so a part that still assumed ``127.0.0.1`` (a
@@ -16,7 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from kvreuse.benchmarks.emulated_hosts import EmulatedHosts, unavailable
+from kvreuse.benchmarks.cluster.emulated_hosts import EmulatedHosts, unavailable
 from kvreuse.runtime.cluster.cluster import Cluster, Placement
 from tests.cluster_checks import FAST_FAILOVER, served_by, session_survives_its_replica
 from tests.helpers import make_tiny_model, metric_value

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from kvreuse.benchmarks.belady import belady, replay, which_oracle
-from kvreuse.benchmarks.eviction_traces import PAGE, engine_check, hit_rate, traces
+from kvreuse.benchmarks.traces.belady import belady, replay, which_oracle
+from kvreuse.benchmarks.traces.eviction_traces import PAGE, engine_check, hit_rate, traces
 from kvreuse.runtime.cache.eviction import POLICIES, EvictionPolicy, make_policy
 from kvreuse.runtime.cache.manager import CacheManager
 from kvreuse.runtime.cache.page_allocator import PageAllocator
@@ -214,7 +214,7 @@ class _ByFirstToken(EvictionPolicy):
 def test_states_leave_their_budget_in_the_policys_order():
     """A short state budget frees the state of the node the eviction policy ranks lowest, not the least
     recently stored one: in LRU order 8 conversations over 7 snapshots never find theirs
-    (benchmarks/eviction_traces_window.py)."""
+    (benchmarks/traces/eviction_traces_window.py)."""
     from kvreuse.runtime.cache.node_states import NodeStates
     from tests.test_radix_cache_model import State
 

@@ -10,8 +10,8 @@ import argparse
 import pytest
 from fastapi.testclient import TestClient
 
-from kvreuse.benchmarks.belady import replay
-from kvreuse.benchmarks.eviction_traces import PAGE, traces
+from kvreuse.benchmarks.traces.belady import replay
+from kvreuse.benchmarks.traces.eviction_traces import PAGE, traces
 from kvreuse.runtime.cache.eviction import POLICIES
 from kvreuse.runtime.cache.manager import CacheManager
 from kvreuse.runtime.engine.args import add_engine_args

@@ -162,7 +162,7 @@ def test_embedded_model_cached_turns_greedy_match_transformers(ops) -> None:
     """The embedded SmolLM2 (head_dim 64) in fp32 on the cpu backend: an append-only conversation whose
     every turn extends over the cached earlier ones (the fp32 kernel over a real prefix) generates the
     same greedy tokens as transformers' fp32 on the whole prompt."""
-    from kvreuse.benchmarks.ttft_multiturn import conversation_prompts
+    from kvreuse.benchmarks.serving.ttft_multiturn import conversation_prompts
     from kvreuse.runtime.engine.engine import Engine
     from kvreuse.runtime.sampling.params import SamplingParams
     from tests.helpers import embedded_dir, load_hf

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kvreuse.benchmarks import gpu_bench
+from kvreuse.benchmarks.kernels import gpu_bench
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from kvreuse.benchmarks.pattern_runner import add_savings, make_plan, parse_args
 from kvreuse.benchmarks.patterns.checks import CHECKED, acceptance
+from kvreuse.benchmarks.patterns.pattern_runner import add_savings, make_plan, parse_args
 from kvreuse.benchmarks.patterns.projection import CostModel, expected_prefill
 from kvreuse.benchmarks.workloads import load
 from tests.test_patterns import FakeEngine, run_all

@@ -109,9 +109,9 @@ def test_agent_scale_workload_shape(tokenizer):
 
 def test_timed_rounds_are_summarised_and_reported(tokenizer, tmp_path):
     """Interleaved rounds -> medians and spreads per request; the curve and the TTFT section render."""
-    from kvreuse.benchmarks.pattern_runner import add_savings
+    from kvreuse.benchmarks.patterns.pattern_runner import add_savings
+    from kvreuse.benchmarks.patterns.report import write_report
     from kvreuse.benchmarks.patterns.ttft import context_curve, rotated, summarize_rounds
-    from kvreuse.benchmarks.report import write_report
     from tests.test_patterns import FakeEngine, run_all, tiny_trajectory
 
     assert rotated([1, 2, 3], 1) == [2, 3, 1] and rotated([1, 2, 3], 3) == [1, 2, 3]

@@ -230,7 +230,7 @@ class FakeEngine:
 
 
 def run_all(engine, names, traj, replies="cached"):
-    from kvreuse.benchmarks.pattern_runner import add_savings
+    from kvreuse.benchmarks.patterns.pattern_runner import add_savings
     from kvreuse.benchmarks.patterns.run import run_pattern
     from kvreuse.benchmarks.patterns.targets import InProcessTarget
 
@@ -244,7 +244,7 @@ def run_all(engine, names, traj, replies="cached"):
 
 
 def test_runner_bookkeeping_and_report_with_a_fake_engine(tokenizer, tmp_path):
-    from kvreuse.benchmarks.report import write_report
+    from kvreuse.benchmarks.patterns.report import write_report
 
     runs = run_all(FakeEngine(tokenizer), ["append_only", "naive", "timestamp_start"], tiny_trajectory())
     ap, naive, ts = runs["append_only"]["totals"], runs["naive"]["totals"], runs["timestamp_start"]["totals"]

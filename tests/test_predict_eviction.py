@@ -8,7 +8,7 @@ import random
 import pytest
 from fastapi.testclient import TestClient
 
-from kvreuse.benchmarks.belady import belady, replay
+from kvreuse.benchmarks.traces.belady import belady, replay
 from kvreuse.runtime.cache import predict
 from kvreuse.runtime.cache.manager import CacheManager
 from kvreuse.runtime.cache.return_model import Outcomes, ReturnModel

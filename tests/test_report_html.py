@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvreuse.benchmarks.report_html import markdown_to_html
+from kvreuse.benchmarks.patterns.report_html import markdown_to_html
 from tests.ui_browser import browser, keep_screenshot
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "patterns_default" / "results.json"
@@ -47,7 +47,7 @@ def test_tables_rendered_plots_inlined_markup_escaped(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pattern_report_page_reads_offline(tmp_path):
-    from kvreuse.benchmarks.report import write_report
+    from kvreuse.benchmarks.patterns.report import write_report
 
     write_report(json.loads(RESULTS.read_text()), tmp_path)
     html_path = tmp_path / "report.html"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from kvreuse.benchmarks.routing_bound import PAGE, REPLICAS, arrivals, generated, rates, replay_routed
+from kvreuse.benchmarks.cluster.routing_bound import PAGE, REPLICAS, arrivals, generated, rates, replay_routed
 
 
 def _prompts(sessions: int, turns: int) -> list[list[list[int]]]:

@@ -3,9 +3,9 @@
 A short Mooncake-format trace (shared documents coming back over several turns, one-off requests
 between them, more than the pool holds) is materialised into token ids and sent, one request at
 a time, to a server running a tiny random model with a small pool; the server's own
-``cached_tokens`` for each request must equal what ``benchmarks/belady.py``'s replay of the same
+``cached_tokens`` for each request must equal what ``benchmarks/traces/belady.py``'s replay of the same
 requests (same pool, page size, chunk size and eviction policy) computes.  The rule of
-``benchmarks/eviction_traces.py``'s engine check, through the HTTP server.
+``benchmarks/traces/eviction_traces.py``'s engine check, through the HTTP server.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import random
 import httpx
 import pytest
 
-from kvreuse.benchmarks import mooncake
-from kvreuse.benchmarks.belady import replay
+from kvreuse.benchmarks.traces import mooncake
+from kvreuse.benchmarks.traces.belady import replay
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 from kvreuse.runtime.server.launcher import ServerProcess
 from tests.helpers import make_tiny_model

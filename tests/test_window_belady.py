@@ -1,4 +1,4 @@
-"""Belady with window state (``benchmarks/window_belady.py``) and the window model's token-level replay.
+"""Belady with window state (``benchmarks/traces/window_belady.py``) and the window model's token-level replay.
 
 * the replay is the engine's window-model cache: an Engine on a tiny random Gemma 3 (page 16, a
   6-snapshot budget that evicts snapshots and cuts matches back) reports the replay's cached tokens
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvreuse.benchmarks.belady import belady, replay, working_set_pages
-from kvreuse.benchmarks.eviction_traces import PAGE, hit_rate, traces
-from kvreuse.benchmarks.eviction_traces_window import budgets, engine_check_window, window_replay
-from kvreuse.benchmarks.window_belady import belady_window, window_cache
+from kvreuse.benchmarks.traces.belady import belady, replay, working_set_pages
+from kvreuse.benchmarks.traces.eviction_traces import PAGE, hit_rate, traces
+from kvreuse.benchmarks.traces.eviction_traces_window import budgets, engine_check_window, window_replay
+from kvreuse.benchmarks.traces.window_belady import belady_window, window_cache
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY, POLICIES
 
 

@@ -1,5 +1,5 @@
 """One pattern over one workload, from an empty cache: render every request, send it to a target,
-and keep per-request rows and totals (the core of the pattern benchmark; ``benchmarks/pattern_runner.py``
+and keep per-request rows and totals (the core of the pattern benchmark; ``benchmarks/patterns/pattern_runner.py``
 plans the runs and writes the report, ``sections.py`` adds the extra sections)."""
 
 from __future__ import annotations

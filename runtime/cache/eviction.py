@@ -15,7 +15,7 @@ A *use* is a match or insert that reaches a node while no request holds it (``re
 request re-walking the nodes it already locked is bookkeeping, not reuse.  Times are the tree's
 clock, one tick per match or insert.
 
-Policies (the trace benchmark, ``benchmarks/eviction_traces.py``, measures them against each
+Policies (the trace benchmark, ``benchmarks/traces/eviction_traces.py``, measures them against each
 other and against Belady's offline optimum):
 
 * ``lru``: least recently touched first, whole leaves (what the tree always did); ``lru-tail``
@@ -42,7 +42,7 @@ other and against Belady's offline optimum):
   chat service) make long-idle nodes the likeliest never to return.  Evicted nodes leave a
   ghost (their first page's hash), so a prefix that comes back after eviction still counts as
   a return for its class, and those returns are not lost to the cache's own misses.
-  Production-shaped traces (``benchmarks/trace_replay.py``) are where ``reuse`` fell below LRU.
+  Production-shaped traces (``benchmarks/traces/trace_replay.py``) are where ``reuse`` fell below LRU.
 * ``answer``: ``hazard`` whose never-used classes are split by the length of the answer of the
   request that wrote the node (told through ``finished``; ``hazard.py`` says why).
 * ``proven``: ``hazard``'s order on each side of one line, nodes of a prefix that never proved

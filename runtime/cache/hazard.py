@@ -121,7 +121,7 @@ class ProvenLine:
 
     def state_priority(self, node: TreeNode, now: int) -> tuple:
         # without the line where pages need states: with a tight snapshot budget the line lost the
-        # sub-agent window trace (benchmarks/eviction_traces_window.py: 0.54x Belady, hazard's order 0.93x)
+        # sub-agent window trace (benchmarks/traces/eviction_traces_window.py: 0.54x Belady, hazard's order 0.93x)
         return super().priority(node, now)  # type: ignore[misc]
 
 

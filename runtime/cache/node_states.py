@@ -52,7 +52,7 @@ class NodeStates:
         # which state goes first when the budget is short: the lowest rank, least recent among equals.
         # The radix cache ranks by its eviction policy, so pages and their states are judged alike
         # (LRU alone cycles: 8 conversations taking turns over 7 snapshots never found one,
-        # benchmarks/eviction_traces_window.py)
+        # benchmarks/traces/eviction_traces_window.py)
         self.rank: Callable[[Any], Any] = lambda node: 0
         self.nbytes = 0
         self._stored = self._evicted = self._dropped = 0

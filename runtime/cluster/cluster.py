@@ -37,7 +37,7 @@ ROUTINGS = ("approx", "events")
 # SMG's manual policy pins a session key (the X-SMG-Routing-Key header) to a worker; a new key goes to
 # the worker with the fewest requests (its default, random, left replicas unevenly loaded)
 MANUAL_POLICY_ARGS = ["--assignment-mode", "min_load"]
-# The settings the routing benchmark measured (benchmarks/replicas.py, docs/scaling.md) and the failover
+# The settings the routing benchmark measured (benchmarks/cluster/replicas.py, docs/scaling.md) and the failover
 # tests use: follow a cached prefix only when it is at least half the prompt, spill to the least-loaded
 # replica at a gap of 2 in-flight requests (and 1.5x the mean), and a health check every second that
 # marks a worker down at the first failure and back at the second success.  At SMG's defaults (0.3,

@@ -30,7 +30,7 @@ class ServiceError(RuntimeError):
 @dataclass(frozen=True)
 class Host:
     """Where a service runs: the address it binds and others reach it at, and the command prefix
-    that starts a process there (``LOOPBACK``: this host, no prefix; ``benchmarks/emulated_hosts.py``
+    that starts a process there (``LOOPBACK``: this host, no prefix; ``benchmarks/cluster/emulated_hosts.py``
     gives each host a network namespace of its own)."""
 
     address: str = "127.0.0.1"

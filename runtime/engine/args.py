@@ -87,7 +87,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--eviction-policy",
         choices=sorted(POLICIES),
         default=D["eviction_policy"],
-        help=f"which cached prefixes give way first (default {D['eviction_policy']}; see benchmarks/eviction_traces.py)",
+        help=f"which cached prefixes give way first (default {D['eviction_policy']}; see benchmarks/traces/eviction_traces.py)",
     )
     g.add_argument(
         "--eviction-shadows",

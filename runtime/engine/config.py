@@ -22,7 +22,7 @@ class EngineConfig:
     session_ttl: float = 300.0  # seconds a session's last node stays pinned after its last use
     pinned_fraction: float = 0.5  # of the pool at most pinned, so pins never starve admission
     eviction_policy: str = (
-        DEFAULT_POLICY  # runtime/cache/eviction.py; chosen on benchmarks/eviction_traces.py
+        DEFAULT_POLICY  # runtime/cache/eviction.py; chosen on benchmarks/traces/eviction_traces.py
     )
     # other policies replayed beside the pool on the same requests (runtime/cache/shadows.py): what each
     # would have hit here, so a policy is chosen on the server's own traffic
@@ -32,7 +32,7 @@ class EngineConfig:
     num_pages: int | None = None  # exact pool size (tests); overrides kv_cache_memory
     chunk_size: int = 512  # prefill tokens per step: the longest stall a running decode sees
     # ... while requests of more than one tenant have work: one tenant's long prompt then stalls another's
-    # request by a step of this many tokens (benchmarks/fairness.py)
+    # request by a step of this many tokens (benchmarks/serving/fairness.py)
     tenant_chunk_size: int = 128
     # ... and at most what fits a step of this many seconds, by the step times seen (StepClock): the
     # victim's wait is then about two such steps (the one running when it arrives, then its own)

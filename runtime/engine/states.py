@@ -66,7 +66,7 @@ def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier | Non
 
 def speculative_mode(runner: ModelRunner, cfg: EngineConfig) -> str:
     """The draft source: as asked, or for ``auto`` the one that measured best on the agent workloads
-    (``suffix``: benchmarks/speculative.py) on a model that can roll a rejected draft back and whose
+    (``suffix``: benchmarks/serving/speculative.py) on a model that can roll a rejected draft back and whose
     linears verify a draft at about a decode step's cost (dense, or int4 through ``q4_linear.c``: on
     the embedded Q4_1 GGUF, bf16, suffix measured 2.2x of off on repeated tool JSON and 1.8x on a
     summary, results/speculative_gguf_bf16.json), else ``off``: torch's int8 kernel costs a row per

@@ -80,7 +80,7 @@ class Experts(nn.Module):
     expert's GEMV for 1 / 2 rows, row-major ``[out, in]`` (``F.linear``) -> transposed: ``[1024, 512]``
     259 -> 157 / 333 -> 168 us, ``[2048, 512]`` 436 -> 306 / 1017 -> 470, ``[512, 128]`` 56 -> 37;
     only ``[256, 512]`` at 1 row loses (64 -> 91).  The whole expert step of a decode batch
-    (``benchmarks/moe_decode.py`` shapes, 8 tokens): 3.77 -> 3.62 ms (32 experts of width 128),
+    (``benchmarks/kernels/moe_decode.py`` shapes, 8 tokens): 3.77 -> 3.62 ms (32 experts of width 128),
     10.3 -> 9.0 ms (16 of width 512).  oneDNN's packed layout (what ``Linear`` uses) measured between
     the two and cannot feed one grouped GEMM, so it is not used here.  The same layout makes each
     expert a table of contiguous ``[in]`` rows of length ``out`` for ``gathered_swiglu``.

@@ -9,7 +9,7 @@ output is the sum of its K bags.  Each bag is computed on its own, so a token's 
 on the other rows of the batch (batched == alone exactly, on this path).
 
 Why (2-core AMD EPYC host, fp32, 2 threads, 16 layers cycled so weights come from memory; per MoE
-block, ``benchmarks/moe_decode.py`` shapes): one token, ``tiny-experts`` (32 experts of width 128, top-8,
+block, ``benchmarks/kernels/moe_decode.py`` shapes): one token, ``tiny-experts`` (32 experts of width 128, top-8,
 hidden 512; the dense MLP with the same active parameters: 430 us):
 
 =====================================================  ===========

@@ -18,7 +18,7 @@ torch's int4 kernel costs nearly a row's time per row, so verifying a speculativ
 cost ~k decode steps.  Where the CPU kernels build (``QuantLinear.use_native``), int4 rows up to
 ``Q4_ROWS`` go instead to ``kernels/cpu/q4_linear.c``, which unpacks each weight block once for all
 rows (int8 activations per block of 32, as llama.cpp's Q4_1 x Q8_1) and gives each row the same bits
-whatever the row count.  ``benchmarks/q4_linear.py`` (``results/q4_linear.json``; same shapes, 1
+whatever the row count.  ``benchmarks/kernels/q4_linear.py`` (``results/q4_linear.json``; same shapes, 1
 thread, bf16 rows, the three paths interleaved; on a host loaded ~4 by other work, so single figures
 varied up to 2.5x between runs, the ratios less), ms for all layers:
 

@@ -13,7 +13,7 @@ The token embedding stays dense (a lookup reads a few rows).  The LM head (``out
 ``token_embd``) is kept as the file's own blocks where the fused CPU kernels are built: ``Q8_0`` as
 :class:`~kvreuse.runtime.models.block_int8.BlockInt8Linear`, 4-bit grids as int4; otherwise it stays dense.
 Requantizing a dense head is not done: an int4 head from min/max per group cost +3.7% perplexity on
-the fixed text of ``kvreuse.benchmarks.quantized`` (the budget is 1%), and torch's per-row int8 kernel is no
+the fixed text of ``kvreuse.benchmarks.kernels.quantized`` (the budget is 1%), and torch's per-row int8 kernel is no
 faster than the packed bf16 head for one row (``runtime/models/quant_linear.py``).
 """
 

@@ -41,7 +41,7 @@ class ServerConfig:
     body_timeout_s: float = 30.0  # a body not received whole within this is a 408
     prep_threads: int = 4  # renders / tokenisations / grammar compiles running at once, off the event loop
     # of those, what one tenant may hold at once (keys on; without keys: all): one, since its Python work
-    # holds the GIL that every engine step retakes at each torch op (benchmarks/fairness.py)
+    # holds the GIL that every engine step retakes at each torch op (benchmarks/serving/fairness.py)
     prep_share: int = 1
     prep_wait_s: float = 30.0  # a request waits this long for its tenant's prep share, then 429
     health_stall_s: float = 30.0  # /health says 503 "stalled" when one engine turn takes longer

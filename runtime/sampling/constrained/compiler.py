@@ -98,7 +98,7 @@ class GrammarCompiler:
     def warm(self) -> None:
         """Build the llguidance tokenizer and the wrap-up masks now.  Both are Python and Rust holding the
         GIL (the tokenizer about 1 s), so built on a server's first grammar they stall every tenant's
-        requests and ``/health`` at once (benchmarks/fairness.py); ``kvreuse serve`` builds them before
+        requests and ``/health`` at once (benchmarks/serving/fairness.py); ``kvreuse serve`` builds them before
         it listens.  A tokenizer llguidance
         refuses (e.g. more tokens than the model's vocabulary) is not an error here: the server serves
         without grammars, and each grammar request says why in its 400."""
