@@ -150,3 +150,18 @@ def test_the_file_stays_within_twice_the_byte_budget(tmp_path):
         peak = max(peak, path.stat().st_size)
     assert peak <= 2 * store.max_bytes, peak
     store.check()
+
+
+def test_lines_of_the_wrong_shape_are_skipped_not_fatal(tmp_path):
+    path = tmp_path / "r.jsonl"
+    a = _conversation(ResponseStore(path), "A", 2)
+    bad = {**json.loads(path.read_bytes().splitlines()[1]), "id": "bad"}
+    lines = [json.dumps({**bad, "parent": ["x"]}), json.dumps({**bad, "keep_tokens": -1}),
+             json.dumps({**bad, "token_ids": "nope"}), json.dumps({**bad, "tenant": "B"})]  # fmt: skip
+    with path.open("a") as f:
+        f.write("".join(line + "\n" for line in lines))
+    store = ResponseStore(path)
+    assert "bad" not in store._records
+    for rec in a:
+        _same(store, rec)
+    store.check()

@@ -85,6 +85,14 @@ def _line_obj(rec: StoredResponse) -> dict[str, Any]:
     return {k: v for k, v in asdict(rec).items() if k not in DELTA_FIELDS or v}
 
 
+def _well_formed(rec: StoredResponse) -> bool:
+    """A line of the right field types (a damaged file must never stop the store from loading)."""
+    ints = (rec.keep_messages, rec.keep_tokens)
+    return (isinstance(rec.id, str) and isinstance(rec.messages, list) and isinstance(rec.token_ids, list)
+            and (rec.parent is None or isinstance(rec.parent, str))
+            and all(isinstance(k, int) and k >= 0 for k in ints))  # fmt: skip
+
+
 def _rebase(child: StoredResponse, parent: StoredResponse) -> StoredResponse:
     """``child`` as a delta of ``parent``'s parent (the same whole): what it shared of ``parent``'s own
     items moves into it."""
@@ -139,9 +147,12 @@ class ResponseStore:
                 rec = StoredResponse(**obj)
             except TypeError:  # a record of another shape: skipped like an unreadable line
                 continue
+            if not _well_formed(rec):
+                continue
             while rec.parent is not None and rec.parent not in self._records and rec.parent in self._gone:
                 rec = _rebase(rec, self._gone[rec.parent])
-            if rec.parent is not None and rec.parent not in self._records:
+            parent = self._records.get(rec.parent) if rec.parent is not None else None
+            if rec.parent is not None and (parent is None or parent.tenant != rec.tenant):
                 orphans += 1
                 continue
             self._remember(rec)
