@@ -209,9 +209,10 @@ def chat_topic(client, topic: str, words: int = 140) -> dict:
     return r.json()
 
 
-def server_client(model_dir, store=None, keys=None, page_size: int = 16):
+def server_client(model_dir, store=None, keys=None, page_size: int = 16, **engine_kwargs):
     """An in-process server (FastAPI's TestClient) on ``model_dir``: fp32, 256 pages, an optional disk
-    store and API keys; server exceptions come back as responses, as a client sees them."""
+    store and API keys (``engine_kwargs``: more engine options, e.g. ``kv_store_size``); server
+    exceptions come back as responses, as a client sees them."""
     from fastapi.testclient import TestClient
 
     from kvreuse.runtime.engine.async_engine import AsyncEngine
@@ -220,7 +221,7 @@ def server_client(model_dir, store=None, keys=None, page_size: int = 16):
     from kvreuse.runtime.server.state import ServerConfig
 
     engine = Engine(model_dir=str(model_dir), dtype="float32", device="cpu", num_pages=256, page_size=page_size,
-                    kv_store=None if store is None else str(store))  # fmt: skip
+                    kv_store=None if store is None else str(store), **engine_kwargs)  # fmt: skip
     aengine = AsyncEngine(engine)
     app = create_app(aengine, ServerConfig("tiny", api_keys=keys or {}), on_shutdown=aengine.shutdown)
     return TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False)

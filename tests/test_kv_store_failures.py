@@ -3,6 +3,7 @@ store is only ever served to the configuration and the pages it was written for.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import sqlite3
@@ -147,15 +148,59 @@ def test_an_index_pointing_past_a_files_end_is_never_served(tmp_path):
     s.close()
 
 
-def test_a_corrupt_index_is_refused_in_one_line(tmp_path):
-    s, _, _ = _two_groups(tmp_path)
+def test_a_corrupt_index_is_replaced_by_a_fresh_one_with_one_warning(tmp_path, caplog):
+    s, a, _ = _two_groups(tmp_path)
     s.close()
     (tmp_path / "index.sqlite").write_bytes(b"this is not a database" * 100)
     for f in tmp_path.glob("index.sqlite-*"):
         f.unlink()
-    with pytest.raises(StoreError) as e:  # old: sqlite3.DatabaseError with a traceback
+    with caplog.at_level(logging.WARNING, logger="kvreuse.store"):
+        s = DiskStore(tmp_path, FP, 1 << 20)  # old: refused ("move the directory away"), every start
+    assert [r.getMessage() for r in caplog.records if "index.sqlite is unreadable" in r.getMessage()]
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+    assert s.match(a) == 0 and s.stats().groups == 0  # its pages are gone (the index held their tokens)
+    assert not list((tmp_path / "groups").iterdir())  # and their files, unindexed now
+    assert put_chain(s, list(range(8))) == a  # the fresh index takes writes and serves them
+    assert torch.equal(s.get(a), torch.stack([page_kv(k) for k in a])) and s.check().pages == len(a)
+    s.close()
+
+
+def test_an_index_that_cannot_be_opened_is_refused_in_one_line_and_kept(tmp_path):
+    """Not damage (here: a directory where the file should be; likewise no permission, a full disk):
+    the index may be sound, so it is never replaced; start-up stops with one line."""
+    s, _, _ = _two_groups(tmp_path)
+    s.close()
+    for f in tmp_path.glob("index.sqlite*"):
+        f.unlink()
+    (tmp_path / "index.sqlite").mkdir()
+    (tmp_path / "index.sqlite" / "keep").write_text("x")
+    with pytest.raises(StoreError) as e:
         DiskStore(tmp_path, FP, 1 << 20)
-    assert "index.sqlite is unreadable" in str(e.value) and "\n" not in str(e.value)
-    # the lock was released: a second try fails the same way, not with "in use"
-    with pytest.raises(StoreError, match="unreadable"):
+    assert "index.sqlite cannot be opened" in str(e.value) and "\n" not in str(e.value)
+    assert (tmp_path / "index.sqlite" / "keep").exists()
+    with pytest.raises(StoreError, match="cannot be opened"):  # the lock was released: not "in use"
         DiskStore(tmp_path, FP, 1 << 20)
+
+
+def test_a_failed_window_snapshot_write_drops_the_snapshot_not_the_engine(tmp_path, caplog):
+    """The window snapshots' files (``window_states/``): a write that fails (here the folder replaced by a
+    file; likewise a full disk) drops that snapshot with one warning (the old write raised into the
+    engine step); a ``.tmp`` a crash left is deleted at the next open."""
+    from kvreuse.runtime.cache.store.states import StateTier
+
+    folder = tmp_path / "window_states"
+    tier = StateTier(0, folder, disk_bytes=1 << 20)
+    tier.put(b"a" * 32, torch.ones(8), durable=True)
+    before = tier.disk_nbytes
+    shutil.rmtree(folder)
+    folder.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="kvreuse.store"):
+        for k in (b"b", b"c"):
+            tier.put(k * 32, torch.ones(8), durable=True)
+    assert tier.failed >= 2 and len(caplog.records) == 1 and tier.disk_nbytes == before
+    assert tier.get(b"b" * 32) is None and tier.get(b"a" * 32) is None  # recomputed, never raised
+    folder.unlink()
+    folder.mkdir()
+    (folder / ("d" * 64 + ".tmp")).write_bytes(b"cut short")
+    StateTier(0, folder, disk_bytes=1 << 20)
+    assert not list(folder.glob("*.tmp"))

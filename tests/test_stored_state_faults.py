@@ -147,3 +147,32 @@ def test_the_records_are_inside_the_stores_size_budget(model_dir, tmp_path):
     assert records_budget(engine.config) == 5 << 20  # the records' 5 % (their file stays under it:
     # live records at most half of it, and a compaction at twice the live size)
     engine.close()
+
+
+def test_a_tenants_stored_conversation_survives_anothers_flood(model_dir, tmp_path):
+    """The flood benchmark in small: A's stored conversation (each turn continuing the last) while B
+    stores response after response past the records' budget.  The old store kept each turn whole (the
+    conversation again), so A held the most bytes and paid for B's flood (404s on A's turns); now each
+    turn is kept as what it adds and A, within its share, keeps every turn."""
+    from tests.helpers import server_client
+
+    size = 2_400_000  # records: 5 % = 120 kB, of which the live records hold at most half
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    with server_client(model_dir, tmp_path, KEYS, page_size=PS, kv_store_size=size) as c:
+        turns: list[str] = []
+        for k in range(6):
+            prev = turns[-1] if turns else None
+            r = _create(
+                c, "key-a", input=f"Turn {k}: " + "tell me more about it " * 20, previous_response_id=prev
+            )
+            assert r.status_code == 200 and r.json()["store"] is True, r.text
+            turns.append(r.json()["id"])
+        flood = [_create(c, "key-b", input=f"flood {k}", max_output_tokens=1).json()["id"] for k in range(60)]
+        lost = [t for t in turns if c.get(f"/v1/responses/{t}", headers=a).status_code != 200]
+        assert lost == [], f"A lost {len(lost)} of its {len(turns)} turns to B's flood"
+        assert c.get(f"/v1/responses/{flood[-1]}", headers=b).status_code == 200  # B keeps its newest
+        assert c.get(f"/v1/responses/{flood[0]}", headers=b).status_code == 404  # B, over its share, paid
+        r = _create(c, "key-a", input="and then?", previous_response_id=turns[-1])
+        assert r.status_code == 200 and r.json()["usage"]["input_tokens"] > 6 * 100  # the whole conversation
+    (path,) = tmp_path.glob("responses-*.jsonl")
+    assert path.stat().st_size <= size * 0.05

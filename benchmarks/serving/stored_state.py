@@ -164,7 +164,11 @@ def _flood(url: str, work: Path, n: int) -> dict:
                 body = {"model": model, "input": f"Turn {turn}: say something short.", "max_output_tokens": 8,
                         "temperature": 0, "store": True, "previous_response_id": prev}  # fmt: skip
                 t0 = time.perf_counter()
-                r = await c.post(f"{url}/v1/responses", json=body)
+                try:
+                    r = await c.post(f"{url}/v1/responses", json=body, timeout=300)
+                except httpx.TimeoutException:  # counted, not fatal: the run still counts A's losses
+                    statuses["A 0-timeout"] += 1
+                    continue
                 a_lat.append(time.perf_counter() - t0)
                 statuses[f"A {r.status_code}"] += 1
                 if r.status_code == 200:
@@ -183,14 +187,15 @@ def _flood(url: str, work: Path, n: int) -> dict:
     asyncio.run(both())
     wall = time.monotonic() - t0
     with httpx.Client(timeout=600, headers={"Authorization": f"Bearer {b_key}"}) as c:
-        b_kept = sum(c.get(f"{url}/v1/responses/{rid}").status_code == 200 for rid in b_ids[-200:])
+        b_alive = [c.get(f"{url}/v1/responses/{rid}").status_code == 200 for rid in b_ids]
+        b_kept = sum(b_alive[-200:])
     files = list(work.glob("store/responses-*.jsonl"))
     return {
         "flood": n, "seconds": round(wall, 1), "statuses": dict(statuses),
-        "responses_5xx": sum(v for k, v in statuses.items() if int(k.split()[1]) >= 500),
+        "responses_5xx": sum(v for k, v in statuses.items() if int(k.split()[1].split("-")[0]) >= 500),
         "a_turns": len(a_ids), "a_lost": dict(lost),
         "a_latency_s": {"p50": round(median(a_lat), 3), "p99": round(percentile(a_lat, 99), 3)} if a_lat else None,
-        "b_newest_200_kept": b_kept,
+        "b_newest_200_kept": b_kept, "b_kept": sum(b_alive), "b_lost": len(b_alive) - sum(b_alive),
         "records_file_bytes": files[0].stat().st_size if files else None,
     }  # fmt: skip
 

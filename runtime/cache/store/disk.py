@@ -3,7 +3,8 @@
 Layout of a store directory::
 
     LOCK                 flock'ed by the one server that has the store open
-    index.sqlite         meta(fingerprint, format), groups(file, bytes, checksum, last use), pages
+    index.sqlite         meta(fingerprint, format), groups(file, bytes, checksum, last use), pages;
+                         an unreadable one is replaced by a fresh one at open (``index_db``)
     groups/<id>.safetensors   one "kv" tensor [n_pages, layers, 2, page_size, kv_heads, head_dim]
     tmp/                 writes in progress; whatever is left here after a crash is deleted at open
 
@@ -30,20 +31,8 @@ from typing import NamedTuple
 
 import torch
 
-from kvreuse.runtime.cache.store import group_file
+from kvreuse.runtime.cache.store import group_file, index_db
 from kvreuse.runtime.cache.store.fingerprint import FORMAT_VERSION
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS groups (
-    id INTEGER PRIMARY KEY, file TEXT NOT NULL, nbytes INTEGER NOT NULL,
-    checksum BLOB NOT NULL, last_use INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS pages (
-    key BLOB PRIMARY KEY, parent BLOB NOT NULL, is_root INTEGER NOT NULL,
-    tokens BLOB NOT NULL, grp INTEGER NOT NULL REFERENCES groups(id), idx INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS pages_grp ON pages(grp);
-CREATE INDEX IF NOT EXISTS pages_parent ON pages(parent);
-"""
 
 
 class StoreError(ValueError):
@@ -100,22 +89,22 @@ class DiskStore:
             raise StoreError(f"KV store {self.dir} is in use by another kvreuse process") from None
         self._mu = threading.Lock()
         self._db = None
-        try:
-            self._db = sqlite3.connect(
-                self.dir / "index.sqlite", check_same_thread=False, isolation_level=None
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-            self._check_fingerprint(fingerprint)
-            self._clock = self._db.execute("SELECT COALESCE(MAX(last_use), 0) FROM groups").fetchone()[0]
-            self._recover()
-        except sqlite3.DatabaseError as e:  # a corrupt index: one line, never a traceback
-            self.close()
-            raise StoreError(
-                f"KV store {self.dir}: index.sqlite is unreadable ({e}); move the directory away or "
-                "start with another --kv-store"
-            ) from None
+        path = self.dir / "index.sqlite"
+        for attempt in range(2):  # an unreadable index is replaced by a fresh one, once (index_db)
+            try:
+                self._db = index_db.connect(path)
+                self._check_fingerprint(fingerprint)
+                self._clock = self._db.execute("SELECT COALESCE(MAX(last_use), 0) FROM groups").fetchone()[0]
+                self._recover()
+                break
+            except sqlite3.DatabaseError as e:
+                if self._db is not None:
+                    self._db.close()
+                    self._db = None
+                if attempt or not index_db.corrupt(e):  # e.g. a full disk: the index may be sound
+                    self.close()
+                    raise StoreError(f"KV store {self.dir}: index.sqlite cannot be opened ({e})") from None
+                index_db.replace_corrupt(path, e)
 
     # -- opening ---------------------------------------------------------------------
     def _check_fingerprint(self, fingerprint: str) -> None:

@@ -10,12 +10,15 @@ names the model, dtype and page size), its name carrying the key and the file a 
 bytes, checked on every read: a corrupt file is deleted and its prefix recomputed.  The files stay
 within ``disk_bytes`` (their share of ``--kv-store-size``): the least recently used go first (a read
 renews a file's time), and a page whose snapshot went resumes from an earlier one or is recomputed.
+A write that fails (a full disk, the folder gone) drops that snapshot with one warning (``failed``
+counts them) and a crash mid-write leaves only a ``.tmp`` file, deleted at the next open.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+log = logging.getLogger("kvreuse.store")
 
 
 class StateTier:
@@ -46,10 +51,12 @@ class StateTier:
         self._files: OrderedDict[Path, int] = OrderedDict()  # on disk, least recently used first -> bytes
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
+            for f in directory.glob("*.tmp"):  # a write a crash cut short: never renamed, never counted
+                f.unlink(missing_ok=True)
             for f in sorted(directory.glob("*.state"), key=lambda f: f.stat().st_mtime):
                 self._files[f] = f.stat().st_size
         self._disk_total = sum(self._files.values())
-        self.stored = self.loaded = self.corrupt = self.dropped = 0
+        self.stored = self.loaded = self.corrupt = self.dropped = self.failed = 0
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._host or (self.dir is not None and self._path(key).exists())
@@ -88,7 +95,10 @@ class StateTier:
             return self.decode(self._host[key])
         if self.dir is None or not (path := self._path(key)).exists():
             return None
-        raw = path.read_bytes()
+        try:
+            raw = path.read_bytes()
+        except OSError:  # gone since the check, or unreadable: recomputed like a corrupt one
+            return None
         digest, body = raw[:32], raw[32:]
         if hashlib.sha256(body).digest() != digest:
             self._unlink(path)
@@ -124,8 +134,19 @@ class StateTier:
             self.dropped += 1
         path = self._path(key)
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(hashlib.sha256(body).digest() + body)
-        tmp.replace(path)  # atomic: a reader sees the whole file or none
+        try:
+            tmp.write_bytes(hashlib.sha256(body).digest() + body)
+            tmp.replace(path)  # atomic: a reader sees the whole file or none
+        except OSError as e:  # a full disk, the folder gone: the snapshot is dropped, never the engine
+            if not self.failed:
+                log.warning("window snapshots: writing one failed (%s); such prefixes are recomputed",
+                            os.strerror(e.errno) if e.errno else type(e).__name__)  # fmt: skip
+            self.failed += 1
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            return
         self._files[path] = size
         self._disk_total += size
 

@@ -125,7 +125,8 @@ class ResponsesRun(chat_run.ChatRun):
     def finish_response(
         self, out: RequestOutput, output: list[dict], message: dict[str, Any]
     ) -> dict[str, Any]:
-        """The final response object; stored (with the whole token sequence) when the request asks."""
+        """The final response object; stored (with the whole token sequence, kept as what it adds to the
+        response it continues) when the request asks."""
         body = self.body(output, out, message.get("reasoning_content") or "")
         body["kvreuse"] = self.finish([out])
         if self.req.store and body["status"] != "cancelled":
@@ -133,7 +134,7 @@ class ResponsesRun(chat_run.ChatRun):
                 self.id, self.tenant, body, self.req.instructions, self.chat.tools,
                 dict(self.chat.template_kwargs or {}), self.prompt.messages + [message],
                 list(out.prompt_token_ids) + list(out.output_token_ids), input_items(self.req),
-            ))  # fmt: skip
+            ), parent=self.req.previous_response_id)  # fmt: skip
             if not stored:  # the answer is served, as not stored; its pin would only hold pages for nothing
                 body["store"] = False
                 owner, engine = pin_owner(self.tenant, self.id), self.state.engine
