@@ -52,9 +52,9 @@ def assistant_message(parsed: ParsedOutput) -> dict[str, Any]:
     return msg
 
 
-# the next message's content, found in the rendering: the tokens before it are what the next request
-# renders whatever that message will say (invisible separators: no template writes them)
-NEXT = "\u2063kvreuse-next-message\u2063"
+# two contents of the message after the answer (JSON and prose, as tool results and user messages
+# start): the tokens both renderings share are what the next request renders, whatever it says
+PROBES = ('{"kvreuse": 0}', "kvreuse")
 
 
 def history_ids(
@@ -62,27 +62,24 @@ def history_ids(
 ) -> list[int] | None:
     """Token ids of ``messages`` + the answer, rendered as the next request will render them: with a
     message after it (the calls' results, else a user message; a template may render the last
-    assistant turn otherwise, e.g. Qwen3's empty think block), cut before that message's content.
-    None where the template refuses that conversation or does not write the content as given."""
+    assistant turn otherwise, e.g. Qwen3's empty think block), up to where two contents of that
+    message part (a token that merges with the content's first characters is left to the next
+    request).  None where the template refuses that conversation."""
     answer = assistant_message(parsed)
     calls = answer.get("tool_calls") or []
-    follow = [{"role": "tool", "tool_call_id": c["id"], "content": NEXT} for c in calls]
-    msgs = [*messages, answer, *(follow or [{"role": "user", "content": NEXT}])]
-    try:
+
+    def ids(content: str) -> list[int]:
+        follow = [{"role": "tool", "tool_call_id": c["id"], "content": content} for c in calls]
+        msgs = [*messages, answer, *(follow or [{"role": "user", "content": content}])]
         text = render_text(state.tokenizer, msgs, tools, template=state.template.source, **kwargs)
+        return list(state.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    try:
+        a, b = (ids(p) for p in PROBES)
     except Exception as e:  # a template's raise_exception: nothing to warm, the next turn says why
         log.debug("no re-rendered history: %s", e)
         return None
-    cut = text.find(NEXT)
-    if cut < 0:
-        return None
-    enc = state.tokenizer(text[:cut], add_special_tokens=False, return_offsets_mapping=True)
-    ids = []
-    for t, (_, end) in zip(enc["input_ids"], enc["offset_mapping"]):
-        if end >= cut:  # the last token may merge with the content's first characters: left out
-            break
-        ids.append(t)
-    return ids
+    return a[: first_divergence(a, b)]
 
 
 def break_point(generated: list[int], rendered: list[int]) -> int | None:
