@@ -12,19 +12,23 @@ outputs of a scripted harmony reply through the server's own token feed.
 from __future__ import annotations
 
 import json
+import time
 
 import anthropic
 import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from kvreuse.chat_templates.harmony import HarmonyParser
+from kvreuse.chat_templates.harmony import HarmonyParser, parse_harmony
+from kvreuse.chat_templates.render import first_divergence, render
 from kvreuse.runtime.engine.async_engine import AsyncEngine
 from kvreuse.runtime.engine.engine import Engine
 from kvreuse.runtime.engine.outputs import RequestOutput
 from kvreuse.runtime.loading.harmony_vocab import harmony_encoding
+from kvreuse.runtime.request import PUBLIC
 from kvreuse.runtime.server.app import create_app
 from kvreuse.runtime.server.core.chat_run import token_feed
+from kvreuse.runtime.server.core.rerender import history_ids, rewarm
 from kvreuse.runtime.server.state import ServerConfig
 from tests.harmony_model import TOOLS, make_gpt_oss
 
@@ -165,18 +169,72 @@ def test_tool_choice_none_parses_no_call(oa):
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
 
 
-def test_responses_continue_after_a_call(oa):
+def test_responses_continue_after_a_call(oa, http):
     """``previous_response_id`` + the call's output: the call parsed again.  The stored sequence cannot
     be continued here (the template refuses the continuation's stub: a tool result after a turn without
     a call), so the whole is rendered, and the stock template writes the earlier call's header
-    `` json`` where the model wrote `` <|constrain|>json``: the diagnosis names that break."""
+    `` json`` where the model wrote `` <|constrain|>json``.  The server prefilled that rendering when
+    the first turn ended (``core/rerender.py``), so the continuation reads the whole first turn, and
+    the glue before the tool result, from the cache (issue 50: it broke at the header, then read 0
+    tokens on a long prompt, ``snapshot_cut``)."""
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     kw = dict(model="gpt", tools=tools, tool_choice="required", max_output_tokens=32, temperature=0)
     first = oa.responses.create(input="Time in Oslo?", **kw)
     [call] = [i for i in first.output if i.type == "function_call"]
+    state = http.app.state.kv
+    while state.background.pending:  # the client runs its tool meanwhile
+        time.sleep(0.02)
     output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"time": "09:00"}'}
     second = oa.responses.create(input=[output], previous_response_id=first.id, **kw)
     assert [i.type for i in second.output if i.type == "function_call"] == ["function_call"]
     cache = second.model_extra["kvreuse"]["cache"]
-    assert cache["cause"] == "assistant_turn_differs" and cache["divergence"]["in_generated_part"]
-    assert cache["divergence"]["new_text"].startswith(" json")
+    assert cache["cause"] == "append_only", cache
+    turn = {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+    def ids(result: str) -> list[int]:
+        msgs = [{"role": "user", "content": "Time in Oslo?"}, {"role": "assistant", "content": None,
+                "tool_calls": [turn]}, {"role": "tool", "tool_call_id": call.call_id, "content": result}]  # fmt: skip
+        return render(state.tokenizer, msgs, TOOLS, template=state.template.source).token_ids
+
+    result_at = first_divergence(ids('{"a": 1}'), ids("[2]"))  # where the tool result's content starts
+    assert cache["cached_tokens"] == result_at // 16 * 16, (cache, result_at)
+
+
+def test_recipient_after_the_channel_is_cached_as_rerendered(oa, http):
+    """A model that writes the recipient after the channel (``<|channel|>commentary to=functions.X``,
+    the order of the harmony docs' own example) has its call rendered in history with ``to=`` in the
+    role header, so the next turn broke there (issue 50, 5a).  The server prefills the rendered form
+    when the turn ends (``core/rerender.py``: the same job a finished chat run starts, given here the
+    reply a random model cannot be made to write) and the next turn reads it up to the tool result."""
+    state, enc = http.app.state.kv, harmony_encoding()
+    messages = [{"role": "user", "content": "What time is it in Oslo?"}]
+    prompt = render(state.tokenizer, messages, TOOLS, template=state.template.source).token_ids
+    reply = enc.encode('<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"tz": 1}<|call|>',
+                       allowed_special="all")  # fmt: skip
+    parsed = parse_harmony(enc, reply, "r", calls=True)
+    [call] = parsed.tool_calls
+    assert (call.name, call.arguments) == ("get_time", '{"tz": 1}')
+    rendered = history_ids(state, messages, TOOLS, parsed, {})
+    at = first_divergence(prompt + reply, rendered)
+    assert at < len(prompt) + len(reply) - 1, "the published template renders this call as generated"
+    assert state.tokenizer.decode(rendered[at - 2 : at + 6]).find("to=functions") >= 0
+    record: list[list[int]] = []
+    http.portal.call(rewarm, state, PUBLIC, lambda: (prompt + reply, rendered), record.append)
+    assert record == [rendered]
+    resent = [*messages, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"time": "09:00"}'}]  # fmt: skip
+    r = oa.chat.completions.create(model="gpt", messages=resent, tools=TOOLS, max_tokens=2, temperature=0)
+    cache = r.model_extra["kvreuse"]["cache"]
+
+    def ids(result: str) -> list[int]:
+        msgs = [{**m, "content": result} if m["role"] == "tool" else m for m in resent]
+        return render(state.tokenizer, msgs, TOOLS, template=state.template.source).token_ids
+
+    result_at = first_divergence(ids('{"a": 1}'), ids("[2]"))
+    # the generated form alone (no re-rendered prefill) matched only up to the header's page
+    assert at // 16 * 16 < result_at // 16 * 16 == cache["cached_tokens"], (cache, at, result_at)

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from kvreuse.runtime.engine.async_engine import AsyncEngine
 from kvreuse.runtime.engine.engine import EngineStats
 from kvreuse.runtime.server.activity import NoActivity, RecentRequests
+from kvreuse.runtime.server.background import BackgroundTasks
 from kvreuse.runtime.server.cache_info import CacheCollector, CacheSnapshot, cache_snapshot
 from kvreuse.runtime.server.diagnostics import CacheDiagnostics
 from kvreuse.runtime.server.errors import APIError, bad_request
@@ -104,6 +105,7 @@ class ServerState:
         self.created = int(time.time())
         self.max_tokens = max_tokens_policy(config.max_tokens_overflow)
         self.replies = replies_from(config.script)  # the model's own, or a benchmark's script
+        self.background = BackgroundTasks()  # a turn's re-rendered prefill (core/rerender.py)
         self.prep = PrepPool(config.prep_threads, config.prep_share, config.prep_wait_s, config.retry_after_s)
 
     def check_model(self, name: str | None) -> None:

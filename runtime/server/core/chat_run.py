@@ -17,6 +17,7 @@ from kvreuse.runtime.sampling.params import SamplingParams
 from kvreuse.runtime.server.core.constraints import tool_grammar
 from kvreuse.runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt, render_kwargs
 from kvreuse.runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
+from kvreuse.runtime.server.core.rerender import assistant_message, history_ids, rewarm
 from kvreuse.runtime.server.core.run import Caller, EngineRun, MakeParams
 from kvreuse.runtime.server.core.streaming import merge_streams
 from kvreuse.runtime.server.diagnostics import HistoryEntry, cached_by_tier
@@ -152,6 +153,23 @@ class ChatRun(EngineRun):
         n = self.prompt.prefix_tokens
         return list(self.prompt.token_ids[len(self.prompt.token_ids) - n :]) if n else []
 
+    def warm_history(self, out: RequestOutput, options: dict[str, Any]) -> None:
+        """The conversation with choice 0's answer, as the client will resend it, into the cache where
+        it breaks from what was generated (``rerender.py``); a cut-off answer is not resent as is."""
+        if out.finish_reason not in ("stop", "tool_calls") and not self.parse(out).tool_calls:
+            return
+        p, generated = self.prompt, list(self.prompt.token_ids) + list(out.output_token_ids)
+
+        def job() -> tuple[list[int], list[int] | None]:
+            return generated, history_ids(self.state, p.messages, p.tools, self.parse(out), dict(options))
+
+        def record(ids: list[int]) -> None:
+            answer = assistant_message(self.parse(out))
+            entry = HistoryEntry(ids, len(ids), [*p.messages, answer], p.tools, dict(options))
+            self.state.diagnostics_for(self.scope.namespace).record(entry)
+
+        self.state.background.start(rewarm(self.state, self.scope, job, record))
+
     def finish(self, outs: list[RequestOutput]) -> dict[str, Any]:
         """Usage, diagnosis, metrics and the log line; returns the ``kvreuse`` extension object."""
         st, p = self.state, self.prompt
@@ -174,6 +192,7 @@ class ChatRun(EngineRun):
                 options,
             )
         )
+        self.warm_history(first, options)
         diag["cached_by_tier"] = cached_by_tier(first)
         st.metrics.cache_miss.labels(diag["cause"]).inc()
         self.observe(outs)

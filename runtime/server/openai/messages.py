@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvreuse.chat_templates.tool_calls import ParsedOutput
 from kvreuse.runtime.server.core.prompting import ChatInput, effort_kwargs
+from kvreuse.runtime.server.core.rerender import assistant_message
 from kvreuse.runtime.server.errors import bad_request
 from kvreuse.runtime.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
 from kvreuse.runtime.server.templates import TemplateInfo
+
+__all__ = ["assistant_message", "chat_input", "template_messages"]
 
 
 def chat_input(req: ChatCompletionRequest, template: TemplateInfo) -> ChatInput:
@@ -52,19 +54,3 @@ def template_messages(req: ChatCompletionRequest) -> list[dict]:
             d["name"] = m.name
         out.append(d)
     return out
-
-
-def assistant_message(parsed: ParsedOutput) -> dict[str, Any]:
-    """A parsed output as an OpenAI assistant message (the chat answer; a Responses conversation's turn)."""
-    msg: dict[str, Any] = {
-        "role": "assistant",
-        "content": parsed.content or (None if parsed.tool_calls else ""),
-    }
-    if parsed.reasoning:
-        msg["reasoning_content"] = parsed.reasoning
-    if parsed.tool_calls:
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls
-        ]
-    return msg

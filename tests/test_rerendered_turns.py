@@ -1,0 +1,149 @@
+"""Issue 50, item 4: a turn the client resends reads the whole of the earlier turn from the cache.
+
+A forced tool call is generated in tokens the template's rendering of the same call need not produce
+(the grammar's ``"}`` + ``}`` where the history tokenises ``"`` + ``}}``; the forced prefix's trailing
+space tokenised apart; Llama 3's ``\\n\\n`` after the header split otherwise once text follows it;
+harmony's stock template writing the call header its own way), so the next request lost the rest of
+that turn.  The server now prefills the turn as it will be resent (``core/rerender.py``).
+
+For each tool-call format of the bundled templates (Hermes ``<tool_call>``: ChatML and Qwen3; Llama 3
+JSON; harmony: gpt-oss) and each forced choice (``required``, a named tool), on both APIs (chat
+completions resending the messages; Responses with ``store: false`` resending the output items),
+turn 2's cached tokens are exactly its prompt up to the start of the tool result's content (where
+two renderings with different results part: an independent figure), rounded down to a page.
+(Qwen3.5's XML calls have no forced-call grammar: a 400, ``test_tool_choice_formats.py``.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from kvreuse.chat_templates.render import first_divergence, render
+from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.server.app import create_app
+from kvreuse.runtime.server.state import ServerConfig
+from tests.harmony_model import make_gpt_oss
+
+PAGE = 4
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "day": {"type": "integer"}},
+           "required": ["city", "day"]}  # fmt: skip
+TOOLS = [
+    {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+     "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}},
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather on a day.", "parameters": WEATHER}},
+]  # fmt: skip
+MSGS = [{"role": "system", "content": "You answer with tools."},
+        {"role": "user", "content": "What is the weather in Paris tomorrow? Also look up 'kv'."}]  # fmt: skip
+CHOICES = {"required": "required", "named": {"type": "function", "function": {"name": "get_weather"}}}
+TEMPLATES = ["chatml", "qwen3", "llama3", "gpt_oss"]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    smol = Engine(None, kv_cache_memory="64M", max_model_len=4096, page_size=PAGE)
+    gpt = make_gpt_oss(tmp_path_factory.mktemp("rerender") / "gpt")
+    harmony = Engine(model_dir=str(gpt), dtype="float32", device="cpu", page_size=PAGE, kv_cache_memory="64M",
+                     max_model_len=4096)  # fmt: skip
+    out = {"smol": AsyncEngine(smol), "gpt": AsyncEngine(harmony)}
+    yield out
+    for a in out.values():
+        a.shutdown()
+
+
+@pytest.fixture
+def server(engines, request):
+    template = request.node.callspec.params["template"]
+    aengine = engines["gpt" if template == "gpt_oss" else "smol"]
+    aengine.engine.reset_prefix_cache()
+    app = create_app(aengine, ServerConfig("m", allowed_hosts=("testserver",), chat_template=template))
+    with TestClient(app) as http:
+        yield (
+            openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0),
+            app,
+        )
+
+
+def _warms(app) -> int:
+    """The re-rendered turns prefilled so far, once the last is done (a client runs its tools meanwhile)."""
+    background = getattr(app.state.kv, "background", None)  # None: a server without them
+    for _ in range(600):
+        if background is None or not background.pending:
+            return background.counts["rewarm"] if background is not None else 0
+        time.sleep(0.02)
+    raise AssertionError("background prefill still running")
+
+
+def _check(app, messages: list[dict], turn1: int, warmed: bool, cache: dict) -> None:
+    """Turn 2 reads the whole of turn 1 (``turn1`` tokens; its last, sampled, is never computed) up to
+    its last page; and where the server prefilled the resent form, through the next message's glue:
+    up to the tool result's content (where two renderings with different results part), in pages."""
+    content = _content_start(app, messages)
+    whole = min(content, turn1 - 1) // PAGE * PAGE
+    assert cache["cached_tokens"] == (content // PAGE * PAGE if warmed else whole), (cache, content, turn1)
+    assert cache["cached_tokens"] >= whole and cache["cause"] == "append_only", cache
+
+
+def _content_start(app, messages: list[dict]) -> int:
+    st = app.state.kv
+
+    def ids(result: str) -> list[int]:
+        msgs = [{**m, "content": result} if m["role"] == "tool" else m for m in messages]
+        return render(st.tokenizer, msgs, TOOLS, template=st.template.source).token_ids
+
+    return first_divergence(ids('{"a": 1}'), ids("[2]"))
+
+
+@pytest.mark.parametrize("choice", list(CHOICES))
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_chat_resent_turn_is_cached(server, template, choice):
+    oa, app = server
+    before = _warms(app)
+    r = oa.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=CHOICES[choice],
+                                   max_tokens=48, temperature=0, parallel_tool_calls=False)  # fmt: skip
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and calls
+    warmed = _warms(app) > before
+    resent = [{"role": "assistant", "content": None,
+               "tool_calls": [c.model_dump(exclude_none=True) for c in calls]}]  # fmt: skip
+    results = [{"role": "tool", "tool_call_id": c.id, "content": '{"ok": 1}'} for c in calls]
+    messages = MSGS + resent + results
+    r2 = oa.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=2, temperature=0)
+    _check(
+        app,
+        messages,
+        r.usage.prompt_tokens + r.usage.completion_tokens,
+        warmed,
+        r2.model_extra["kvreuse"]["cache"],
+    )
+
+
+@pytest.mark.parametrize("choice", list(CHOICES))
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_responses_resent_items_are_cached(server, template, choice):
+    oa, app = server
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    forced = CHOICES[choice] if choice == "required" else {"type": "function", "name": "get_weather"}
+    before = _warms(app)
+    items = [{"type": "message", "role": m["role"], "content": m["content"]} for m in MSGS]
+    first = oa.responses.create(model="m", input=items, tools=tools, tool_choice=forced, store=False,
+                                max_output_tokens=48, temperature=0, parallel_tool_calls=False)  # fmt: skip
+    calls = [i for i in first.output if i.type == "function_call"]
+    assert calls
+    warmed = _warms(app) > before
+    outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": '{"ok": 1}'} for c in calls]
+    resent = [i.model_dump(exclude_none=True) for i in first.output]
+    second = oa.responses.create(model="m", input=items + resent + outputs, tools=tools, store=False,
+                                 max_output_tokens=2, temperature=0)  # fmt: skip
+    cache = second.model_extra["kvreuse"]["cache"]
+    messages = MSGS + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls]},
+        *({"role": "tool", "tool_call_id": c.call_id, "content": '{"ok": 1}'} for c in calls),
+    ]  # fmt: skip
+    _check(app, messages, first.usage.input_tokens + first.usage.output_tokens, warmed, cache)
