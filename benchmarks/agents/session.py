@@ -93,6 +93,14 @@ def scrub(text: str, repo: Path, home: Path, name: str = "agent") -> str:
     return text.replace(str(repo), str(WORK / name / "repo")).replace(str(home), str(WORK / name / "home"))
 
 
+def serve_args(script: Path) -> list[str]:
+    """``kvreuse serve`` arguments of a scripted session (also what a replay's server needs to give
+    the live session's replies and cache figures)."""
+    return ["--model", str(agent_model_dir()), "--chat-template", "qwen3", "--served-model-name", SERVED,
+            "--kv-cache-memory", "512M", "--max-model-len", "65536", "--page-size", str(PAGE),
+            "--script", str(script)]  # fmt: skip
+
+
 def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0,
                 log: Callable[[str], None] = print, server_args: tuple[str, ...] = (), n_tasks: int = 2) -> dict[str, Any]:  # fmt: skip
     """Both tasks, one server; returns {"script", "records" (scrubbed), "runs" (per task: rc, tail)}."""
@@ -107,9 +115,7 @@ def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0
     steps = agent.steps(str(repo))
     script, record = work / "script.json", work / "record.jsonl"
     script.write_text(json.dumps({"steps": steps, "side": "OK"}))
-    args = ["--model", str(agent_model_dir()), "--chat-template", "qwen3", "--served-model-name", SERVED,
-            "--kv-cache-memory", "512M", "--max-model-len", "65536", "--page-size", str(PAGE),
-            "--script", str(script), "--record", str(record), *server_args]  # fmt: skip
+    args = [*serve_args(script), "--record", str(record), *server_args]
     server = ServerProcess(args, work / "server.log").start()
     runs = []
     try:
