@@ -75,6 +75,38 @@ def claims(session: dict) -> list[tuple[str, str, str]]:
     return out
 
 
+TEMPLATE_CAUSES = ("template_rerendered", "assistant_turn_differs")
+
+
+def _side_lines(s: dict[str, Any]) -> list[str]:
+    """Each side request (the agent's compaction, a summary, a title) and what the main request after it
+    found in the cache: a compaction replaces the history, the cost is that request's deficit."""
+    out, rows = [], s["rows"]
+    for side in s["side_requests"]:
+        r = next(x for x in rows if x["seq"] == side["seq"])
+        nxt = next((x for x in rows if x["seq"] > side["seq"] and x["kind"] == "main"), None)
+        line = (f"- side request {side['seq']} ({side['prompt_tokens']:,} prompt tokens, {r['cached_tokens']:,} cached: "
+                f"the agent's compaction or a summary, its reply scripted)")  # fmt: skip
+        if nxt is not None:
+            line += (f"; the main request after it ({nxt['seq']}) found {nxt['cached_tokens']:,} of {nxt['prompt_tokens']:,} "
+                     f"tokens cached, {nxt['deficit']:,} short of the previous sequence (break `{nxt['cause']}` at {nxt['where']})")  # fmt: skip
+        out.append(line + ".")
+    return out
+
+
+def _template_line(s: dict[str, Any]) -> list[str]:
+    """The breaks Qwen3's template makes (not the agent): it renders an empty ``<think></think>`` into the
+    turn being generated and drops it from the same turn once it is history."""
+    rs = [r for r in s["rows"] if r["deficit"] > 16 and r["cause"] in TEMPLATE_CAUSES]
+    if not rs:
+        return []
+    return [f"- of these, {len(rs)} (deficit {sum(r['deficit'] for r in rs):,} tokens in all, "
+            f"{max(r['deficit'] for r in rs)} at most) are Qwen3's template, not the agent: the reply is generated "
+            "after an empty `<think>\\n\\n</think>` block the template leaves out of the same turn once it is history, "
+            "so the previous reply's last pages are recomputed on every request; kept, as it is what a Qwen3 user "
+            "sees (a template that renders history as generated would not have it)."]  # fmt: skip
+
+
 def _pct(x: float) -> str:
     return f"{x:.1%}"
 
@@ -118,9 +150,7 @@ def section(results: Path = RESULTS) -> list[str]:
             lines.append(f"- `{cause}` x{n} (e.g. request {r['seq']}, deficit {r['deficit']} tokens, at {r['where']}): "
                          f"{r['detail']}; the earlier sequence read `{(r['before_text'] or '')[-40:]!r}`, this one "
                          f"`{(r['new_text'] or '')[:40]!r}`.")  # fmt: skip
-        for side in s["side_requests"]:
-            lines.append(f"- side request {side['seq']} ({side['prompt_tokens']:,} prompt tokens, no tools: "
-                         f"the agent's compaction or a summary): break `{side['why']}`.")  # fmt: skip
+        lines += _side_lines(s) + _template_line(s)
     free = results / "free.json"
     if free.exists():
         lines += [
@@ -132,6 +162,8 @@ def section(results: Path = RESULTS) -> list[str]:
             lines.append(f"- {name}: {f['model_requests']} model request(s), HTTP statuses {sorted(set(f['http_statuses']))}, "
                          f"{f['server_errors']} server error(s), agent exit code {f['rc']}"
                          + "".join(f"; refused: {m}" for m in f.get("refusals") or [])
+                         + (f"; replies capped at {f['max_tokens_cap']} tokens ({f.get('capped_replies', 0)} reached it), "
+                            f"{f.get('wall_s', '?')} s" if f.get("max_tokens_cap") else "")
                          + (f"; {f['note']}" if f.get("note") else "") + ".")  # fmt: skip
     lines += ["", "Seed 001's claims about Claude Code's context layout, checked on the recorded traffic "
               "(computed in `benchmarks/agents/report.py`):", "",
