@@ -50,9 +50,9 @@ def run_free(agent: Agent, timeout_s: float = 600.0) -> dict[str, Any]:
         try:
             p = subprocess.run(agent.argv(binary, tasks.PROMPT_1, False), cwd=repo, env=env, stdin=subprocess.DEVNULL,
                                capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
-            rc, out = p.returncode, p.stdout + p.stderr
+            rc, out, answer = p.returncode, p.stdout + p.stderr, p.stdout
         except subprocess.TimeoutExpired:
-            rc, out = 124, ""
+            rc, out, answer = 124, "", ""
         wall = time.perf_counter() - t0
     finally:
         server.terminate()
@@ -64,6 +64,7 @@ def run_free(agent: Agent, timeout_s: float = 600.0) -> dict[str, Any]:
     )
     return {"agent": agent.name, "model": MODEL, "mode": "free", "max_tokens_cap": CAP, "capped_replies": capped,
             "stop_reasons": [r["result"].get("stop_reason") or r["result"].get("status") for r in chats], "wall_s": round(wall, 1), "rc": rc, "output_tail": scrub(out[-800:], repo, home, agent.name),
+            "answer": scrub(answer[-400:], repo, home, agent.name),
             "http_statuses": [r["status"] for r in records], "server_errors": sum(r["status"] >= 500 or (r["status"] == 200 and "error" in r["result"]) for r in records),
             "refusals": [r["result"].get("error", {}).get("message") for r in records if 400 <= r["status"] < 500],
             "model_requests": len(chat_records(records)), "rows": rows(records, PAGE)}  # fmt: skip

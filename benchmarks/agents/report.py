@@ -169,7 +169,8 @@ def section(results: Path = RESULTS) -> list[str]:
                          + "".join(f"; refused: {m}" for m in f.get("refusals") or [])
                          + (f"; replies capped at {f['max_tokens_cap']} tokens ({f.get('capped_replies', 0)} reached it), "
                             f"{f.get('wall_s', '?')} s" if f.get("max_tokens_cap") else "")
-                         + (f"; {f['note']}" if f.get("note") else "") + ".")  # fmt: skip
+                         + (f"; {f['note']}" if f.get("note") else "")
+                         + (f"; the agent printed: `{' '.join(f['answer'].split())[:200]}`" if f.get("answer") else "") + ".")  # fmt: skip
     lines += ["", "Seed 001's claims about Claude Code's context layout, checked on the recorded traffic "
               "(computed in `benchmarks/agents/report.py`):", "",
               "| agent | claim | measured | verdict |", "|---|---|---|---|"]  # fmt: skip
