@@ -7,7 +7,8 @@ two user messages, tool results follow tool calls.  Like llama.cpp's template po
 ``supports_system_role`` / ``polyfill_tool_responses`` / ``polyfill_tool_calls``), such a conversation
 is rewritten before rendering, never refused:
 
-- the leading system messages become one system message (joined by a blank line);
+- the leading system messages become one system message of text (joined by a blank line: Gemma's
+  template reads only the first part of a system message's content list);
 - a later system message, and a tool result, becomes a user turn (a tool result as its text);
 - an assistant turn's tool calls, where the template renders none, are written into its text as JSON
   (``{"tool_calls": [...]}``), so the history still says what was called;
@@ -91,10 +92,7 @@ def alternate(messages: list[dict], source: str) -> list[dict]:
     while rest and rest[0].get("role") in ("system", "developer"):
         m = rest.pop(0)
         head = [
-            {
-                "role": "system",
-                "content": _joined(head[0]["content"], m.get("content")) if head else m.get("content"),
-            }
+            {"role": "system", "content": _joined(head[0]["content"] if head else None, m.get("content"))}
         ]
     out: list[dict] = []
     for m in rest:
@@ -118,4 +116,10 @@ def alternate(messages: list[dict], source: str) -> list[dict]:
 def alternates(messages: list[dict]) -> bool:
     """After at most one leading system message: user, assistant, user, ... (no tool or later system)."""
     body = messages[1:] if messages and messages[0].get("role") == "system" else messages
+    if (
+        body is not messages
+        and isinstance(messages[0].get("content"), list)
+        and len(messages[0]["content"]) > 1
+    ):
+        return False  # Gemma's template reads only a list system message's first part
     return all(m.get("role") == ("user" if i % 2 == 0 else "assistant") for i, m in enumerate(body))

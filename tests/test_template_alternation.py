@@ -63,6 +63,11 @@ def test_codex_shaped_turns_render_merged_as_gemma_would_take_them(server):
     want = _turns(tok.bos_token, ("user", "Sys A.\n\nSys B.\n\nU1\n\nU2"),
                   ("model", '{"tool_calls": [{"name": "ls", "arguments": {"p": 1}}]}'), ("user", "a.py\n\nU3"))  # fmt: skip
     assert render_text(tok, fitted, None, template=src) == want
+    parts = [{"role": "system", "content": [{"type": "text", "text": "P1."}, {"type": "text", "text": "P2."}]},
+             {"role": "user", "content": "U"}]  # fmt: skip
+    assert render_text(tok, alternate(parts, src), None, template=src) == _turns(
+        tok.bos_token, ("user", "P1.\n\nP2.\n\nU")
+    )
     ok = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     assert alternate(ok, src) is ok  # already alternating: untouched
 
