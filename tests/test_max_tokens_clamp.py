@@ -122,3 +122,31 @@ def test_input_items_lists_a_stored_responses_input(clamp):
     assert one[0]["content"] == [{"type": "input_text", "text": "Hi"}] and one[0]["role"] == "user"
     assert clamp.get("/v1/responses/resp_nope/input_items").status_code == 404
     assert clamp.get(f"/v1/responses/{rid}/input_items", params={"limit": 0}).status_code == 400
+
+
+@pytest.fixture(scope="module")
+def capped(engine):
+    with _client(engine, max_tokens_cap=5) as c:
+        yield c
+
+
+def test_a_server_cap_bounds_every_request_and_says_so(capped):
+    """``--max-tokens-cap`` (llama.cpp's server --n-predict): asking more gets the cap, reported with
+    ``by: cap``; asking less is untouched; a room smaller than the cap is still the room's clamp."""
+    r = _post(capped, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": ASK, "temperature": 0})
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    assert u["max_tokens_clamped"] == {"asked": ASK, "granted": 5, "by": "cap"}
+    assert u["completion_tokens"] <= 5
+    body = {"model": "claude-sonnet-4-5", "max_tokens": ASK, "messages": MESSAGES, "temperature": 0}
+    r = _post(capped, "/v1/messages", body)
+    assert r.status_code == 200 and r.json()["usage"]["max_tokens_clamped"]["by"] == "cap", r.text
+    assert r.json()["usage"]["output_tokens"] <= 5
+    r = _post(capped, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3})
+    assert r.status_code == 200 and "max_tokens_clamped" not in r.json()["usage"]
+    long = [{"role": "user", "content": "word " * 243}]
+    r = _post(capped, "/v1/chat/completions", {"messages": long, "max_tokens": ASK})
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    room = MAX_LEN - u["prompt_tokens"]
+    assert room < 5 and u["max_tokens_clamped"] == {"asked": ASK, "granted": room}

@@ -3,9 +3,11 @@ coding tasks against ``kvreuse serve``, every request recorded, analysed against
 replayed through the pattern target with the cache on and off.
 
 ``kvreuse bench agents [--agents claude-code,codex] [--out benchmarks/results/agents] [--analyse-only]
-[--free]``.  Figures of scripted runs are labelled "scripted" (the words of each reply come from the
+[--free] [--server URL]``.  Figures of scripted runs are labelled "scripted" (the words of each reply come from the
 script, every token goes through the engine).  ``--analyse-only`` re-reads the kept recordings (no node
 needed); ``--free`` runs each agent once on the real Gemma 3 270M with its own replies instead.
+``--server URL`` also replays each kept recording against that server, cache on and off
+(``agents/replay_server.py``; a kvreuse server started as ``server_args`` says gives the live figures).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--analyse-only", action="store_true", help="re-analyse the kept recordings (no agent run)"
     )
     ap.add_argument("--no-replay", action="store_true", help="skip the cache-on/off replay")
+    ap.add_argument(
+        "--server", default=None, help="also replay the recordings against this server (cache on/off)"
+    )
     ap.add_argument(
         "--free", action="store_true", help="the model's own replies (Gemma 3 270M), one task each"
     )
@@ -74,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         s = summary(session, PAGE)
         if not args.no_replay:
             s["replay"] = replay(session, PAGE)
+        if args.server:
+            from kvreuse.benchmarks.agents.replay_server import replay_server
+
+            s["replay_server"] = rs = replay_server(session, args.server)
+            print(f"{name} against {args.server}: cache on {rs['cache_on']['matches_live']} of "
+                  f"{len(rs['cache_on']['rows'])} requests as live, prefilled {rs['cache_on']['prefilled_tokens']:,} "
+                  f"(off {rs['cache_off']['prefilled_tokens']:,}), {rs['cache_on']['errors']} errors")  # fmt: skip
         summaries[name] = s
         print(f"{name} (scripted): {s['model_requests']} model requests, {s['cached_share']:.1%} of prompt tokens "
               f"cached (ideal {s['ideal_share']:.1%}), {s['breaks_over_a_page']} deficits over a page "

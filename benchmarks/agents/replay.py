@@ -42,7 +42,7 @@ def replay(session: dict[str, Any], page: int = 16, max_len: int = 65536) -> dic
     script = session["script"]
     out: dict[str, Any] = {}
     for mode, cache in (("cache_on", True), ("cache_off", False)):
-        replies = ScriptedReplies(script["steps"], script.get("side", "OK"))
+        replies = ScriptedReplies.from_dict(script)
         target, rows = InProcessTarget(engine, reply_kv="extend"), []  # one extend step writes a reply's KV
         target.reset()
         for rec in chat_records(session["records"]):

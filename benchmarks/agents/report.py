@@ -11,6 +11,7 @@ from typing import Any
 
 from kvreuse.benchmarks.agents.analyze import chat_records
 
+BILLING = "x-anthropic-billing-header:"  # Claude Code's per-request nonce block (not rendered by default)
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "agents"
 
 
@@ -53,9 +54,13 @@ def claims(session: dict) -> list[tuple[str, str, str]]:
                 "confirmed" if len(tools) == 1 else "refuted"))  # fmt: skip
     if session["agent"] == "claude-code":
         systems = Counter(json.dumps(r["request"].get("system"), sort_keys=True) for r in main)
+        bare = Counter(json.dumps([b for b in r["request"].get("system") or [] if not str(b.get("text", "")).startswith(BILLING)],
+                                  sort_keys=True) for r in main)  # fmt: skip
         out.append(("the system prompt is static within a session (001: system 相对固定)",
                     f"{len(systems)} distinct system value(s) over {len(main)} main requests (the billing header's "
-                    "cc_version suffix included)", "confirmed" if len(systems) == 1 else "refuted"))  # fmt: skip
+                    f"cc_version suffix included: it changes after a compaction), {len(bare)} without that block "
+                    "(which the server leaves out of the prompt)",
+                    "confirmed" if len(systems) == 1 else "partly" if len(bare) == 1 else "refuted"))  # fmt: skip
         first = _history(main[0])[0]["content"]
         blocks = (
             [b.get("text", "") for b in first if isinstance(b, dict)] if isinstance(first, list) else [first]
@@ -73,6 +78,38 @@ def claims(session: dict) -> list[tuple[str, str, str]]:
                     f"system {sys_chars:,} characters, tools {tool_chars:,} characters (JSON); ten-odd KB read as <= 20,000",
                     ("refuted", "partly", "confirmed")[within]))  # fmt: skip
     return out
+
+
+TEMPLATE_CAUSES = ("template_rerendered", "assistant_turn_differs")
+
+
+def _side_lines(s: dict[str, Any]) -> list[str]:
+    """Each side request (the agent's compaction, a summary, a title) and what the main request after it
+    found in the cache: a compaction replaces the history, the cost is that request's deficit."""
+    out, rows = [], s["rows"]
+    for side in s["side_requests"]:
+        r = next(x for x in rows if x["seq"] == side["seq"])
+        nxt = next((x for x in rows if x["seq"] > side["seq"] and x["kind"] == "main"), None)
+        line = (f"- side request {side['seq']} ({side['prompt_tokens']:,} prompt tokens, {r['cached_tokens']:,} cached: "
+                f"the agent's compaction or a summary, its reply scripted)")  # fmt: skip
+        if nxt is not None:
+            line += (f"; the main request after it ({nxt['seq']}) found {nxt['cached_tokens']:,} of {nxt['prompt_tokens']:,} "
+                     f"tokens cached, {nxt['deficit']:,} short of the previous sequence (break `{nxt['cause']}` at {nxt['where']})")  # fmt: skip
+        out.append(line + ".")
+    return out
+
+
+def _template_line(s: dict[str, Any]) -> list[str]:
+    """The breaks Qwen3's template makes (not the agent): it renders an empty ``<think></think>`` into the
+    turn being generated and drops it from the same turn once it is history."""
+    rs = [r for r in s["rows"] if r["deficit"] > 16 and r["cause"] in TEMPLATE_CAUSES]
+    if not rs:
+        return []
+    return [f"- of these, {len(rs)} (deficit {sum(r['deficit'] for r in rs):,} tokens in all, "
+            f"{max(r['deficit'] for r in rs)} at most) are Qwen3's template, not the agent: the reply is generated "
+            "after an empty `<think>\\n\\n</think>` block the template leaves out of the same turn once it is history, "
+            "so the previous reply's last pages are recomputed on every request; kept, as it is what a Qwen3 user "
+            "sees (a template that renders history as generated would not have it)."]  # fmt: skip
 
 
 def _pct(x: float) -> str:
@@ -118,9 +155,7 @@ def section(results: Path = RESULTS) -> list[str]:
             lines.append(f"- `{cause}` x{n} (e.g. request {r['seq']}, deficit {r['deficit']} tokens, at {r['where']}): "
                          f"{r['detail']}; the earlier sequence read `{(r['before_text'] or '')[-40:]!r}`, this one "
                          f"`{(r['new_text'] or '')[:40]!r}`.")  # fmt: skip
-        for side in s["side_requests"]:
-            lines.append(f"- side request {side['seq']} ({side['prompt_tokens']:,} prompt tokens, no tools: "
-                         f"the agent's compaction or a summary): break `{side['why']}`.")  # fmt: skip
+        lines += _side_lines(s) + _template_line(s)
     free = results / "free.json"
     if free.exists():
         lines += [
@@ -132,7 +167,10 @@ def section(results: Path = RESULTS) -> list[str]:
             lines.append(f"- {name}: {f['model_requests']} model request(s), HTTP statuses {sorted(set(f['http_statuses']))}, "
                          f"{f['server_errors']} server error(s), agent exit code {f['rc']}"
                          + "".join(f"; refused: {m}" for m in f.get("refusals") or [])
-                         + (f"; {f['note']}" if f.get("note") else "") + ".")  # fmt: skip
+                         + (f"; replies capped at {f['max_tokens_cap']} tokens ({f.get('capped_replies', 0)} reached it), "
+                            f"{f.get('wall_s', '?')} s" if f.get("max_tokens_cap") else "")
+                         + (f"; {f['note']}" if f.get("note") else "")
+                         + (f"; the agent printed: `{' '.join(f['answer'].split())[:200]}`" if f.get("answer") else "") + ".")  # fmt: skip
     lines += ["", "Seed 001's claims about Claude Code's context layout, checked on the recorded traffic "
               "(computed in `benchmarks/agents/report.py`):", "",
               "| agent | claim | measured | verdict |", "|---|---|---|---|"]  # fmt: skip

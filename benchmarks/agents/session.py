@@ -42,11 +42,17 @@ def _claude_argv(binary: Path, prompt: str, cont: bool) -> list[str]:
             "--allowedTools", "Read,Bash,Edit,Grep,Write"]  # fmt: skip
 
 
+# Claude Code 2.1.x compacts ahead of the API's "prompt too long" only where the compaction window
+# is configured (its source not "auto": CLAUDE_CODE_AUTO_COMPACT_WINDOW, at least 100,000); the
+# threshold is then min(E * PCT / 100, E - 13,000) tokens where E = window - min(max output, 20,000):
+# (100,000 - 20,000) * 40% = 32,000, which task 2's log reads cross (task 1 ends near 22,500).
+COMPACT_ENV = {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "40"}
+
+
 def _claude_env(url: str, home: Path) -> dict[str, str]:
     # the README's settings; no traffic beyond the server (no telemetry, no update check)
     return {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "sk-local",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-            "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "10"}  # fmt: skip
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", **COMPACT_ENV}  # fmt: skip
 
 
 CODEX_CONFIG = """model = "{model}"
@@ -93,6 +99,14 @@ def scrub(text: str, repo: Path, home: Path, name: str = "agent") -> str:
     return text.replace(str(repo), str(WORK / name / "repo")).replace(str(home), str(WORK / name / "home"))
 
 
+def serve_args(script: Path) -> list[str]:
+    """``kvreuse serve`` arguments of a scripted session (also what a replay's server needs to give
+    the live session's replies and cache figures)."""
+    return ["--model", str(agent_model_dir()), "--chat-template", "qwen3", "--served-model-name", SERVED,
+            "--kv-cache-memory", "512M", "--max-model-len", "65536", "--page-size", str(PAGE),
+            "--script", str(script)]  # fmt: skip
+
+
 def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0,
                 log: Callable[[str], None] = print, server_args: tuple[str, ...] = (), n_tasks: int = 2) -> dict[str, Any]:  # fmt: skip
     """Both tasks, one server; returns {"script", "records" (scrubbed), "runs" (per task: rc, tail)}."""
@@ -104,12 +118,9 @@ def run_session(agent: Agent, work: Path | None = None, timeout_s: float = 300.0
         shutil.rmtree(work, ignore_errors=True)
     repo, home = tasks.make_repo(work / "repo"), work / "home"
     home.mkdir(parents=True, exist_ok=True)
-    steps = agent.steps(str(repo))
     script, record = work / "script.json", work / "record.jsonl"
-    script.write_text(json.dumps({"steps": steps, "side": "OK"}))
-    args = ["--model", str(agent_model_dir()), "--chat-template", "qwen3", "--served-model-name", SERVED,
-            "--kv-cache-memory", "512M", "--max-model-len", "65536", "--page-size", str(PAGE),
-            "--script", str(script), "--record", str(record), *server_args]  # fmt: skip
+    script.write_text(json.dumps(tasks.script(agent.name, str(repo))))
+    args = [*serve_args(script), "--record", str(record), *server_args]
     server = ServerProcess(args, work / "server.log").start()
     runs = []
     try:

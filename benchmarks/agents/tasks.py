@@ -57,8 +57,10 @@ def claude_steps(repo: str) -> list[dict[str, Any]]:
         {"tool": "Read", "input": {"file_path": f"{repo}/calc.py"}},
         {"tool": "Bash", "input": {"command": "git diff", "description": "Show the change"}},
         {"text": "Fixed: add() subtracted; it now adds and the test prints ok."},
-        # task 2 (claude --continue)
-        {"tool": "Bash", "input": {"command": "cat build.log", "description": "Read the build log"}},
+        # task 2 (claude --continue): the log read in two halves by Read (Bash would keep only a 2 KB
+        # preview of it), which carries the context past the compaction threshold session.py sets
+        {"tool": "Read", "input": {"file_path": f"{repo}/build.log", "offset": 1, "limit": 750}},
+        {"tool": "Read", "input": {"file_path": f"{repo}/build.log", "offset": 751, "limit": 750}},
         {"tool": "Bash", "input": {"command": "tail -3 build.log", "description": "Read its end"}},
         {"text": "The build ran all 1500 steps; the log ends without an error."},
     ]  # fmt: skip
@@ -80,3 +82,22 @@ def codex_steps(repo: str) -> list[dict[str, Any]]:
         sh("cat build.log"), sh("tail -3 build.log"),
         {"text": "The build ran all 1500 steps; the log ends without an error."},
     ]  # fmt: skip
+
+
+# Claude Code's compaction request carries the main loop's tools (a fork sharing its cached prefix) and
+# ends on this instruction: the scripted server answers it with ``CLAUDE_SUMMARY``, taking no step.
+CLAUDE_COMPACT_MARK = "Do NOT call any tools"
+CLAUDE_SUMMARY = (
+    "<analysis>The user asked to fix a failing test, then about build.log.</analysis>\n<summary>\n"
+    "1. Primary Request: fix the failing test in test_calc.py; then say whether build.log shows a finished build.\n"
+    "2. Work so far: add() in calc.py subtracted; it was changed to add and python3 test_calc.py prints ok. "
+    "build.log (1500 lines) was read in two halves.\n"
+    "3. Current Work: reading the end of build.log.\n</summary>"
+)
+
+
+def script(agent: str, repo: str) -> dict[str, Any]:
+    """The server's ``--script`` of an agent's session."""
+    if agent == "claude-code":
+        return {"steps": claude_steps(repo), "side": CLAUDE_SUMMARY, "side_when": [CLAUDE_COMPACT_MARK]}
+    return {"steps": codex_steps(repo), "side": "OK"}

@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         "llama.cpp; reported in usage.max_tokens_clamped) or refuse the request with a 400",
     )  # fmt: skip
     p.add_argument(
+        "--max-tokens-cap", type=int, default=None, metavar="N",
+        help="no request generates more than N tokens (llama.cpp's server --n-predict; reported in "
+        "usage.max_tokens_clamped with by: cap); default: no cap",
+    )  # fmt: skip
+    p.add_argument(
         "--script", default=None, metavar="JSON",
         help="benchmarks: force each reply from this script through the engine (runtime/server/scripted.py); "
         "every figure of such a run is 'scripted'",
@@ -160,6 +165,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.max_waiting < 0:
         raise ValueError("--max-waiting must be >= 0")
+    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
+        raise ValueError("--max-tokens-cap must be at least 1")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -211,6 +218,7 @@ def main(argv: list[str]) -> int:
         ui=not args.no_ui,
         ui_history=args.ui_history,
         max_tokens_overflow=args.max_tokens_overflow,
+        max_tokens_cap=args.max_tokens_cap,
         script=args.script,
         record=args.record,
     )

@@ -8,6 +8,12 @@ Agents ask for a fixed output budget whatever the context holds (Claude Code alw
 
 Invariant: a clamped request's prompt + max_tokens == the engine's token capacity, and max_tokens >= 1
 (a prompt that leaves no room is refused by admission either way).
+
+``--max-tokens-cap N`` (llama.cpp's server ``--n-predict``: a request asking more gets N) bounds every
+request's output on top of either policy (``CappedMaxTokens``): a benchmark of a small model that
+rarely stops finishes in bounded time.  A cap is reported like a clamp, ``by`` saying which bound cut
+it ("room" or "cap").  Invariant: a capped request's max_tokens <= N (forced tokens aside: a scripted
+reply is never cut).
 """
 
 from __future__ import annotations
@@ -23,9 +29,14 @@ class Clamp(NamedTuple):
 
     asked: int
     granted: int
+    by: str = "room"  # "room": the context the prompt left; "cap": the server's --max-tokens-cap
 
     def report(self) -> dict[str, Any]:
-        return {"asked": self.asked, "granted": self.granted}
+        return {
+            "asked": self.asked,
+            "granted": self.granted,
+            **({"by": self.by} if self.by != "room" else {}),
+        }
 
 
 class MaxTokensPolicy(Protocol):
@@ -66,11 +77,37 @@ class RefuseOverflow:
         return params, None
 
 
+class CappedMaxTokens:
+    """``max_tokens`` over the server's cap becomes the cap, then ``inner`` fits it to the room left."""
+
+    def __init__(self, inner: MaxTokensPolicy, cap: int) -> None:
+        if cap < 1:
+            raise ValueError("--max-tokens-cap must be at least 1")
+        self.inner, self.cap = inner, cap
+        self.name = f"{inner.name}, cap {cap}"
+
+    def fit(
+        self, params: SamplingParams, prompt_len: int, capacity: int
+    ) -> tuple[SamplingParams, Clamp | None]:
+        asked = params.max_tokens
+        cap = max(self.cap, len(params.forced_tokens))
+        if asked > cap:
+            params = dataclasses.replace(params, max_tokens=cap)
+        params, clamp = self.inner.fit(params, prompt_len, capacity)
+        if clamp is not None:
+            return params, Clamp(asked, clamp.granted, "room")
+        if asked > cap:
+            assert params.max_tokens == cap
+            return params, Clamp(asked, cap, "cap")
+        return params, None
+
+
 POLICIES: dict[str, type] = {"clamp": ClampMaxTokens, "refuse": RefuseOverflow}
 
 
-def policy(name: str) -> MaxTokensPolicy:
+def policy(name: str, cap: int | None = None) -> MaxTokensPolicy:
     try:
-        return POLICIES[name]()
+        inner = POLICIES[name]()
     except KeyError:
         raise ValueError(f"--max-tokens-overflow must be one of {', '.join(POLICIES)}") from None
+    return inner if cap is None else CappedMaxTokens(inner, cap)

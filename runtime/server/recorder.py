@@ -34,6 +34,7 @@ def final_figures(body: bytes) -> dict[str, Any]:
             obj,
             obj.get("response") if isinstance(obj, dict) else None,
             (obj.get("message") if isinstance(obj, dict) else None),
+            (obj.get("delta") if isinstance(obj, dict) else None),  # Anthropic's message_delta: stop_reason
         ):
             if isinstance(node, dict):
                 for key in ("usage", "kvreuse", "stop_reason", "status"):

@@ -10,10 +10,14 @@ and cached like any generation's.  Figures from this mode are labelled "scripted
 Which requests take a step: the agent's main loop sends its tools, so a request with tools takes the
 next step; one without (title generation, a quota probe, a summary) gets the script's ``side`` text.
 When the steps run out, every request with tools gets ``done`` (text: the agent ends its turn).
+A side request may carry the tools too: Claude Code compacts in a fork that sends the main loop's
+very prefix (tools included, for the cache) with one instruction appended ("Respond with TEXT ONLY.
+Do NOT call any tools"); the script's ``side_when`` (substrings of the last message's text) names
+those, and they get ``side`` without taking a step.
 
 ``ModelReplies`` is the null object (the model's own replies); ``ScriptedReplies.load(path)`` reads a
 JSON script: ``{"steps": [{"tool": NAME, "input": {...}} | {"text": "..."}, ...], "side": "...",
-"done": "..."}`` (a step may hold several calls: ``{"calls": [{"tool": ..., "input": ...}, ...]}``).
+"done": "...", "side_when": ["..."]}`` (a step may hold several calls: ``{"calls": [{"tool": ..., "input": ...}, ...]}``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,13 @@ class ModelReplies:
     """The model's own replies: nothing is forced."""
 
     name = "model"
+
+    def is_side(self, messages: list[dict]) -> bool:
+        """The last message's text holds one of ``side_when`` (a compaction prompt sent with the tools)."""
+        if not self.side_when or not messages:
+            return False
+        text = _text(messages[-1].get("content"))
+        return any(marker in text for marker in self.side_when)
 
     def reply_ids(self, messages: list[dict], tools: list[dict] | None, kwargs: dict, prompt_text: str,
                   tokenizer: Any, source: str, eos_ids: frozenset[int]) -> tuple[list[int], str] | None:  # fmt: skip
@@ -55,19 +66,28 @@ class ScriptedReplies:
 
     name = "scripted"
 
-    def __init__(self, steps: list[dict[str, Any]], side: str = "OK", done: str = "Done.") -> None:
+    def __init__(
+        self,
+        steps: list[dict[str, Any]],
+        side: str = "OK",
+        done: str = "Done.",
+        side_when: tuple[str, ...] = (),
+    ) -> None:
         for s in steps:
             if not isinstance(s, dict) or not ({"tool", "text", "calls"} & s.keys()):
                 raise ValueError(f"a script step needs 'tool', 'calls' or 'text': {s!r:.80}")
-        self.steps, self.side, self.done = steps, side, done
+        self.steps, self.side, self.done, self.side_when = steps, side, done, tuple(side_when)
         self.taken = 0  # main-loop steps handed out
         self.side_replies = 0
         self._lock = threading.Lock()
 
     @classmethod
     def load(cls, path: str | Path) -> ScriptedReplies:
-        d = json.loads(Path(path).read_text())
-        return cls(d["steps"], d.get("side", "OK"), d.get("done", "Done."))
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ScriptedReplies:
+        return cls(d["steps"], d.get("side", "OK"), d.get("done", "Done."), tuple(d.get("side_when", ())))
 
     def next_step(self, has_tools: bool) -> tuple[dict[str, Any], int]:
         with self._lock:
@@ -78,11 +98,18 @@ class ScriptedReplies:
             self.taken += 1
         return (self.steps[k] if k < len(self.steps) else {"text": self.done}), k
 
+    def is_side(self, messages: list[dict]) -> bool:
+        """The last message's text holds one of ``side_when`` (a compaction prompt sent with the tools)."""
+        if not self.side_when or not messages:
+            return False
+        text = _text(messages[-1].get("content"))
+        return any(marker in text for marker in self.side_when)
+
     def reply_ids(self, messages: list[dict], tools: list[dict] | None, kwargs: dict, prompt_text: str,
                   tokenizer: Any, source: str, eos_ids: frozenset[int]) -> tuple[list[int], str] | None:  # fmt: skip
         """The ids of the next reply (the template's rendering of it after ``messages``, to its end of
         turn) and which it was: ``step N``, ``side`` or ``done``."""
-        step, k = self.next_step(bool(tools))
+        step, k = self.next_step(bool(tools) and not self.is_side(messages))
         reply = assistant_message(step, k)
         done = render_text(tokenizer, [*messages, reply], tools, template=source,
                            add_generation_prompt=False, **kwargs)  # fmt: skip
@@ -93,6 +120,14 @@ class ScriptedReplies:
         end = next((i for i, t in enumerate(ids) if t in eos_ids), None)
         label = "side" if k < 0 else f"step {k}" if k < len(self.steps) else "done"
         return (ids[: end + 1] if end is not None else ids), label
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return ""
 
 
 def _common(a: str, b: str) -> int:

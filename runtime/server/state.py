@@ -54,6 +54,7 @@ class ServerConfig:
     ui: bool = True  # the live page at /ui (--no-ui: off, and no request records kept)
     ui_history: int = 200  # finished requests the page keeps per tenant
     max_tokens_overflow: str = "clamp"  # max_tokens beyond the room left: clamp (llama.cpp's way) or refuse
+    max_tokens_cap: int | None = None  # no request generates more (llama.cpp's server --n-predict)
     record: str | None = None  # a JSON-lines file every HTTP exchange is written to (benchmarks; recorder.py)
     script: str | None = None  # a JSON script of replies forced through the engine (benchmarks; scripted.py)
 
@@ -103,7 +104,7 @@ class ServerState:
         # the server's own files that can fail to be written (name -> why not, or None): /health reads them
         self.faults: dict[str, Callable[[], str | None]] = {}
         self.created = int(time.time())
-        self.max_tokens = max_tokens_policy(config.max_tokens_overflow)
+        self.max_tokens = max_tokens_policy(config.max_tokens_overflow, config.max_tokens_cap)
         self.replies = replies_from(config.script)  # the model's own, or a benchmark's script
         self.background = BackgroundTasks()  # a turn's re-rendered prefill (core/rerender.py)
         self.prep = PrepPool(config.prep_threads, config.prep_share, config.prep_wait_s, config.retry_after_s)

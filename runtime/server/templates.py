@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from kvreuse.chat_templates.alternation import requires_alternation
 from kvreuse.chat_templates.render import load_template
 from kvreuse.runtime.loading.harmony_vocab import harmony_encoding
 
@@ -23,6 +24,9 @@ class TemplateInfo(NamedTuple):
     tool_format: str | None  # "hermes" | "qwen_xml" | "llama3" | "harmony" | None (no tool support)
     reasoning: bool  # <think> markup in the text
     harmony: Any = None  # gpt-oss: openai-harmony's encoding (the parser reads token ids), else None
+    # roles must alternate user/assistant (Gemma's): conversations are fitted to it before rendering
+    # (chat_templates/alternation.py)
+    alternating: bool = False
 
 
 # a checkpoint without a chat template (a GGUF converted without one: Gemma 3 270M's) renders with the
@@ -62,7 +66,7 @@ def resolve_template(tokenizer: Any, name: str | None, model_type: str = "") -> 
         tool_format = "llama3"
     else:
         tool_format = None
-    return TemplateInfo(label, source, tool_format, "<think>" in source)
+    return TemplateInfo(label, source, tool_format, "<think>" in source, None, requires_alternation(source))
 
 
 def forced_tool_prefix(tool_format: str | None, choice: str | None) -> str:

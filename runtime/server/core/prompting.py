@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from kvreuse.chat_templates.alternation import alternate
 from kvreuse.chat_templates.parsers import THINK_OPEN
 from kvreuse.chat_templates.render import RenderedPrompt, render
 from kvreuse.runtime.loading.tokenizer import text_prompt_ids
@@ -45,6 +46,9 @@ class ChatPrompt(NamedTuple):
     think_open: bool
     reasoning_budget: int | None = None  # reasoning tokens before it is closed (reasoning_budget.py)
     prefix_tokens: int = 0  # how many of token_ids are the forced prefix's
+    # the conversation as the request gave it, where fitting it to the template changed it (``messages``
+    # are what was rendered): what a stored response keeps, so a continuation re-fits the whole
+    asked: list[dict] | None = None
 
 
 def forced_tool(chat: ChatInput) -> str | None:
@@ -76,6 +80,9 @@ def render_kwargs(chat: ChatInput) -> dict[str, Any]:
 
 
 def build_chat_prompt(chat: ChatInput, tokenizer: Any, template: TemplateInfo) -> ChatPrompt:
+    asked = chat.messages
+    if template.alternating:  # roles fitted to the template (merged turns); ``messages`` say what rendered
+        chat = chat._replace(messages=alternate(chat.messages, template.source))
     messages, tools, kwargs = chat.messages, chat.tools or None, render_kwargs(chat)
     try:
         rendered = render(tokenizer, messages, tools, template=template.source, **kwargs)
@@ -83,7 +90,8 @@ def build_chat_prompt(chat: ChatInput, tokenizer: Any, template: TemplateInfo) -
         raise bad_request(
             f"the chat template cannot render these messages: {one_line(e)}", "messages"
         ) from None
-    return prompt_from(chat, rendered, list(rendered.token_ids), tokenizer, template)
+    prompt = prompt_from(chat, rendered, list(rendered.token_ids), tokenizer, template)
+    return prompt if messages is asked else prompt._replace(asked=asked)
 
 
 def prompt_from(

@@ -132,7 +132,7 @@ class ResponsesRun(chat_run.ChatRun):
         if self.req.store and body["status"] != "cancelled":
             stored = self.store.put(StoredResponse(
                 self.id, self.tenant, body, self.req.instructions, self.chat.tools,
-                dict(self.chat.template_kwargs or {}), self.prompt.messages + [message],
+                dict(self.chat.template_kwargs or {}), (self.prompt.asked or self.prompt.messages) + [message],
                 list(out.prompt_token_ids) + list(out.output_token_ids), input_items(self.req),
             ), parent=self.req.previous_response_id)  # fmt: skip
             if not stored:  # the answer is served, as not stored; its pin would only hold pages for nothing
