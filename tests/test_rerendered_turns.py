@@ -147,3 +147,31 @@ def test_responses_resent_items_are_cached(server, template, choice):
         *({"role": "tool", "tool_call_id": c.call_id, "content": '{"ok": 1}'} for c in calls),
     ]  # fmt: skip
     _check(app, messages, first.usage.input_tokens + first.usage.output_tokens, warmed, cache)
+
+
+@pytest.mark.parametrize("template", ["chatml"])
+def test_a_turn_sent_at_once_waits_for_the_earlier_turns_prefill(server, template, monkeypatch):
+    """A client that resends at once (a replay, a tool that returns instantly) reads what a client that
+    ran its tools reads: the tenant's next request waits for its re-rendered prefill, so its cached
+    tokens do not depend on timing.  The re-render is slowed so that turn 2 surely arrives first."""
+    from kvreuse.runtime.server.core import chat_run
+
+    def slow_history_ids(*args, **kwargs):
+        time.sleep(1.0)
+        return history_ids(*args, **kwargs)
+
+    history_ids = chat_run.history_ids
+    monkeypatch.setattr(chat_run, "history_ids", slow_history_ids)
+    oa, app = server
+    before = app.state.kv.background.counts["rewarm"]
+    forced = CHOICES["named"]
+    r = oa.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=forced,
+                                   max_tokens=48, temperature=0, parallel_tool_calls=False)  # fmt: skip
+    calls = r.choices[0].message.tool_calls
+    resent = [{"role": "assistant", "content": None,
+               "tool_calls": [c.model_dump(exclude_none=True) for c in calls]}]  # fmt: skip
+    results = [{"role": "tool", "tool_call_id": c.id, "content": '{"ok": 1}'} for c in calls]
+    messages = MSGS + resent + results
+    r2 = oa.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=2, temperature=0)
+    assert app.state.kv.background.counts["rewarm"] == before + 1  # this turn breaks (chatml, named)
+    _check(app, messages, r.usage.prompt_tokens + r.usage.completion_tokens, True, r2.model_extra["kvreuse"]["cache"])

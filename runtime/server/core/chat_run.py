@@ -168,7 +168,7 @@ class ChatRun(EngineRun):
             entry = HistoryEntry(ids, len(ids), [*p.messages, answer], p.tools, dict(options))
             self.state.diagnostics_for(self.scope.namespace).record(entry)
 
-        self.state.background.start(rewarm(self.state, self.scope, job, record))
+        self.state.background.start(rewarm(self.state, self.scope, job, record), self.scope.namespace)
 
     def finish(self, outs: list[RequestOutput]) -> dict[str, Any]:
         """Usage, diagnosis, metrics and the log line; returns the ``kvreuse`` extension object."""

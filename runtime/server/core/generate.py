@@ -96,6 +96,8 @@ async def admit_run(state: ServerState, caller: C, n: int, make_run: Callable[[C
 
     release = Once(_release)
     try:
+        # the tenant's last turn may still be prefilling as the client will resend it (core/rerender.py)
+        await state.background.settled(tenant)
         # template rendering and tokenisation are CPU work: off the event loop, so /health and
         # every other request keep being answered while a big prompt is prepared
         run = await state.prep.run(tenant, make_run, caller)
