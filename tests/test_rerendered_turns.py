@@ -174,4 +174,10 @@ def test_a_turn_sent_at_once_waits_for_the_earlier_turns_prefill(server, templat
     messages = MSGS + resent + results
     r2 = oa.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=2, temperature=0)
     assert app.state.kv.background.counts["rewarm"] == before + 1  # this turn breaks (chatml, named)
-    _check(app, messages, r.usage.prompt_tokens + r.usage.completion_tokens, True, r2.model_extra["kvreuse"]["cache"])
+    _check(
+        app,
+        messages,
+        r.usage.prompt_tokens + r.usage.completion_tokens,
+        True,
+        r2.model_extra["kvreuse"]["cache"],
+    )
