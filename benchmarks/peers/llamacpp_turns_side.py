@@ -1,8 +1,8 @@
-"""llama.cpp's side of ``kvreuse.benchmarks.cached_turns_peers``: one context kept across a conversation's
+"""llama.cpp's side of ``kvreuse.benchmarks.serving.cached_turns_peers``: one context kept across a conversation's
 turns the way llama-server keeps its slot, each turn's time to the first token.
 
 Runs in a separate interpreter over the prebuilt ``llama-cpp-cffi`` CPU build (never a kvreuse
-dependency; setup in ``benchmarks/README.md``): ``python benchmarks/llamacpp_turns_side.py MODULE_DIR``.
+dependency; setup in ``benchmarks/README.md``): ``python benchmarks/peers/llamacpp_turns_side.py MODULE_DIR``.
 Line protocol on stdin/stdout, one JSON object a line:
 
 * first line ``{"convert": {"src", "dst", "ftype"}}``: ``llama_model_quantize`` of ``src`` to ``dst``

@@ -1,11 +1,11 @@
 """Is the matmul ceiling ``cached_turns`` divides by the machine's limit?  GEMM rates against the FMA peak.
 
-Run from the repository root: ``python -m kvreuse.benchmarks.machine_ceiling [--quick]`` (results in
+Run from the repository root: ``python -m kvreuse.benchmarks.kernels.machine_ceiling [--quick]`` (results in
 ``results/machine_ceiling.json``).
 
 Three views of one machine, each at 1 and at every thread (``torch.get_num_threads()`` at start):
 
-* **peak**: the instruction issue rate of 12 independent accumulator chains (``benchmarks/machine_peak.c``,
+* **peak**: the instruction issue rate of 12 independent accumulator chains (``benchmarks/kernels/machine_peak.c``,
   built by ``kvreuse.kernels.cpu_build``): fp32 ``vfmadd`` on zmm and ymm, bf16 ``vdpbf16ps`` on zmm, and
   the core clock from a dependent integer-add chain run just before (FLOP/cycle/core = rate / clock /
   threads, which names the microarchitecture's FMA width);

@@ -1,4 +1,4 @@
-/* The machine's arithmetic peak, for benchmarks/machine_ceiling.py (a benchmark, not a kernel).
+/* The machine's arithmetic peak, for benchmarks/kernels/machine_ceiling.py (a benchmark, not a kernel).
  *
  * peak_clock_ghz: the core clock from a chain of dependent integer adds (1 cycle each on x86 cores),
  * on `threads` cores at once (the slowest).

@@ -1,6 +1,6 @@
 """Cached-turn TTFT side by side with the peers: kvreuse, transformers and llama.cpp on one agent conversation.
 
-Run from the repository root: ``python -m kvreuse.benchmarks.cached_turns_peers --llamacpp-python PY
+Run from the repository root: ``python -m kvreuse.benchmarks.serving.cached_turns_peers --llamacpp-python PY
 --llamacpp-module DIR [--llamacpp-preload SO] [--quick]`` (llama.cpp set up as in ``benchmarks/README.md``;
 results in ``results/cached_turns_peers.json``).  The workload is ``cached_turns --agent``'s (SmolLM2-135M,
 8 requests growing 1.6K -> 3.6K tokens); every side gets each turn's whole prompt in turn, alternating
@@ -9,7 +9,7 @@ turn by turn in one run, and reuses its own prefix across turns:
 * **kvreuse**: the radix engine (``--attention-backend`` default), TTFT from the engine;
 * **transformers**: a ``DynamicCache`` kept by hand across turns, fed only the tokens it lacks (as
   ``cached_turns``);
-* **llama.cpp**: one context kept as llama-server keeps its slot (``benchmarks/llamacpp_turns_side.py``,
+* **llama.cpp**: one context kept as llama-server keeps its slot (``benchmarks/peers/llamacpp_turns_side.py``,
   in its own interpreter, blocked on a pipe while the others run).
 
 Weights: kvreuse and transformers run the dense weights (the embedded Q4_1 GGUF dequantised, in the
@@ -19,7 +19,7 @@ fp32 pass, the Q4_1 file itself (what a llama.cpp user runs; its integer dot pro
 the ceiling measures, so its share of the fp32 ceiling is only a reference).  The build is the wheel's
 prebuilt AVX2 one (no AVX-512, no AVX512-BF16 on this build).
 
-Per turn and side: TTFT, the tokens it evaluated, its forward FLOPs (``kvreuse.benchmarks.extend.flops``
+Per turn and side: TTFT, the tokens it evaluated, its forward FLOPs (``kvreuse.benchmarks.kernels.extend.flops``
 for those tokens on its cached prefix), and FLOPs / TTFT as a share of the dtype's matmul ceiling
 (``cached_turns.matmul_ceiling``, best of before and after the dtype's turns).  ``first_token_same``: the
 side's first token equals kvreuse's.  Summary: medians over the cached turns (2..) of each side's TTFT,
@@ -44,12 +44,12 @@ from pathlib import Path
 
 import torch
 
-from kvreuse.benchmarks.cached_turns import common_prefix, matmul_ceiling
 from kvreuse.benchmarks.common import base_parser, bench_main, format_table, median, model_dir, progress
-from kvreuse.benchmarks.extend import flops
-from kvreuse.benchmarks.ttft_multiturn import conversation_prompts
+from kvreuse.benchmarks.kernels.extend import flops
+from kvreuse.benchmarks.serving.cached_turns import common_prefix, matmul_ceiling
+from kvreuse.benchmarks.serving.ttft_multiturn import conversation_prompts
 
-SIDE = Path(__file__).with_name("llamacpp_turns_side.py")
+SIDE = Path(__file__).parent.parent / "peers" / "llamacpp_turns_side.py"
 FTYPES = {"float32": (0, "f32"), "bfloat16": (32, "bf16")}  # llama_ftype ALL_F32, MOSTLY_BF16
 
 
