@@ -237,6 +237,7 @@ def write_report(results: dict, out: Path) -> Path:
     from kvreuse.benchmarks.patterns.claims import verdicts
     from kvreuse.benchmarks.patterns.real_traffic import section as real_traffic
     from kvreuse.benchmarks.patterns.scale import scale_table, summary, without_row
+    from kvreuse.benchmarks.patterns.verdicts import number_rows
     from kvreuse.benchmarks.patterns.verdicts import table as verdict_table
     from kvreuse.benchmarks.report_html import write_html
     from kvreuse.benchmarks.report_plots import all_plots
@@ -327,7 +328,7 @@ def write_report(results: dict, out: Path) -> Path:
     lines += _timed(timed, results.get("curve", []))
     lines += ["", "## Plots", ""] + [f"![{p[:-4]}]({p})" for p in pngs] + [""]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    path.write_text(number_rows("\n".join(lines), vs))  # notes name other rows by claim: {row:PREFIX}
     write_html(path)  # the same report as one offline page, plots embedded
     return path
 

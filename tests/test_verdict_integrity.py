@@ -107,3 +107,22 @@ def test_row_1_refutes_a_layout_that_rewrites_its_prefix(perturbed: Perturbed, l
     side = row.arms()[0]
     v = row(Runs(substituted(perturbed.runs, side, (side[0], layout, side[2]))))
     assert v.verdict == "refuted", v.number
+
+
+def test_no_two_rows_measure_one_claim(perturbed: Perturbed) -> None:
+    """Two cache rows reading the same two patterns of one session must be distinct claims: a claim of no difference
+    on the prompt (replies replayed) beside a cost claim on the replies' KV (cached), not one claim twice (the
+    sub-agent rows 19/32 and the text rows 13/14 of the third edition)."""
+    from itertools import combinations
+
+    from kvreuse.benchmarks.patterns.verdicts import Contrast, Same
+
+    rows = [c for c in CLAIMS if (v := c(perturbed.base)) is not None and v.cache  # cache claims on one pair
+            and len({(w, p) for w, p, _ in c.arms()}) == 2]  # fmt: skip
+    for a, b in combinations(rows, 2):
+        if {(w, p) for w, p, _ in a.arms()} != {(w, p) for w, p, _ in b.arms()}:
+            continue
+        kinds = {type(a), type(b)}
+        assert kinds == {Same, Contrast}, (a.claim[:50], b.claim[:50])
+        same = a if isinstance(a, Same) else b
+        assert same.replies == "replayed", same.claim
