@@ -119,8 +119,8 @@ def scale_table(runs: list[dict]) -> list[str]:
     head = " | ".join(f"{LONG} ({n.get(LONG, 65)} requests), {s}" for s in SCALE_STACKS)
     return ["", "## Verdicts at agent scale", "",
             f"Every pair row at two session lengths, the same rule on the same pair: the row's own session (10-16 "
-            f"requests: coding {n.get('coding', 10)}, research 12, fanout 8 main + sub-agent turns, 3 coding "
-            f"sessions for the static-zone row) beside the agent session ({n.get(LONG, 65)} requests, ~17K-token "
+            f"requests: coding {n.get('coding', 10)}, research 12, fanout 16 of which 12 are sub-agents', 3 "
+            f"coding sessions for the static-zone row) beside the agent session ({n.get(LONG, 65)} requests, ~17K-token "
             "static prefix, 2 sub-agents) under both tokenizers, each against its own cache-off twin. The agent "
             "session's counts come from the engine's reuse rule (tokens only: `AccountingTarget`, equal to the "
             "engine on every request where both ran); every row here is judged on tokens, or FLOPs computed from "
