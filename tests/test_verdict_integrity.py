@@ -107,3 +107,39 @@ def test_row_1_refutes_a_layout_that_rewrites_its_prefix(perturbed: Perturbed, l
     side = row.arms()[0]
     v = row(Runs(substituted(perturbed.runs, side, (side[0], layout, side[2]))))
     assert v.verdict == "refuted", v.number
+
+
+def test_every_pair_row_is_judged_at_agent_scale_or_says_why(perturbed: Perturbed) -> None:
+    """Each pair row (a vs b) has a verdict on the 65-request agent session under both tokenizers, or (a part
+    of) it names why its pattern cannot run there; on the third edition's results 20 of 27 had neither."""
+    from kvreuse.benchmarks.patterns.scale import SCALE_STACKS, missing, scale_checks
+    from kvreuse.benchmarks.patterns.verdicts import AllOf
+
+    short = []
+    for c, longs in scale_checks():
+        assert c(perturbed.base) is not None, c.claim
+        for x, s in zip(longs, SCALE_STACKS, strict=True):
+            parts = zip(x.parts, c.parts, strict=True) if isinstance(x, AllOf) else [(x, c)]
+            for p, q in parts:
+                if p(perturbed.base) is None and not missing(q, s).startswith("n/a"):
+                    short.append((c.claim[:50], s))
+    assert short == []
+
+
+def test_no_two_rows_measure_one_claim(perturbed: Perturbed) -> None:
+    """Two cache rows reading the same two patterns of one session must be distinct claims: a claim of no difference
+    on the prompt (replies replayed) beside a cost claim on the replies' KV (cached), not one claim twice (the
+    sub-agent rows 19/32 and the text rows 13/14 of the third edition)."""
+    from itertools import combinations
+
+    from kvreuse.benchmarks.patterns.verdicts import Contrast, Same
+
+    rows = [c for c in CLAIMS if (v := c(perturbed.base)) is not None and v.cache  # cache claims on one pair
+            and len({(w, p) for w, p, _ in c.arms()}) == 2]  # fmt: skip
+    for a, b in combinations(rows, 2):
+        if {(w, p) for w, p, _ in a.arms()} != {(w, p) for w, p, _ in b.arms()}:
+            continue
+        kinds = {type(a), type(b)}
+        assert kinds == {Same, Contrast}, (a.claim[:50], b.claim[:50])
+        same = a if isinstance(a, Same) else b
+        assert same.replies == "replayed", same.claim

@@ -9,8 +9,11 @@ Perturbations (each a new list of runs; the rules only read them):
   partly verdict must turn refuted, unless the claim is symmetric by design (``symmetric``);
 * **arms equal** (a null effect): every side's runs replaced by a copy of the first side's: a claim of
   a difference must be refuted (a claim of no difference, ``claims_equal``, must not be);
-* **names shuffled**: pattern names permuted among a workload's runs (three fixed seeds);
-* **substituted** (rows with one side): the side's runs replaced by each other pattern's of its workload.
+* **names shuffled**: pattern names permuted among a workload's runs (three fixed seeds; a row with no sides,
+  which reads many runs, gets more seeds until its verdict moves, up to 39);
+* **substituted** (rows with one side): the side's runs replaced by each other pattern's of its workload;
+  a row of two sides that none of the above moves off "refuted" (no effect at this length) gets its worse
+  side replaced the same way, until one gives another verdict.
 
 Over all of them a row's verdict must take at least two values, so a rule that returns a fixed word
 (``Hardcoded``, the mutant ``tests/test_verdict_integrity.py`` checks the audit against) cannot pass.
@@ -114,6 +117,17 @@ def problems(check: Any, P: Perturbed) -> list[str]:
         w, pat, stack = arms[0]
         for other in sorted({r["pattern"] for r in P.runs if r["workload"] == w and r["pattern"] != pat}):
             score(Runs(substituted(P.runs, arms[0], (w, other, stack))))
+    if len(seen) < 2 and len(arms) >= 2:  # a row refuted throughout (no effect either way): its worse side
+        # replaced by each other pattern of its session until one makes a difference the rule sees
+        w, _, stack = arms[-1]
+        for other in sorted({r["pattern"] for r in P.runs if r["workload"] == w} - {a[1] for a in arms}):
+            score(Runs(substituted(P.runs, arms[-1], (w, other, stack))))
+            if len(seen) >= 2:
+                break
+    for seed in range(len(P.shuffles) + 1, 40):  # a row with no sides (it reads many runs): more shuffles
+        if len(seen) >= 2 or arms:
+            break
+        score(Runs(shuffled(P.runs, seed)))
     if len(seen) < 2:
         out.append(f"{name}: always {v0.verdict} (cache off, swapped, equal sides, shuffled names)")
     return out

@@ -12,8 +12,9 @@ from __future__ import annotations
 from kvreuse.benchmarks.patterns.claims_compression import COMPRESSION_CLAIMS
 from kvreuse.benchmarks.patterns.claims_coverage import COVERAGE_CLAIMS
 from kvreuse.benchmarks.patterns.claims_extra import EXTRA_CLAIMS
-from kvreuse.benchmarks.patterns.claims_measured import MEASURED_CLAIMS
+from kvreuse.benchmarks.patterns.claims_measured import MEASURED_CLAIMS, SUB_FLOPS
 from kvreuse.benchmarks.patterns.verdicts import (
+    AllOf,
     Contrast,
     Invalidates,
     NotMeasurable,
@@ -40,13 +41,16 @@ CACHE_CLAIMS = [
             "the only gap is page granularity (replies cached by forced decoding)"),
     Invalidates("A timestamp at the start of the system prompt invalidates the whole cache", S003_EXP, "coding",
                 "timestamp_start", "reuse stops in the system prompt's first line; everything after it is recomputed"),
-    Contrast("Dynamic information goes last: appended as a new message each turn, not written into the system "
-             "prompt (here: its end)", S003_KV, "coding", "timestamp_message", "timestamp_end",
-             "in the system prompt the timestamp precedes tools and history, so each turn recomputes them; as a new "
-             "message it extends the previous request"),
-    Contrast("Or the agent gets the time from a tool call when it needs it, instead of the system prompt",
-             S003_EXP, "coding", "timestamp_tool", "timestamp_end",
-             "the tool call and its result are appended history; nothing before them changes"),
+    # one claim ([003]: "put the time in a user message appended at the end, or fetch it by a tool call only
+    # when needed"), two ways to follow it: one row, each way a part (issue 57: it was two rows)
+    AllOf("Dynamic information (the time) goes last, not into the system prompt (here: its end): appended as a "
+          "new message each turn, or fetched by a tool call when needed", f"{S003_KV}; {S003_EXP}",
+          (Contrast("as a new message", S003_KV, "coding", "timestamp_message", "timestamp_end",
+                    "as a new message it extends the previous request"),
+           Contrast("by a tool call", S003_EXP, "coding", "timestamp_tool", "timestamp_end",
+                    "the tool call and its result are appended history")),
+          "in the system prompt the timestamp precedes tools and history, so each turn recomputes them; as a new "
+          "message, or a tool call and its result, it is appended history and nothing before it changes"),
     Contrast("Most stable part first: with the tools rendered before the system text (the seed's order is system "
              "-> tools -> messages), a change at the system text's end keeps the tools cached", f"{S001_ORDER}; {S003_KV}", "coding",
              "timestamp_end_tools_first", "timestamp_end",
@@ -71,14 +75,17 @@ CACHE_CLAIMS = [
     Contrast("USER:/ASSISTANT: text flattening is cache-neutral when byte-stable; only unstable formatting "
              "breaks the cache", S003_EXP, "coding", "text_stable", "text_unstable",
              "the stable flattening extends the previous request; [i/N] labels rewrite every entry"),
-    Same("Byte-stable text concatenation still hits the cache: it costs what the structured messages cost "
-         "(cached replies)", S003_KV, "coding", "append_only", "text_stable",
-         "each reply is generated as an assistant turn and rendered next as text inside the user message, so "
-         "its KV is never reused: the flattening costs the replies again (the row below: same cost without "
-         "reply KV)"),
-    Same("...the same pair with the first edition's replayed replies (no reply KV for either to lose)", S003_KV,
-         "coding", "append_only", "text_stable", "with no reply KV to lose, the flattened history is a prefix "
-         "of the next request as the structured one is", replies="replayed"),
+    # [003]'s claim is about the prompt's bytes: judged with replayed replies (no reply KV for either arm);
+    # with cached replies the same pair measures another thing, named in the next row (issue 57)
+    Same("Byte-stable text concatenation still hits the cache: its prefix is reused as the structured messages' "
+         "is (replies replayed: no reply KV for either to lose)", S003_KV, "coding", "append_only", "text_stable",
+         "with no reply KV to lose, the flattened history is a prefix of the next request as the structured one is",
+         replies="replayed"),
+    Contrast("...but flattening forfeits the replies' KV: each generated reply comes back as text inside the next "
+             "user message (cached replies; a consequence the seed does not state)", S003_KV, "coding",
+             "append_only", "text_stable",
+             "each reply is generated as an assistant turn and rendered next as text inside the user message, so "
+             "its KV is never reused: the flattening recomputes every reply"),
     Contrast("A status bar replaced every turn costs the turns after it; appended and never removed it costs "
              "nothing", S003_STATUS, "coding", "status_append", "status_replace",
              "removing the old status invalidates the reply generated after it, so each turn recomputes status + "
@@ -90,10 +97,16 @@ CACHE_CLAIMS = [
              "compress_budget", "compress_every_turn", "a moving stub boundary breaks the prefix on every request"),
     Contrast("Tool-result replacement strings are frozen when first made", S003_CC, "research", "compress_budget",
              "compress_unfrozen", "a stub re-rendered each turn breaks the prefix at the oldest stub every turn"),
-    Contrast("Sub-agents byte-aligned with the parent reuse its cache; with their own system prompt (same tools) "
-             "they do not", f"{S003_CC} vs 001 §Subagent 的系统提示词", "fanout", "append_only",
-             "subagent_own_system", "aligned sub-agents share the parent's whole static prefix and prefill only "
-             "their own turns; an own prompt is computed once per sub-agent", sub_prefilled, "sub-agent prefilled"),
+    # one claim in tokens and in compute: one row (issue 57: the compute part was row 32, apart)
+    AllOf("Sub-agents byte-aligned with the parent reuse its cache; with their own system prompt (same tools) "
+          "they do not, and cost more compute, though the aligned ones carry the parent's whole prefix",
+          f"{S003_CC} vs 001 §Subagent 的系统提示词",
+          (Contrast("reuse", S003_CC, "fanout", "append_only", "subagent_own_system",
+                    "aligned sub-agents share the parent's whole static prefix and prefill only their own turns",
+                    sub_prefilled, "sub-agent prefilled"),
+           SUB_FLOPS),
+          "aligned sub-agents share the parent's whole static prefix and prefill only their own turns; an own "
+          "prompt is computed once per sub-agent, which outweighs the attention over the longer aligned contexts"),
     Contrast("A skill loaded into the system prompt breaks the cache; delivered as a message it does not",
              f"{S003_SKILL}; 000 §换轮时哪些内容会延续 (a skill activated later stays where it happened)", "coding", "skill_in_messages", "skill_in_system",
              "the system prompt precedes tools and history, so loading the skill there recomputes all of it"),
@@ -133,7 +146,7 @@ NOT_MEASURABLE = [
                   "003 §为什么需要压缩", "behavioural: needs a long-context retrieval/decision benchmark with a "
                   "real model at several fill levels"),
     NotMeasurable("Summaries lose detail, so an agent may 'forget' after compaction", "000 §为什么 Agent 仍可能“忘记”",
-                  "behavioural: needs task success after compaction with a real summariser and model; row 40 measures the "
+                  "behavioural: needs task success after compaction with a real summariser and model; {row:Identifiers (UUIDs} measures the "
                   "part a text check can (identifiers lost through compression)"),
     NotMeasurable("AGENTS.md is kept out of the system prompt for permission isolation (prompt-injection risk)",
                   "001 §AGENTS.md", "security: needs an injection benchmark with a real model"),

@@ -31,9 +31,9 @@ WITHOUT_ROW = [
     ("A sub-agent adds only two messages to the main context (the task and its conclusion)",
      "003 §隔离优于压缩：子 Agent 上下文隔离", "true by construction of the fanout workload (each sub-agent is one "
      "call and one result in the main thread: its 3 sub-agents add 4 messages, 6 items), so a row could not fail; "
-     "row 33 measures what it buys", "recorded agents' traffic (the real-agents section, when recordings exist)"),
+     "{row:Isolation beats compression} measures what it buys", "recorded agents' traffic (the real-agents section, when recordings exist)"),
     ("A skill activated later stays where it happened", "000 §换轮时哪些内容会延续",
-     "the same pair as rows 20 and 26 (the skill as a message where it was loaded, vs moved into the system "
+     "the same pair as {row:A skill loaded into the system prompt} and {row:Old history is merged verbatim} (the skill as a message where it was loaded, vs moved into the system "
      "prompt or re-read): those rows cite it", "-"),
     ("Switching model or provider loses the cache", "000 §能力开关与缓存",
      "true by construction: one model's KV cannot serve another, so a switch prefills the whole context once "
@@ -47,29 +47,29 @@ WITHOUT_ROW = [
      "our deterministic summariser is always shorter, so the guard never fires on these workloads",
      "a summariser with a measured failure rate (a real model), counting replacements by failed summaries"),
     ("Code and JSON cost more tokens per character than prose", "000 §Token 是什么",
-     "not built: needs a per-content-type tokenisation pass (rows 35 and the stacks' tables give totals only)",
+     "not built: needs a per-content-type tokenisation pass ({row:Token counts differ slightly} and the stacks' tables give totals only)",
      "tokens per character of the workloads' code, JSON and prose under both vocabularies"),
     ("Latency grows with the context", "001 §为什么要缓存",
      "the TTFT curve (report, `ttft_curve.png`) shows it; the verdict table reads token counts only",
      "a verdict over the curve's cold TTFT per length (timed, so machine-dependent)"),
     ("The static zone is shared across users", "001 §静态与动态的分离",
-     "row 28 measures it across sessions on one engine; across tenants kvreuse isolates caches by design "
+     "{row:The static zone is reused across sessions} measures it across sessions on one engine; across tenants kvreuse isolates caches by design "
      "(`benchmarks/results/tenant_isolation.json`)", "the server with a shared-prefix tenant policy"),
     ("A broken cache multiplies latency", "003 §KV Cache 友好的上下文设计",
      "the timed section (TTFT rounds) gives it per pattern; the verdict table reads token counts only",
      "a verdict over the TTFT medians of timestamp_start vs append_only (timed)"),
     ("Attention compute per request grows quadratically with the context", "003 §KV Cache 的原理与约束",
-     "the FLOP model (`cost.py`) is quadratic by definition, so a row would restate the formula; row 29 "
+     "the FLOP model (`cost.py`) is quadratic by definition, so a row would restate the formula; {row:Without a cache, prefill grows} "
      "judges the session total", "timed prefill at several lengths on a model where attention dominates"),
     ("Skills way 3 (metadata, full text by a tool) vs way 2 (read as a file)", "003 §Skills 的实现方式与权衡",
-     "both append the skill where it is loaded, so their cache cost is row 20's message arm; what differs is "
+     "both append the skill where it is loaded, so their cache cost is the message arm of {row:A skill loaded into the system prompt}; what differs is "
      "instruction following", "a trained model's adherence to the skill, by delivery way"),
     ("Full compaction in two stages (session memory first, then full)", "003 §生产级的分层压缩机制",
      "not built: `compression.py` has one full-compaction stage", "a two-stage layer beside compress_l5_full"),
     ("Retention priorities: decisions, modified files, pass/fail, TODOs survive compression",
-     "003 §对 Agent 架构设计的启示", "not built: row 40 checks identifiers only",
-     "a text check like row 40's over labelled decisions, files, verdicts and TODOs in the workloads"),
+     "003 §对 Agent 架构设计的启示", "not built: {row:Identifiers (UUIDs} checks identifiers only",
+     "a text check like {row:Identifiers (UUIDs}'s over labelled decisions, files, verdicts and TODOs in the workloads"),
     ("Isolation vs an actual compression arm", "003 §隔离优于压缩：子 Agent 上下文隔离",
-     "row 33 compares delegation with the same search in the main thread, uncompressed",
+     "{row:Isolation beats compression} compares delegation with the same search in the main thread, uncompressed",
      "explore_inline with the compression layers on, beside the delegated run"),
 ]  # fmt: skip

@@ -7,10 +7,15 @@ from kvreuse.benchmarks.patterns.verdicts import Contrast
 
 
 def new_sessions_first(run: dict) -> float:
-    """Prefill of the first request of every session after the first (threads > 0), on a warm engine."""
+    """Prefill of the first request of every session after the first, on a warm engine: the threads
+    ``sessions.more_sessions`` adds after the workload's own (its sub-agents belong to session 0)."""
+    from kvreuse.benchmarks.patterns.sessions import SESSION_TASKS
+
+    threads = sorted({x["thread"] for x in run["requests"]})
+    added = set(threads[-len(SESSION_TASKS) :]) if len(threads) > len(SESSION_TASKS) else set()
     firsts: dict[int, int] = {}
     for x in run["requests"]:
-        if x["thread"] > 0:
+        if x["thread"] in added:
             firsts.setdefault(x["thread"], x["prefilled_tokens"])
     return sum(firsts.values())
 

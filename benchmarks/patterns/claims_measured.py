@@ -3,6 +3,8 @@ isolation, context size, the status-bar sweep.  Each compute returns (number tex
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvreuse.benchmarks.patterns.verdicts import CONFIRM, MAIN, NOISE, AllOf, Measured, Runs, ratio
 
 
@@ -81,18 +83,26 @@ def _compaction(R: Runs) -> tuple[str, float, float] | None:
     return num, saved if summaries <= max(1, len(c["requests"]) // 5) else 0.0, 0.5
 
 
-def _sub_flops(R: Runs) -> tuple[str, float, float] | None:
-    from kvreuse.benchmarks.patterns.verdicts import sub_flops
+@dataclass(frozen=True)
+class SubFlops:
+    """Sub-agent prefill FLOPs with an own prompt / aligned, on one session and stack (a ``Measured``
+    compute that the agent-scale table restates on another session: ``scale.at``)."""
 
-    al, own = R.get("fanout", "append_only"), R.get("fanout", "subagent_own_system")
-    if al is None or own is None:
-        return None
-    ctx = lambda r: sum(x["prompt_tokens"] for x in r["requests"] if x["thread"] > 0)  # noqa: E731
-    a, o = sub_flops(al), sub_flops(own)
-    if not a or not o:  # a run without sub-agents
-        return None
-    return (f"sub-agent prefill {a / 1e12:.1f} vs {o / 1e12:.1f} TFLOPs (aligned vs own; Qwen3-8B shape); sub-agent "
-            f"context {ctx(al):,} vs {ctx(own):,} tokens", o / a, CONFIRM)  # fmt: skip
+    workload: str = "fanout"
+    stack: str = MAIN
+
+    def __call__(self, R: Runs) -> tuple[str, float, float] | None:
+        from kvreuse.benchmarks.patterns.verdicts import sub_flops
+
+        al, own = (R.get(self.workload, p, self.stack) for p in ("append_only", "subagent_own_system"))
+        if al is None or own is None:
+            return None
+        ctx = lambda r: sum(x["prompt_tokens"] for x in r["requests"] if x["thread"] > 0)  # noqa: E731
+        a, o = sub_flops(al), sub_flops(own)
+        if not a or not o:  # a run without sub-agents
+            return None
+        return (f"sub-agent prefill {a / 1e12:.1f} vs {o / 1e12:.1f} TFLOPs (aligned vs own; Qwen3-8B shape), own / "
+                f"aligned **{o / a:.2f}x**; sub-agent context {ctx(al):,} vs {ctx(own):,} tokens", o / a, CONFIRM)  # fmt: skip
 
 
 def _isolation(R: Runs) -> tuple[str, float, float] | None:
@@ -148,6 +158,14 @@ def _rule_of_thumb(R: Runs) -> tuple[str, float, float] | None:
 
 CODING_AP = (("coding", "append_only", MAIN),)
 
+# the compute part of the sub-agent row (claims.py): own-prompt sub-agents cost more FLOPs than aligned ones
+SUB_FLOPS = Measured("compute", "003 §缓存作为架构约束 vs 001 §Subagent 的系统提示词",
+                     "fanout: append_only vs subagent_own_system", SubFlops(),
+                     "value: own-prompt / aligned sub-agent prefill FLOPs (linear layers + attention over the cached "
+                     "prefix, Qwen3-8B shape); bound 1.2x", "the longer aligned contexts cost attention, but "
+                     "recomputing an own prompt per sub-agent costs more", True, NOISE / CONFIRM,
+                     (("fanout", "append_only", MAIN), ("fanout", "subagent_own_system", MAIN)))  # fmt: skip
+
 MEASURED_CLAIMS = [
     Measured("Without a cache, prefill grows quadratically with the session", "003 §KV Cache 的原理与约束",
              "append_only, cache off vs on (agent session where it ran, else coding)", _quadratic,
@@ -167,12 +185,6 @@ MEASURED_CLAIMS = [
              "value: share of the cache-off prefill the cache saves (0 when the prefix breaks on more than a fifth "
              "of the requests); bound 50%", "the prefix breaks only where the summary replaces the history; later "
              "turns extend the summary", True, sides=(("research", "compact_threshold", MAIN),)),
-    Measured("...and byte-aligned sub-agents cost less compute, though each carries the parent's whole prefix",
-             "003 §缓存作为架构约束 vs 001 §Subagent 的系统提示词", "fanout: append_only vs subagent_own_system",
-             _sub_flops, "value: own-prompt / aligned sub-agent prefill FLOPs (linear layers + attention over the "
-             "cached prefix, Qwen3-8B shape); bound 1.2x", "the longer aligned contexts cost attention, but "
-             "recomputing an own prompt per sub-agent costs more", True, NOISE / CONFIRM,
-             (("fanout", "append_only", MAIN), ("fanout", "subagent_own_system", MAIN))),
     Measured("Isolation beats compression: a sub-agent's search keeps tens of thousands of tokens out of the main "
              "context", "003 §隔离优于压缩：子 Agent 上下文隔离", "fanout: append_only vs explore_inline", _isolation,
              "value: main-thread context at its largest, search done in the main thread / delegated; bound 1.2x",

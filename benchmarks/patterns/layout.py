@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvreuse.benchmarks.patterns.events import SKILL_TEXT, _insert_at, _name, _reminder, event_turns
 from kvreuse.benchmarks.patterns.request import BASE_KWARGS, Request, append_only, system_message, timestamp
+from kvreuse.benchmarks.patterns.sessions import session_of
 from kvreuse.benchmarks.workloads import Message, Trajectory
 
 
@@ -167,19 +168,22 @@ def tools_deferred_schema(traj: Trajectory, k: int) -> Request:
 # -- a per-session environment block ([001] static vs dynamic zone) -------------------------------------
 
 
+def _session_start(traj: Trajectory, k: int) -> int:
+    """The request that opened request k's session (a sub-agent's session is its parent's)."""
+    return traj.thread_turns(k)[0] if session_of(traj, k) else 0
+
+
 def session_env_in_system(traj: Trajectory, k: int) -> Request:
     """Each session's environment (session id, start time) at the end of the system prompt: [001]'s dynamic
     zone, which sessions do not share."""
-    session = traj.turns[k].thread
-    first = traj.thread_turns(k)[0]
+    session, first = session_of(traj, k), _session_start(traj, k)
     env = f"\n\n# Environment\nsession: s-{session:04d}\nstarted: {timestamp(traj, first)}\ncwd: /workspace/ledgerly"
     return Request([system_message(traj, suffix=env), *traj.history(k)], traj.tools, dict(BASE_KWARGS))
 
 
 def session_env_message(traj: Trajectory, k: int) -> Request:
     """The same environment as the first message of each session, after the shared static prefix."""
-    session = traj.turns[k].thread
-    first = traj.thread_turns(k)[0]
+    session, first = session_of(traj, k), _session_start(traj, k)
     env = f"# Environment\nsession: s-{session:04d}\nstarted: {timestamp(traj, first)}\ncwd: /workspace/ledgerly"
     msgs = [system_message(traj), _reminder(env), *traj.history(k)]
     return Request(msgs, traj.tools, dict(BASE_KWARGS))

@@ -240,6 +240,7 @@ def write_report(results: dict, out: Path) -> Path:
     from kvreuse.benchmarks.patterns.report_plots import all_plots
     from kvreuse.benchmarks.patterns.report_sections import agent_scale, claim_counts, exp23, sweep
     from kvreuse.benchmarks.patterns.scale import scale_table, summary, without_row
+    from kvreuse.benchmarks.patterns.verdicts import number_rows
     from kvreuse.benchmarks.patterns.verdicts import table as verdict_table
 
     meta, all_runs, timed = results["meta"], results["runs"], results.get("timed", [])
@@ -327,7 +328,7 @@ def write_report(results: dict, out: Path) -> Path:
     lines += _timed(timed, results.get("curve", []))
     lines += ["", "## Plots", ""] + [f"![{p[:-4]}]({p})" for p in pngs] + [""]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    path.write_text(number_rows("\n".join(lines), vs))  # notes name other rows by claim: {row:PREFIX}
     write_html(path)  # the same report as one offline page, plots embedded
     return path
 

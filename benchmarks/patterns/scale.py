@@ -12,57 +12,122 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from kvreuse.benchmarks.patterns.verdicts import MAIN, Contrast, Invalidates, Runs, Same, Verdict
+from kvreuse.benchmarks.patterns.verdicts import (
+    MAIN,
+    AllOf,
+    Contrast,
+    Invalidates,
+    Measured,
+    Runs,
+    Same,
+    Verdict,
+)
 
 SCALE_STACKS = (MAIN, "llama3.1")
 LONG = "agent"
 
 
+def _pairs(c: Any) -> list[Any]:
+    """The pair claims a row is made of: itself, or an ``AllOf``'s pair parts."""
+    if isinstance(c, (Contrast, Invalidates, Same)):
+        return [c]
+    if not isinstance(c, AllOf):
+        return []
+    return [p for p in c.parts if isinstance(p, (Contrast, Invalidates, Same))]
+
+
 def pair_claims() -> list[Any]:
-    """The verdict table's pair claims (cache contrasts, invalidations, sameness), in table order."""
+    """The verdict table's pair rows (cache contrasts, invalidations, sameness, and rows whose parts are
+    pairs), in table order."""
     from kvreuse.benchmarks.patterns.claims import CLAIMS
 
-    return [c for c in CLAIMS if isinstance(c, (Contrast, Invalidates, Same))]
+    return [c for c in CLAIMS if _pairs(c)]
+
+
+def at(c: Any, workload: str, stack: str) -> Any:
+    """The same claim, the same rule, on another session and stack."""
+    if isinstance(c, AllOf):
+        return replace(c, parts=tuple(at(p, workload, stack) for p in c.parts))
+    if isinstance(c, Measured):  # a compute that names its session (claims_measured.SubFlops)
+        return replace(c, compute=replace(c.compute, workload=workload, stack=stack),
+                       pattern=f"{workload}: {c.pattern.split(': ', 1)[-1]}",
+                       sides=tuple((workload, p, stack) for _, p, _ in c.sides))  # fmt: skip
+    return replace(c, workload=workload, stack=stack)
 
 
 def scale_checks() -> list[tuple[Any, list[Any]]]:
     """(claim on its own workload, [the same claim on the agent session under each stack])."""
-    return [(c, [replace(c, workload=LONG, stack=s) for s in SCALE_STACKS]) for c in pair_claims()]
+    return [(c, [at(c, LONG, s) for s in SCALE_STACKS]) for c in pair_claims()]
+
+
+def patterns_of(c: Any) -> list[str]:
+    return list(dict.fromkeys(p for _, p, _ in c.arms()))
+
+
+def missing(c: Any, stack: str) -> str:
+    """Why a row has no agent-scale verdict under ``stack``."""
+    from kvreuse.benchmarks.patterns.plan import NOT_ON_LLAMA
+
+    why = [NOT_ON_LLAMA[p] for p in patterns_of(c) if stack == "llama3.1" and p in NOT_ON_LLAMA]
+    return f"n/a: {why[0]}" if why else "not run"
+
+
+def partial(c: Any, restated: Any, stack: str, R: Runs) -> str:
+    """A row with no verdict under ``stack``: why, and for a row of several parts the parts that have one."""
+    if not isinstance(restated, AllOf):
+        return missing(c, stack)
+    parts = [(p.claim, p(R), q) for p, q in zip(restated.parts, c.parts, strict=True)]
+    return "; ".join(
+        f"{name}: {figure(v)}" if v is not None else f"{name}: {missing(q, stack)}" for name, v, q in parts
+    )
 
 
 def figure(v: Verdict | None) -> str:
-    """The one number a row is judged on (cache effect, or the share the cache saves)."""
+    """The number(s) a row is judged on (cache effect, or the share the cache saves) and its verdict."""
     if v is None:
         return "-"
-    m = re.search(r"cache effect \*\*([\d.]+x)\*\*", v.number)
-    saves = re.search(r"saves ([\d.]+%)", v.number)
-    got = m.group(1) if m else f"the cache saves it {saves.group(1)}" if saves else ""
-    return f"{got} {v.verdict}".strip()
+    got = re.findall(r"\*\*([\d.]+x)\*\*", v.number)
+    saves = re.findall(r"saves ([\d.]+%)", v.number)
+    text = " / ".join(got) if got else f"the cache saves it {saves[0]}" if saves else ""
+    return f"{text} {v.verdict}".strip()
 
 
 def scale_table(runs: list[dict]) -> list[str]:
+    """Every pair row at its own session's length beside the agent session under both tokenizers; a row
+    the agent session cannot take under a stack says why."""
+    from kvreuse.benchmarks.patterns.claims import verdicts
+
     R = Runs(runs)
+    numbers = {v.claim: i for i, v in enumerate(verdicts(runs), 1)}
     rows = []
     for c, longs in scale_checks():
         short, vs = c(R), [x(R) for x in longs]
-        if short is None or all(v is None for v in vs):
+        if short is None:
             continue
+        cells = [
+            figure(v) if v is not None else partial(c, x, s, R)
+            for v, x, s in zip(vs, longs, SCALE_STACKS, strict=True)
+        ]
         flip = "**yes**" if any(v is not None and v.verdict != short.verdict for v in vs) else "no"
-        rows.append(f"| {c.claim} | `{short.pattern}` | {figure(short)} | " + " | ".join(figure(v) for v in vs)
-                    + f" | {flip} |")  # fmt: skip
+        rows.append(f"| {numbers.get(c.claim, '-')} | {c.claim} | `{short.pattern}` | {figure(short)} | "
+                    + " | ".join(cells) + f" | {flip} |")  # fmt: skip
     if not rows:
         return []
-    n = {w: len(r["requests"]) for w in (c.workload for c, _ in scale_checks()) for r in runs
+    n = {w: len(r["requests"]) for w in ("coding", LONG) for r in runs
          if r["workload"] == w and r["pattern"] == "append_only" and r.get("stack") == MAIN
          and r.get("variant") == "default"}  # fmt: skip
     head = " | ".join(f"{LONG} ({n.get(LONG, 65)} requests), {s}" for s in SCALE_STACKS)
     return ["", "## Verdicts at agent scale", "",
-            f"The same rule on the same pair at two session lengths: the row's own session ({n.get('coding', 10)} "
-            f"coding requests) beside the agent session ({n.get(LONG, 65)} requests, ~17K-token static prefix, 2 "
-            "sub-agents) under both tokenizers, each against its own cache-off twin. A row the agent session has no "
-            "pair for is left out.", "",
-            f"| claim | runs (own session) | own session, {MAIN} | {head} | verdict changes with length |",
-            "|---|---|---|" + "---|" * len(SCALE_STACKS) + "---|",
+            f"Every pair row at two session lengths, the same rule on the same pair: the row's own session (10-16 "
+            f"requests: coding {n.get('coding', 10)}, research 12, fanout 16 of which 12 are sub-agents', 3 "
+            f"coding sessions for the static-zone row) beside the agent session ({n.get(LONG, 65)} requests, ~17K-token "
+            "static prefix, 2 sub-agents) under both tokenizers, each against its own cache-off twin. The agent "
+            "session's counts come from the engine's reuse rule (tokens only: `AccountingTarget`, equal to the "
+            "engine on every request where both ran); every row here is judged on tokens, or FLOPs computed from "
+            "them, none on time. Events (a tool server connecting, a skill loaded, the date changing) fall at a "
+            "third and two thirds of the main thread in both sessions.", "",
+            f"| # | claim | runs (own session) | own session, {MAIN} | {head} | verdict changes with length |",
+            "|---|---|---|---|" + "---|" * len(SCALE_STACKS) + "---|",
             *rows]  # fmt: skip
 
 
@@ -85,7 +150,7 @@ def summary(runs: list[dict]) -> list[str]:
 
     R = Runs(runs)
     items = []
-    for c, longs in scale_checks():
+    for c in (p for row in pair_claims() for p in _pairs(row)):  # an AllOf row: each of its pairs
         v = c(R)
         if v is None:
             continue
@@ -97,12 +162,12 @@ def summary(runs: list[dict]) -> list[str]:
             else (c.good, c.bad)
         )
         measure = lambda r: r["totals"]["prefilled_tokens"]  # noqa: E731 - the whole session, as the dollars
-        lv = longs[0](R)
-        at = (LONG, lv) if lv is not None and _cost(R, LONG, MAIN, good, bad, measure) else (c.workload, v)
-        cost = _cost(R, at[0], MAIN, good, bad, measure)
+        lv = at(c, LONG, MAIN)(R)
+        where = (LONG, lv) if lv is not None and _cost(R, LONG, MAIN, good, bad, measure) else (c.workload, v)
+        cost = _cost(R, where[0], MAIN, good, bad, measure)
         if cost is None:
             continue
-        items.append((cost[1], c, good, bad, at, cost, v))
+        items.append((cost[1], c, good, bad, where, cost, v))
     if not items:
         return []
     items.sort(key=lambda x: -x[0])

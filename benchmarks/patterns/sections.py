@@ -89,9 +89,13 @@ def run_group(jobs: list[Job], args: argparse.Namespace, log: Any) -> list[dict]
             traj, stack = PATTERNS[j.pattern].prepare(load(j.workload, j.variant)), STACKS[j.stack]
             page_size = j.page or args.page_size
             if j.workload in accounted(args):  # the engine's rule, for a quick look at agent scale
+                from kvreuse.benchmarks.patterns.stacks import PieceTokenizer
                 from kvreuse.benchmarks.real_vocab import load_tokenizer
 
-                tokenizer = load_tokenizer(family)
+                # one tokenizer per family (loading one takes seconds: as long as a cheap pattern's whole run)
+                if family not in pieces:
+                    pieces[family] = PieceTokenizer(load_tokenizer(family))
+                tokenizer = pieces[family].tokenizer
                 target: Any = AccountingTarget(tokenizer, page_size)
             else:
                 engine = engine or engine_for(family, args, prefix_cache, page)

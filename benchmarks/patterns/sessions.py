@@ -97,11 +97,21 @@ SESSION_TASKS = [
 
 def more_sessions(traj: Trajectory) -> Trajectory:
     """Three sessions of the same agent (same system prompt and tools) one after another on one engine:
-    session 0 is the workload; sessions 1 and 2 replay its first turns with another user task."""
+    session 0 is the workload (with its sub-agents, if any); sessions 1 and 2 replay its first turns with
+    another user task, on threads after the workload's own."""
     turns = list(traj.turns)
     first = [t for t in traj.turns if t.thread == 0][:3]
+    base = max(t.thread for t in traj.turns)
     for s, task in enumerate(SESSION_TASKS, start=1):
         for i, t in enumerate(first):
             new = [{"role": "user", "content": task}] if i == 0 else copy.deepcopy(t.new)
-            turns.append(Turn(s, new, copy.deepcopy(t.assistant)))
+            turns.append(Turn(base + s, new, copy.deepcopy(t.assistant)))
     return Trajectory(traj.name, traj.variant, traj.seed, traj.system, traj.tools, turns)
+
+
+def session_of(traj: Trajectory, k: int) -> int:
+    """Which session request k belongs to (``more_sessions``): 0 for the workload's own threads (its
+    sub-agents included), i for the thread that opens with SESSION_TASKS[i - 1]."""
+    first = traj.turns[traj.thread_turns(k)[0]].new
+    text = first[0].get("content") if first else None
+    return SESSION_TASKS.index(text) + 1 if text in SESSION_TASKS else 0

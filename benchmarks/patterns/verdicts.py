@@ -338,9 +338,11 @@ class AllOf:
         verdict = "confirmed" if all(w == "confirmed" for w in words) else (
             "refuted" if all(w == "refuted" for w in words) else "partly")  # fmt: skip
         number = "; ".join(f"{v.claim}: {v.verdict} ({v.number})" for v in vs)  # type: ignore[union-attr]
-        return Verdict(self.claim, self.source, " + ".join(v.pattern for v in vs), number, verdict,  # type: ignore[union-attr]
-                       "confirmed when every part is confirmed, refuted when none is confirmed or partly, else partly",
-                       self.why, any(v.cache for v in vs))  # type: ignore[union-attr]  # fmt: skip
+        # each part's own rule too (a part's rule is otherwise nowhere in the table)
+        parts = " / ".join(dict.fromkeys(v.rule for v in vs))  # type: ignore[union-attr]
+        return Verdict(self.claim, self.source, " + ".join(dict.fromkeys(v.pattern for v in vs)), number, verdict,  # type: ignore[union-attr]
+                       "confirmed when every part is confirmed, refuted when none is confirmed or partly, else partly; "
+                       f"each part: {parts}", self.why, any(v.cache for v in vs))  # type: ignore[union-attr]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -376,3 +378,17 @@ def table(vs: list[Verdict]) -> list[str]:
     if shared:
         lines += ["", "Rules shared by several rows:", ""] + [f"- **{name[r]}**: {r}" for r in shared]
     return lines
+
+
+def number_rows(text: str, vs: list[Verdict]) -> str:
+    """Resolve ``{row:PREFIX}`` references (claims and notes naming another row) to that row's number in
+    the table, so a row merged or added cannot leave a note pointing at the wrong one; a claim not in
+    this table is named instead."""
+    import re
+
+    def sub(m: re.Match) -> str:
+        prefix = m.group(1)
+        hit = next((i for i, v in enumerate(vs, 1) if v.claim.startswith(prefix)), None)
+        return f"row {hit}" if hit is not None else f'the row "{prefix}..."'
+
+    return re.sub(r"\{row:([^}]+)\}", sub, text)
