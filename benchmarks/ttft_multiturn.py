@@ -86,12 +86,13 @@ class SuffixLimit:
 
     def _forward(self, tokens: list[int], start: int) -> None:
         from kvreuse.runtime.runner.forward_batch import SeqChunk, StepInput
-        from kvreuse.runtime.runner.state_pool import StateInput
+        from kvreuse.runtime.runner.model_state import StateInput
         from kvreuse.runtime.sampling.params import SamplingParams
 
         pages = self.pages[: -(-(start + len(tokens)) // self.page_size)]
-        # a hybrid's linear layers run from slot 0's state: the same work as from the real snapshot
-        states = None if self.runner.state_pool is None else StateInput([0], [start == 0], [[]], [], [None])
+        # a hybrid's linear layers run from slot 0's state: the same work as from the real snapshot (a
+        # model without state ignores it)
+        states = StateInput([0], [start == 0], [[]], [], [None])
         self.runner.step(
             StepInput([SeqChunk(tokens, start, pages)], [True], [SamplingParams()], [None], states)
         )

@@ -8,10 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from kvreuse.runtime.engine.engine import Engine
-from kvreuse.runtime.models.gated_deltanet import StateBatch
 from kvreuse.runtime.request import Request
 from kvreuse.runtime.runner.forward_batch import build_forward_batch
-from kvreuse.runtime.runner.window_pool import WindowPool, ring_batch
+from kvreuse.runtime.runner.model_state import StateInput
 from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids
 
@@ -24,15 +23,9 @@ def all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
     assert eng.cache.reserve(req, len(ids) - req.num_computed)
     fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
     fb = fb._replace(logits_rows=torch.arange(len(ids)))
-    if r.state_pool is None:
-        logits = r.model(fb, r.kv_layers, r.backend)
-    elif isinstance(r.state_pool, WindowPool):  # window layers on the request's ring
-        ring = ring_batch(fb, [eng.cache.states.slot(req)], r.state_pool.ring_pages, eng.cache.page_size)
-        logits = r.model(fb, r.kv_layers, r.backend, ring)
-    else:  # a hybrid: one sequence from a zero state in its slot, no snapshots taken
-        slot = torch.tensor([eng.cache.states.slot(req)])
-        sb = StateBatch(r.linear_backend, slot, torch.tensor([True]), [0, len(ids)], [[]], [])
-        logits = r.model(fb, r.pool.layers, r.backend, r.state_pool.layers, sb)
+    # the request's state slot (a ring, a hybrid's state from zero; none for a dense model), no snapshots
+    states = StateInput([eng.cache.states.slot(req)], [True], [[]], [], [None])
+    logits = r.state_pool.run(r.model, fb, r.kv_layers, r.backend, states)
     eng.cache.release(req, cache=False)
     return logits
 

@@ -58,7 +58,7 @@ def test_pool_pages_hold_only_full_attention_layers(model_dir):
     assert isinstance(ring, WindowPool) and len(ring.layers) == 3 and len(eng.runner.pool.layers) == 2
     assert ring.ring_pages == -(-(W + 16) // 4) + 1  # 7 keys of window + a 16-token chunk, +1 page
     twin = _engine(model_dir, window_paging=False)
-    assert twin.runner.state_pool is None and len(twin.runner.pool.layers) == 5
+    assert twin.runner.state_pool.num_slots == 0 and len(twin.runner.pool.layers) == 5
     assert eng.runner.pool.bytes_per_page * 5 == twin.runner.pool.bytes_per_page * 2
     # a 150-token prompt wraps the 6-page ring six times; the logits are still transformers'
     ids = random_ids(torch.Generator().manual_seed(1), 150)

@@ -82,8 +82,8 @@ class Engine:
             settings={"quantize": cfg.quantize, "tensor_parallel_size": cfg.tensor_parallel_size},
             shared_url=cfg.kv_shared_store, shared_secret=cfg.shared_secret(),
         )  # fmt: skip
-        states, state_budget = model_states.hybrid_states(self.runner, cfg)
-        state_tier = model_states.window_state_tier(self.runner, cfg) if tiers is not None else None
+        states, state_budget = model_states.state_slots(self.runner, cfg)
+        state_tier = model_states.snapshot_tier(self.runner, cfg) if tiers is not None else None
         self.cache = CacheManager(
             self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache, cfg.eviction_policy, cfg.session_ttl,
             cfg.pinned_fraction, tiers=tiers, io=self.runner.pool, write_through=cfg.kv_write_through, states=states,
@@ -236,10 +236,10 @@ class Engine:
 
     @property
     def snapshot_policy(self) -> tuple[int, int, int] | None:
-        """A hybrid's snapshot placement ``(page_size, chunk_size, every_pages)`` (runtime/cache/hybrid_states.py);
+        """A hybrid's snapshot placement ``(page_size, chunk_size, every_pages)`` (runtime/cache/state_slots.py);
         None for dense models or without a prefix cache."""
         cfg = self.config
-        if self.runner.state_pool is None or not self.caches_prefixes:
+        if not self.runner.state_pool.keeps_snapshots or not self.caches_prefixes:
             return None
         return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
 
@@ -324,7 +324,7 @@ class Engine:
 
     def set_chunk_size(self, tokens: int) -> None:
         """Prefill token budget per step from the next step on (benchmarks sweep it in one engine)."""
-        ring_chunk = getattr(self.runner.state_pool, "max_chunk", tokens)  # window rings hold W + this
+        ring_chunk = self.runner.state_pool.chunk_limit(tokens)  # window rings hold W + their chunk
         if tokens > ring_chunk:
             raise ValueError(f"chunk size {tokens} exceeds the window rings' {ring_chunk} (set it at start)")
         self.scheduler.chunk_size = tokens
