@@ -77,7 +77,7 @@ class SuffixLimit:
     def __init__(self, engine, max_tokens: int) -> None:
         from kvreuse.runtime.runner.model_runner import ModelRunner
 
-        self.page_size = engine.page_size
+        self.page_size = engine.cache.page_size
         n_pages = -(-max_tokens // self.page_size)
         dtype = str(engine.dtype).removeprefix("torch.")
         self.runner = ModelRunner(engine.model_dir, dtype, str(engine.device), self.page_size, None, n_pages)
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
             d["limit"].append(lim)
             d["cached"].append(rad.cached_tokens)
             d["prefilled"].append(rad.prefilled_tokens)
-        engines["radix"].check_integrity()
+        engines["radix"].cache.check_integrity()
     rows, turns = [], []
     prev: list[int] = []
     for t, (prompt, d) in enumerate(zip(prompts, per_turn)):

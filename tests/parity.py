@@ -49,7 +49,7 @@ def assert_logits_match(
         assert ref.abs().max() > min_scale
         err = (all_logits(eng, ids) - ref).abs().max().item()
         assert err < atol, f"{label} len={n}: max abs err {err}"
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def hf_greedy_mismatch(hf, prompt: Sequence[int], output: Sequence[int]) -> int | None:
@@ -72,7 +72,7 @@ def assert_greedy_matches_generate(eng: Engine, hf, prompts: Sequence[list[int]]
         assert len(out.output_token_ids) == max_new
         step = hf_greedy_mismatch(hf, ids, out.output_token_ids)
         assert step is None, f"prompt of {len(ids)}: differs from transformers' greedy at step {step}"
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def assert_session_cached_equals_uncached(on: Engine, off: Engine, turns: int, seed: int = 5) -> None:
@@ -89,7 +89,7 @@ def assert_session_cached_equals_uncached(on: Engine, off: Engine, turns: int, s
             eng.submit(req)
             while eng.has_work():
                 eng.step()
-                eng.check_integrity()
+                eng.cache.check_integrity()
         assert a.output_ids == b.output_ids, f"turn {turn}"
         cached += a.cached_tokens
         prev = list(a.tokens)
@@ -121,4 +121,4 @@ def assert_prompt_logprobs_match(
         top = torch.topk(ref[pos - 1], 3)
         assert [a for a, _ in alts] == top.indices.tolist(), f"position {pos}"
         assert max(abs(v - r) for (_, v), r in zip(alts, top.values.tolist())) < atol
-    eng.check_integrity()
+    eng.cache.check_integrity()

@@ -112,7 +112,7 @@ def test_ten_turn_session_prefills_only_new_tokens(model_dir):
         snap = (len(prev) - 1) // ps * ps if prev else 0
         assert (req.cached_tokens, req.prefilled_tokens) == (snap, len(new) + len(prev) - snap), turn
         prev = list(req.tokens)
-    eng.check_integrity()
+    eng.cache.check_integrity()
     assert eng.stats().snapshots > 0
 
 
@@ -129,7 +129,7 @@ def test_prompt_whose_last_boundary_is_a_chunk_end_resumes_there(model_dir, extr
     (ref,) = _run(off, [nxt], [4])
     assert req.output_ids == ref.output_ids
     assert (req.cached_tokens, req.prefilled_tokens) == (16, len(nxt) - 16)
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 @pytest.mark.parametrize("cut", [5, 6, 9])
@@ -150,7 +150,7 @@ def test_rewrite_before_the_first_snapshot_resumes_at_its_page(tmp_path_factory,
     assert_logits_close(req, ref, tree_atol(d))
     page = cut // 4 * 4
     assert (req.cached_tokens, req.prefilled_tokens) == (page, len(rewrite) - page)
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def test_budget_taken_by_the_rings_says_so(model_dir):

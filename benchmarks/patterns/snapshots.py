@@ -20,7 +20,7 @@ from kvreuse.benchmarks.patterns.ideal import best_prefix, computed_streams
 
 
 class SnapshotPolicy(NamedTuple):
-    """The engine's snapshot placement (``Engine.snapshot_policy``)."""
+    """The engine's snapshot placement (``kvreuse.runtime.engine.states.snapshot_policy``)."""
 
     page_size: int
     chunk_size: int

@@ -23,7 +23,7 @@ from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 from kvreuse.runtime.cache.page_allocator import OutOfPages, PageAllocator
 from kvreuse.runtime.cache.pins import PinInfo, PinTable
 from kvreuse.runtime.cache.prefix_cache import PrefixCache
-from kvreuse.runtime.cache.registry import DEFAULT_KIND, POLICY_KIND, make_prefix_cache
+from kvreuse.runtime.cache.registry import DEFAULT_KIND, POLICY_KIND, cache_kind, make_prefix_cache
 from kvreuse.runtime.cache.shadows import NoShadows, Shadows, ShadowStats
 from kvreuse.runtime.cache.state_slots import NoStateSlots, StateSlots
 from kvreuse.runtime.cache.store.states import StateTier
@@ -92,6 +92,7 @@ class CacheManager:
         if shadows and state_budget is not None:
             raise ValueError("eviction shadows model a full-attention pool: this model keeps per-node states")
         self.page_size = page_size
+        self._keeps_prefixes = cache_kind(prefix_cache).keeps_prefixes
         self.allocator = PageAllocator(num_pages)
         self.prefix: PrefixCache = make_prefix_cache(
             prefix_cache, page_size, self.allocator, eviction, tiers, io, write_through, state_budget,
@@ -107,6 +108,11 @@ class CacheManager:
         self.states = states  # the running requests' slots of a hybrid's states or a window model's rings
         # other policies' hits on the same requests (``runtime/cache/shadows.py``)
         self.shadows = make_shadows(shadows, num_pages, page_size, chunk_size, session_ttl, pinned_fraction)
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether this cache keeps anything (``--prefix-cache off``: the naive baseline)."""
+        return self._keeps_prefixes
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:

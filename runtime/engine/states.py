@@ -29,6 +29,15 @@ def state_slots(runner: ModelRunner, cfg: EngineConfig) -> tuple[StateSlots | No
     return StateSlots(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
 
 
+def snapshot_policy(runner: ModelRunner, cfg: EngineConfig) -> tuple[int, int, int] | None:
+    """Where the engine takes state snapshots, ``(page_size, chunk_size, every_pages)``
+    (``runtime/cache/state_slots.py``), so a benchmark can predict the reuse; None for a model whose
+    state keeps no snapshots, or without a prefix cache."""
+    if not runner.state_pool.keeps_snapshots or not cache_kind(cfg.prefix_cache).keeps_prefixes:
+        return None
+    return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
+
+
 def records_budget(cfg: EngineConfig) -> int:
     """The bytes of ``--kv-store-size`` the server's stored responses may take (their file beside the
     pages), kept out of the pages' budget so the store stays within its size."""
