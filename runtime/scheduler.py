@@ -189,6 +189,7 @@ class Scheduler:
     # -- choosing a step ----------------------------------------------------------------
     def schedule(self) -> Batch | None:
         """The next step's batch (pages reserved for every chunk), or None when nothing can run."""
+        self.cache.tick()  # the disk tier's persist clock
         chunks: dict[Request, Chunk] = {}
         for req in list(self.running):
             # a prompt's 1-token tail is prefill, not a decode: it must come out of the chunk budget

@@ -94,7 +94,7 @@ def check_conversation_tree(
         for a, b in zip(cached, naive):
             assert a.output_ids == b.output_ids
             assert_logits_close(a, b, atol)
-            excess = reuse_excess(a.prompt_ids, a.prefilled_tokens, history, eng.page_size)
+            excess = reuse_excess(a.prompt_ids, a.prefilled_tokens, history, eng.cache.page_size)
             worst = max(worst, excess)
             assert slack is None or excess <= slack, (excess, slack, a.cached_tokens, a.prefilled_tokens)
         history += [list(r.tokens) for r in cached]

@@ -72,7 +72,7 @@ def run_checked(
         if len(done) == len(reqs):
             return done
         outs = eng.step()
-        eng.check_integrity()
+        eng.cache.check_integrity()
         for out in outs:
             if out.finished:
                 done[out.request_id] = out
@@ -100,7 +100,7 @@ def alone(eng: Engine, prompt: list[int], params: SamplingParams) -> list[int]:
 
 def assert_no_request_pages(eng: Engine) -> None:
     """Idle engine: every page is free or in the tree, none held by a request."""
-    s = eng.check_integrity()
+    s = eng.cache.check_integrity()
     assert s.request_pages == 0, s
     assert s.free_pages + s.tree_pages == s.total_pages, s
     st = eng.stats()

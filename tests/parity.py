@@ -8,10 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from kvreuse.runtime.engine.engine import Engine
-from kvreuse.runtime.models.gated_deltanet import StateBatch
 from kvreuse.runtime.request import Request
 from kvreuse.runtime.runner.forward_batch import build_forward_batch
-from kvreuse.runtime.runner.window_pool import WindowPool, ring_batch
+from kvreuse.runtime.runner.model_state import StateInput
 from kvreuse.runtime.sampling.params import SamplingParams
 from tests.engine_drive import random_ids
 
@@ -24,15 +23,9 @@ def all_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
     assert eng.cache.reserve(req, len(ids) - req.num_computed)
     fb = build_forward_batch([(ids, 0, req.pages)], [True], eng.cache.page_size, eng.device)
     fb = fb._replace(logits_rows=torch.arange(len(ids)))
-    if r.state_pool is None:
-        logits = r.model(fb, r.kv_layers, r.backend)
-    elif isinstance(r.state_pool, WindowPool):  # window layers on the request's ring
-        ring = ring_batch(fb, [eng.cache.states.slot(req)], r.state_pool.ring_pages, eng.cache.page_size)
-        logits = r.model(fb, r.kv_layers, r.backend, ring)
-    else:  # a hybrid: one sequence from a zero state in its slot, no snapshots taken
-        slot = torch.tensor([eng.cache.states.slot(req)])
-        sb = StateBatch(r.linear_backend, slot, torch.tensor([True]), [0, len(ids)], [[]], [])
-        logits = r.model(fb, r.pool.layers, r.backend, r.state_pool.layers, sb)
+    # the request's state slot (a ring, a hybrid's state from zero; none for a dense model), no snapshots
+    states = StateInput([eng.cache.states.slot(req)], [True], [[]], [], [None])
+    logits = r.state_pool.run(r.model, fb, r.kv_layers, r.backend, states)
     eng.cache.release(req, cache=False)
     return logits
 
@@ -56,7 +49,7 @@ def assert_logits_match(
         assert ref.abs().max() > min_scale
         err = (all_logits(eng, ids) - ref).abs().max().item()
         assert err < atol, f"{label} len={n}: max abs err {err}"
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def hf_greedy_mismatch(hf, prompt: Sequence[int], output: Sequence[int]) -> int | None:
@@ -79,7 +72,7 @@ def assert_greedy_matches_generate(eng: Engine, hf, prompts: Sequence[list[int]]
         assert len(out.output_token_ids) == max_new
         step = hf_greedy_mismatch(hf, ids, out.output_token_ids)
         assert step is None, f"prompt of {len(ids)}: differs from transformers' greedy at step {step}"
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def assert_session_cached_equals_uncached(on: Engine, off: Engine, turns: int, seed: int = 5) -> None:
@@ -96,7 +89,7 @@ def assert_session_cached_equals_uncached(on: Engine, off: Engine, turns: int, s
             eng.submit(req)
             while eng.has_work():
                 eng.step()
-                eng.check_integrity()
+                eng.cache.check_integrity()
         assert a.output_ids == b.output_ids, f"turn {turn}"
         cached += a.cached_tokens
         prev = list(a.tokens)
@@ -128,4 +121,4 @@ def assert_prompt_logprobs_match(
         top = torch.topk(ref[pos - 1], 3)
         assert [a for a, _ in alts] == top.indices.tolist(), f"position {pos}"
         assert max(abs(v - r) for (_, v), r in zip(alts, top.values.tolist())) < atol
-    eng.check_integrity()
+    eng.cache.check_integrity()

@@ -122,7 +122,7 @@ def _streams_and_long_prompt(eng: Engine, long_len: int):
     while any(r.finish_reason is None for r in streams + longs):
         before = [len(r.output_ids) for r in streams]
         eng.step()
-        eng.check_integrity()
+        eng.cache.check_integrity()
         after = [len(r.output_ids) for r in streams]
         progress.append(
             (

@@ -78,7 +78,7 @@ def test_the_interface_is_what_the_issue_names():
 def test_a_reach_through_is_found():
     engine = (ROOT / "runtime/engine/engine.py").read_text()
     assert reaches(engine) == []
-    bad = engine.replace("self.cache.tick()", "self.cache.tiers.error  # reach")
+    bad = engine.replace("self.cache.close()", "self.cache.tiers.error  # reach")
     bad += "\n\ndef f(cache: CacheManager):\n    return hasattr(cache, 'events'), cache.prefix.root\n"
     assert [what for _, what in reaches(bad)] == [
         "self.cache.tiers", "hasattr(cache, 'events')", "cache.prefix",

@@ -21,7 +21,7 @@ def _step_until(eng: Engine, cond, limit: int = 500) -> None:
         if cond():
             return
         eng.step()
-        eng.check_integrity()
+        eng.cache.check_integrity()
     raise AssertionError("condition never reached")
 
 
@@ -30,7 +30,7 @@ def _abort_and_check(eng: Engine, req) -> None:
     computed = req.num_computed
     eng.abort(req.request_id)
     outs = eng.step()
-    eng.check_integrity()
+    eng.cache.check_integrity()
     (out,) = [o for o in outs if o.request_id == req.request_id]
     assert out.finished and out.finish_reason == "abort"
     assert req.status is Status.FINISHED and req.pages == []
@@ -129,7 +129,7 @@ def test_async_consumer_that_stops_early_aborts_the_request(tiny_models):
 
             done = await ae.generate(list(range(10, 30)), greedy(5))  # still serving afterwards
             assert done.finished and len(done.output_token_ids) == 5
-            return await asyncio.to_thread(ae.run_idle, lambda e: e.check_integrity())
+            return await asyncio.to_thread(ae.run_idle, lambda e: e.cache.check_integrity())
         finally:
             ae.shutdown()
 

@@ -19,7 +19,7 @@ def test_compiled_decode_matches_eager(tmp_path, quantize: str) -> None:
         num_pages=64, page_size=4, record_logits=True, quantize=quantize, attention_backend="reference"
     )
     eager, compiled = tiny_engine(path, **opts), tiny_engine(path, compile_decode=True, **opts)
-    assert compiled.runner.decode_path == "compiled" and compiled.attention_backend == "reference"
+    assert compiled.runner.decode_path == "compiled" and compiled.runner.backend.name == "reference"
     # two sequences of different lengths decoded together: a padded batch, then one left alone
     prompts = [list(range(3, 30)), list(range(40, 49))]
     params = [SamplingParams(max_tokens=6, ignore_eos=True), SamplingParams(max_tokens=3, ignore_eos=True)]

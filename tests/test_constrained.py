@@ -49,7 +49,7 @@ def test_json_schema_outputs_validate_sampled_and_greedy(eng):
     for o in outs:
         assert o.finish_reason == "stop", o.text
         jsonschema.validate(json.loads(o.text), PERSON)
-    assert eng.grammars.compiles == 1  # six requests, one schema: compiled once
+    assert eng.admission.grammars.compiles == 1  # six requests, one schema: compiled once
 
 
 def test_tool_call_grammar_names_a_real_tool_and_validates(eng):
@@ -65,7 +65,7 @@ def test_tool_call_grammar_names_a_real_tool_and_validates(eng):
 
 
 def test_json_object_mask_allows_only_an_object_start(eng):
-    m = eng.grammars.matcher(json_object())
+    m = eng.admission.grammars.matcher(json_object())
     logits = torch.zeros(2, eng.runner.cfg.vocab_size)
     params = [SamplingParams(), SamplingParams()]
     out = apply_constraints(logits, params, [m, None])

@@ -21,7 +21,7 @@ def test_cached_pages_are_not_load_and_held_pages_are(tiny_models):
     assert running == 1 and used == len(req.pages) >= 200 // 16, (used, len(req.pages))
     while eng.has_work():
         eng.step()
-    stats = eng.check_integrity()
+    stats = eng.cache.check_integrity()
     assert stats.tree_pages >= 200 // 16  # its pages stay in the tree, evictable ...
     assert eng.load() == (0, 0, 0, total)  # ... and are no load
     rank = worker_load(eng)["loads"][0]

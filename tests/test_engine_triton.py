@@ -83,7 +83,7 @@ def _run_script(model_dir, backend: str) -> tuple[dict[str, Request], list[tuple
     eng.submit(reqs["shared"])
     eng.submit(reqs["fresh"])
     run_until(lambda: all(r.finish_reason is not None for r in reqs.values()))
-    eng.check_integrity()
+    eng.cache.check_integrity()
     return reqs, mix
 
 

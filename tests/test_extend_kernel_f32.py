@@ -179,7 +179,9 @@ def test_embedded_model_cached_turns_greedy_match_transformers(ops) -> None:
     prompts = conversation_prompts(eng.tokenizer, 3, seed=2, system_tokens=300, min_new=90, max_new=140)
     for t, ids in enumerate(prompts):
         out = eng.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))[0]
-        assert t == 0 or out.cached_tokens >= len(prompts[t - 1]) - eng.page_size  # a real cached prefix
+        assert (
+            t == 0 or out.cached_tokens >= len(prompts[t - 1]) - eng.cache.page_size
+        )  # a real cached prefix
         with torch.no_grad():
             want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
         assert out.output_token_ids == want[0, len(ids) :].tolist(), f"turn {t + 1}"

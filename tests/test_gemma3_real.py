@@ -99,7 +99,7 @@ def test_turn_after_a_chunk_end_prompt_resumes_at_the_chunk_end(engine, hf, extr
     (turn2,) = engine.generate([nxt], SamplingParams(max_tokens=8, ignore_eos=True))
     assert turn2.cached_tokens == 512 and turn2.prefilled_tokens == len(nxt) - 512
     assert hf_greedy_mismatch(hf, nxt, turn2.output_token_ids) is None
-    engine.check_integrity()
+    engine.cache.check_integrity()
 
 
 def test_rewrite_before_the_first_snapshot_resumes_at_its_page(engine, hf):
@@ -143,12 +143,12 @@ def test_conversation_tree_reuses_all_but_the_divergence(engine):
         (out,) = engine.generate([prompt], params)
         (ref,) = cold.generate([prompt], params)
         assert out.output_token_ids == ref.output_token_ids, len(prompt)
-        excess = reuse_excess(prompt, out.prefilled_tokens, history, engine.page_size)
+        excess = reuse_excess(prompt, out.prefilled_tokens, history, engine.cache.page_size)
         rows.append((len(prompt), out.cached_tokens, out.prefilled_tokens, excess))
         history.append(prompt + out.output_token_ids)
     print("\n(prompt, cached, prefilled, excess over the divergence's page):", *rows, sep="\n")
     assert max(r[3] for r in rows) <= 512, rows
-    engine.check_integrity()
+    engine.cache.check_integrity()
 
 
 # ---- through the server (the engine's loop thread drives it from here on) ----

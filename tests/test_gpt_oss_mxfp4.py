@@ -91,7 +91,7 @@ def test_kept_quantized_matches_transformers_dequantized(dirs):
     # perplexity of the 60-token sequence under each
     nll = [torch.nn.functional.cross_entropy(x[:-1], torch.tensor(ids[1:])).item() for x in (ours, ref)]
     assert abs(math.exp(nll[0]) / math.exp(nll[1]) - 1) < 0.01
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def test_bf16_decode_kernels_keep_perplexity_within_one_percent(dirs):

@@ -103,7 +103,7 @@ def test_chunked_prefill_identical_to_unchunked(models, shape, chunks):
         ids, logits = first_logits(eng, prompt)
         assert ids == ref_ids, f"chunk_size={chunk}"
         assert (logits - ref_logits).abs().max().item() < 1e-5, f"chunk_size={chunk}"
-        eng.check_integrity()
+        eng.cache.check_integrity()
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -116,7 +116,7 @@ def test_batched_identical_to_alone(models, shape):
     each = [alone(single, p, params) for p in prompts]
     eng = _engine(models[shape], chunk_size=50)
     assert [o.output_token_ids for o in eng.generate(prompts, params)] == each
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 @pytest.mark.parametrize("shape", ["odd"])

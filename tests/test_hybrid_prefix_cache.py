@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvreuse.runtime.engine.engine import Engine
+from kvreuse.runtime.engine.states import snapshot_policy
 from tests.conversation_trees import check_conversation_tree, tree_atol
 from tests.conversation_trees import run_all as _run
 from tests.engine_drive import random_ids, tiny_engine
@@ -89,7 +90,7 @@ def test_append_only_conversation_reuses_up_to_the_last_snapshot(model_dir):
         assert req.prefilled_tokens == len(new) + distance, rows
         assert distance <= ps
         prev = list(req.tokens)
-    eng.check_integrity()
+    eng.cache.check_integrity()
     assert eng.stats().snapshots > 0
 
 
@@ -113,7 +114,7 @@ def test_kv_match_past_the_last_snapshot_is_cut_back(model_dir):
     c = a[:29] + random_ids(gen, 12)
     (req,) = _run(eng, [c], [1])
     assert (req.cached_tokens, req.snapshot_cut) == (28, 0)
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def test_snapshots_go_with_their_pages(model_dir):
@@ -126,7 +127,7 @@ def test_snapshots_go_with_their_pages(model_dir):
     _run(eng, [random_ids(gen, 100)], [2])  # needs the pages of the first prompt
     s = eng.cache.prefix.states.stats()
     assert s.dropped >= held
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def test_snapshot_budget_evicts_lru(model_dir):
@@ -136,7 +137,7 @@ def test_snapshot_budget_evicts_lru(model_dir):
         _run(eng, [random_ids(gen, 30)], [1])
     s = eng.cache.prefix.states.stats()
     assert s.count <= 2 and s.bytes <= s.budget_bytes and s.evicted >= 2
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def _snap_bytes(d) -> int:
@@ -151,7 +152,8 @@ def test_snapshot_policy_replayed_predicts_the_engines_reuse(model_dir, every):
     from kvreuse.benchmarks.patterns.snapshots import SnapshotPolicy, expected_reuse
 
     eng = _engine(model_dir, page_size=4, chunk_size=24, snapshot_every=every)
-    assert eng.snapshot_policy == (4, 24, every)
+    policy = snapshot_policy(eng.runner, eng.config)
+    assert policy == (4, 24, every)
     gen = torch.Generator().manual_seed(11)
     system = random_ids(gen, 37)
     prompts = [system + random_ids(gen, 9) for _ in range(3)]
@@ -163,7 +165,7 @@ def test_snapshot_policy_replayed_predicts_the_engines_reuse(model_dir, every):
         (req,) = _run(eng, [p], [3])
         outputs.append(list(req.output_ids))
         measured.append((req.cached_tokens + req.snapshot_cut, req.cached_tokens, req.snapshot_cut))
-    expected = expected_reuse(SnapshotPolicy(*eng.snapshot_policy), prompts, outputs)
+    expected = expected_reuse(SnapshotPolicy(*policy), prompts, outputs)
     assert measured == [tuple(e) for e in expected], (measured, expected)
     assert any(e.cut for e in expected) and any(e.cached for e in expected), expected  # both cases occur
-    eng.check_integrity()
+    eng.cache.check_integrity()

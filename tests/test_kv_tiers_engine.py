@@ -75,7 +75,7 @@ def test_evicted_pages_come_back_from_disk(model, off, tmp_path):
     # 17 whole pages of the 69 matched: what eviction left in the pool plus what came back from disk
     assert ra.cached_tokens == 68 and ra.cached_disk_tokens >= 68 - 96 + 70 - 1
     assert ra.output_ids == _run(off, a).output_ids
-    assert eng.tier_stats().loaded_disk_pages * PS == ra.cached_disk_tokens
+    assert eng.cache.tier_stats().loaded_disk_pages * PS == ra.cached_disk_tokens
     eng.close()
 
 
@@ -145,10 +145,10 @@ def test_reset_empties_the_tiers_too(model, tmp_path):
     prompts = [random_ids(gen, 40) for _ in range(3)]  # 3 x 10 pages over a 24-page pool: some go down
     for p in prompts:
         _run(eng, p)
-    eng.persist_cache()
-    assert eng.tier_stats().disk_pages > 0
+    eng.cache.persist()
+    assert eng.cache.tier_stats().disk_pages > 0
     eng.reset_prefix_cache()
-    ts = eng.tier_stats()
+    ts = eng.cache.tier_stats()
     assert (ts.host_pages, ts.disk_pages) == (0, 0)
     assert [_run(eng, p).cached_tokens for p in prompts] == [0, 0, 0]  # nothing answers for the pool
     eng.close()
@@ -185,5 +185,5 @@ def test_the_persist_clock_writes_the_pool_down_once_its_period_has_passed(model
         _run(eng, random_ids(gen, 50))
         eng.step()  # the next step's tick
         eng.cache.tiers.flush()  # the writer thread's queue, on disk
-        assert (eng.tier_stats().disk_pages > 0) is written
+        assert (eng.cache.tier_stats().disk_pages > 0) is written
         eng.close()

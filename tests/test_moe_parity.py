@@ -66,7 +66,7 @@ def test_logits_match_transformers(moe_models, name):
             ref = hf(torch.tensor([ids])).logits[0].float()
         err = (ours - ref).abs().max().item()
         assert err < 1e-4, f"{name} len={n}: max abs err {err}"
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 @pytest.mark.parametrize("name", CONFIGS)

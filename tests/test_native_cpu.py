@@ -166,7 +166,7 @@ def test_fused_decode_engine_matches_the_reference_backend(ops, tmp_path, monkey
         )
         before = len(fused_calls)
         outs[backend] = e.generate(prompts, params)
-        assert e.attention_backend == backend
+        assert e.runner.backend.name == backend
         assert (len(fused_calls) > before) == (backend == "cpu")  # the fused layers really ran
     for a, b in zip(outs["reference"], outs["cpu"]):
         assert a.output_token_ids == b.output_token_ids
@@ -191,8 +191,8 @@ def test_embedded_gguf_head_keeps_its_q8_0_blocks_and_tracks_the_dense_model(ops
 
     q = Engine(dtype="bfloat16", quantize="gguf", kv_cache_memory="32M")
     dense = Engine(dtype="float32", kv_cache_memory="32M")
-    head = q.model.lm_head
-    assert isinstance(head, BlockInt8Linear) and q.attention_backend == "cpu"
+    head = q.runner.model.lm_head
+    assert isinstance(head, BlockInt8Linear) and q.runner.backend.name == "cpu"
     t = next(t for t in GGUFReader(str(embedded_gguf_path())).tensors if t.name == "token_embd.weight")
     want = torch.from_numpy(
         np.asarray(quants.dequantize(np.asarray(t.data), t.tensor_type), dtype=np.float32)

@@ -115,15 +115,15 @@ def test_pinned_pages_are_part_of_the_integrity_check(tiny_models):
     gen = torch.Generator().manual_seed(5)
     req = _run(eng, random_ids(gen, 100), session="A")
     tree = eng.cache.prefix
-    assert eng.check_integrity().pinned_pages == (len(req.tokens) - 1) // PAGE
+    assert eng.cache.check_integrity().pinned_pages == (len(req.tokens) - 1) // PAGE
     stray = tree.match(req.tokens[:32]).handle
     tree.pin(stray)  # a pin the table does not know about (inside A's path: same pinned pages)
     with pytest.raises(AssertionError, match="pinned pages"):
-        eng.check_integrity()
+        eng.cache.check_integrity()
     tree.unpin(stray)
-    eng.check_integrity()
+    eng.cache.check_integrity()
     eng.reset_prefix_cache()  # pins are dropped with the tree
-    assert len(eng.cache.pins) == 0 and eng.check_integrity().tree_pages == 0
+    assert len(eng.cache.pins) == 0 and eng.cache.check_integrity().tree_pages == 0
 
 
 def _tenant_run(eng, prompt: list[int], tenant: str, session: str) -> Request:

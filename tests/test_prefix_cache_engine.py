@@ -99,7 +99,7 @@ def test_same_step_prefills_are_deduplicated_in_the_tree(tiny_models):
     for r in (a, b):
         eng.submit(r)
     eng.step()  # both prompts computed in the same forward: nothing to share yet
-    s = eng.check_integrity()
+    s = eng.cache.check_integrity()
     assert a.cached_tokens == b.cached_tokens == 0
     # b's copy of the shared 12 pages went back to the free list at once; the tree holds one copy
     assert s.tree_pages == _distinct_pages([a.tokens[:209], b.tokens[:209]]) == 14
@@ -107,7 +107,7 @@ def test_same_step_prefills_are_deduplicated_in_the_tree(tiny_models):
     assert s.free_pages == s.total_pages - s.tree_pages - s.request_pages
     while eng.has_work():
         eng.step()
-        eng.check_integrity()
+        eng.cache.check_integrity()
     assert eng.stats().tree_pages == _distinct_pages(_computed([a, b]))
     assert_no_request_pages(eng)
 
@@ -195,7 +195,7 @@ def test_running_requests_prefix_survives_eviction_when_least_recent(tiny_models
         eng.submit(req)
         while req.finish_reason is None and long.finish_reason is None:
             eng.step()
-            eng.check_integrity()
+            eng.cache.check_integrity()
             assert not any(eng.cache.allocator.is_free(p) for p in long.pages)
     while eng.has_work():
         eng.step()

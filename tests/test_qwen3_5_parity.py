@@ -56,7 +56,7 @@ def check_logits_match(d, shape: str) -> None:
         assert ref.abs().max() > 0.5  # the tolerance is relative to O(1) logits
         err = (ours - ref).abs().max().item()
         assert err < 1e-4, f"{shape} len={n}: max abs err {err}"
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def _prompts(seed: int, lengths=(5, 77, 150)) -> list[list[int]]:
@@ -93,7 +93,7 @@ def check_chunked_identical_to_unchunked(d) -> None:
         assert out.output_token_ids == ref.output_token_ids, f"chunk_size={chunk}"
         err = (_first_logits(eng, prompt) - ref_req_logits).abs().max().item()
         assert err < 1e-5, f"chunk_size={chunk}: first-token logits differ by {err}"
-        eng.check_integrity()
+        eng.cache.check_integrity()
 
 
 def _first_logits(eng: Engine, prompt: list[int]) -> torch.Tensor:
@@ -117,7 +117,7 @@ def check_batched_identical_to_alone(d) -> None:
     eng = _engine(d, chunk_size=50, prefix_cache="off")
     together = [o.output_token_ids for o in eng.generate(prompts, params)]
     assert together == alone
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def test_qwen3_next_dense_layers_match_transformers(tmp_path):

@@ -157,7 +157,7 @@ def _big_schema(n: int, salt: str) -> dict:
 
 
 def test_a_compile_over_its_budget_is_a_400_naming_the_schema_and_others_go_on(client, engine):
-    grammars = engine.engine.grammars
+    grammars = engine.engine.admission.grammars
     old = grammars.timeout_s, grammars.per_tenant
     grammars.timeout_s, grammars.per_tenant = 0.5, 1
     try:
@@ -198,7 +198,7 @@ def test_a_compile_over_its_budget_is_a_400_naming_the_schema_and_others_go_on(c
 
 
 def test_the_grammar_cache_is_per_tenant(client, engine):
-    grammars = engine.engine.grammars
+    grammars = engine.engine.admission.grammars
     deadline = time.monotonic() + 120  # an earlier test's abandoned compile would count when it lands
     while grammars.in_flight() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -323,7 +323,7 @@ def test_concurrent_requests_with_one_new_grammar_compile_it_once(engine):
 
     from kvreuse.runtime.sampling.constrained import json_schema
 
-    grammars = engine.engine.grammars
+    grammars = engine.engine.admission.grammars
     g = json_schema(_big_schema(40, "concurrent"))
     n = grammars.compiles
     with ThreadPoolExecutor(8) as pool:  # one compile slot per tenant would 429 seven of them

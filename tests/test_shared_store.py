@@ -157,7 +157,7 @@ def test_a_store_killed_mid_run_leaves_the_pool(model, off, valkey, caplog):
     assert out.output_token_ids == _run(off, p2).output_token_ids and out.finish_reason == "length"
     assert again.cached_tokens == 0 and again.output_token_ids == _run(off, p1).output_token_ids
     assert "shared KV store" in caplog.text and "serving from the pool" in caplog.text
-    assert eng.stats().shared_error is not None and "unreachable" in eng.store_error()
+    assert eng.stats().shared_error is not None and "unreachable" in eng.cache.tier_error()
     assert _run(eng, p1).cached_tokens == (len(p1) - 1) // PS * PS  # its own pool still serves
 
 
@@ -169,7 +169,7 @@ def test_the_store_coming_back_is_used_again(model, tmp_path):
     svc.kill()
     _run(eng, _prompt(7))
     eng.cache.tiers.flush()
-    assert eng.store_error() is not None
+    assert eng.cache.tier_error() is not None
     svc, url = start_valkey(tmp_path, port=port)
     try:
         import time
@@ -177,7 +177,7 @@ def test_the_store_coming_back_is_used_again(model, tmp_path):
         time.sleep(0.3)
         _run(eng, _prompt(8))
         eng.cache.tiers.flush()
-        assert eng.store_error() is None and eng.stats().shared_written_pages > 0
+        assert eng.cache.tier_error() is None and eng.stats().shared_written_pages > 0
     finally:
         svc.stop()
 
@@ -253,12 +253,12 @@ def test_a_store_with_a_password_is_used_through_its_url(model, off, tmp_path, c
             prompt = _prompt(12)
             assert _run(bare, prompt).output_token_ids == _run(off, prompt).output_token_ids
             bare.cache.tiers.flush()
-            assert bare.store_error() is not None
+            assert bare.cache.tier_error() is not None
         url = f"valkey://:pa55-w0rd@127.0.0.1:{port}"
         a, b = _engine(model, url), _engine(model, url)
         _run(a, prompt)
         a.cache.tiers.flush()
-        assert a.store_error() is None and a.stats().shared_written_pages > 0
+        assert a.cache.tier_error() is None and a.stats().shared_written_pages > 0
         assert _run(b, prompt).cached_shared_tokens == (len(prompt) - 1) // PS * PS
         assert "pa55-w0rd" not in caplog.text
         for e in (bare, a, b):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvreuse.runtime.cache import hybrid_states
+from kvreuse.runtime.cache import state_slots
 from kvreuse.runtime.engine.engine import Engine, EngineError
 from kvreuse.runtime.models.gated_deltanet import replay
 from kvreuse.runtime.request import PUBLIC
@@ -105,7 +105,7 @@ def test_snapshots_left_by_speculation_equal_plain_decodes_and_serve_the_next_tu
         inside.extend(c for cs in cuts for c in cs)
         return replay(inp, which, lengths, cuts)
 
-    monkeypatch.setattr(hybrid_states, "replay", spy)
+    monkeypatch.setattr(state_slots, "replay", spy)
     d = hybrids["gqa-3to1-untied"]
     off, on = (
         tiny_engine(d, page_size=4),

@@ -44,7 +44,7 @@ def _long_then_short(model_dir, short_ns: str, linger_s: float = 0.0):
     eng.scheduler.schedule = recording
     while a.status is not Status.FINISHED or b.status is not Status.FINISHED:
         eng.step()
-        eng.check_integrity()
+        eng.cache.check_integrity()
     return eng, a, b, steps
 
 

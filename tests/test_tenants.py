@@ -43,4 +43,4 @@ def test_the_public_prefix_opt_in_shares_only_the_public_part(tiny_models):
     other = system + random_ids(gen, 40)
     assert _run(eng, other, CacheScope("A", len(system))) == public
     assert _run(eng, prompt, CacheScope("A", len(system))) == (len(prompt) - 1) // PAGE * PAGE
-    eng.check_integrity()
+    eng.cache.check_integrity()

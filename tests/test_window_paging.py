@@ -58,7 +58,7 @@ def test_pool_pages_hold_only_full_attention_layers(model_dir):
     assert isinstance(ring, WindowPool) and len(ring.layers) == 3 and len(eng.runner.pool.layers) == 2
     assert ring.ring_pages == -(-(W + 16) // 4) + 1  # 7 keys of window + a 16-token chunk, +1 page
     twin = _engine(model_dir, window_paging=False)
-    assert twin.runner.state_pool is None and len(twin.runner.pool.layers) == 5
+    assert twin.runner.state_pool.num_slots == 0 and len(twin.runner.pool.layers) == 5
     assert eng.runner.pool.bytes_per_page * 5 == twin.runner.pool.bytes_per_page * 2
     # a 150-token prompt wraps the 6-page ring six times; the logits are still transformers'
     ids = random_ids(torch.Generator().manual_seed(1), 150)
@@ -112,7 +112,7 @@ def test_ten_turn_session_prefills_only_new_tokens(model_dir):
         snap = (len(prev) - 1) // ps * ps if prev else 0
         assert (req.cached_tokens, req.prefilled_tokens) == (snap, len(new) + len(prev) - snap), turn
         prev = list(req.tokens)
-    eng.check_integrity()
+    eng.cache.check_integrity()
     assert eng.stats().snapshots > 0
 
 
@@ -129,7 +129,7 @@ def test_prompt_whose_last_boundary_is_a_chunk_end_resumes_there(model_dir, extr
     (ref,) = _run(off, [nxt], [4])
     assert req.output_ids == ref.output_ids
     assert (req.cached_tokens, req.prefilled_tokens) == (16, len(nxt) - 16)
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 @pytest.mark.parametrize("cut", [5, 6, 9])
@@ -150,7 +150,7 @@ def test_rewrite_before_the_first_snapshot_resumes_at_its_page(tmp_path_factory,
     assert_logits_close(req, ref, tree_atol(d))
     page = cut // 4 * 4
     assert (req.cached_tokens, req.prefilled_tokens) == (page, len(rewrite) - page)
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 def test_budget_taken_by_the_rings_says_so(model_dir):

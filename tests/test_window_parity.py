@@ -76,7 +76,7 @@ def test_chunked_prefill_identical_to_unchunked(models, shape):
         ids, logits = first_logits(eng, prompt)
         assert ids == ref_ids, f"chunk_size={chunk}"
         assert (logits - ref_logits).abs().max().item() < tol, f"chunk_size={chunk}"
-        eng.check_integrity()
+        eng.cache.check_integrity()
 
 
 # gemma4-moe: its experts run per row (embedding_bag) up to 4 rows and as grouped GEMMs over a batch
@@ -88,7 +88,7 @@ def test_batched_identical_to_alone(models, shape):
     alone = [_engine(models[shape]).generate([p], params)[0].output_token_ids for p in prompts]
     eng = _engine(models[shape], chunk_size=50)
     assert [o.output_token_ids for o in eng.generate(prompts, params)] == alone
-    eng.check_integrity()
+    eng.cache.check_integrity()
 
 
 @pytest.mark.parametrize("shape", SHAPES)

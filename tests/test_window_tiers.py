@@ -136,7 +136,7 @@ def test_tiers_match_off_on_random_conversation_trees(model, off, atol, snap_byt
 def test_snapshot_files_stay_within_their_share_of_the_store_size(model, off, snap_bytes, tmp_path):
     """``--kv-store-size`` bounds the whole folder: the pages get 3/4, the window snapshot files 1/4
     (before, the snapshot files grew without bound beside a store that counted only its pages)."""
-    from kvreuse.runtime.engine.states import SNAPSHOT_STORE_SHARE
+    from kvreuse.runtime.runner.window_pool import WindowPool
 
     size = 16 * snap_bytes
     eng = tiny_engine(model, page_size=PS, num_pages=24, kv_store=str(tmp_path), kv_store_size=size)
@@ -147,7 +147,7 @@ def test_snapshot_files_stay_within_their_share_of_the_store_size(model, off, sn
     files = list((tmp_path / "window_states").glob("*.state"))
     on_disk = sum(f.stat().st_size for f in files)
     assert eng.cache.prefix.state_tier.dropped > 0  # the share was reached, the oldest went
-    assert 0 < on_disk <= SNAPSHOT_STORE_SHARE * size
+    assert 0 < on_disk <= WindowPool.snapshot_store_share * size
     pages = sum(f.stat().st_size for f in (tmp_path / "groups").glob("*"))
     assert pages + on_disk <= size
     # the newest session still resumes from the store, with the output of an engine without cache

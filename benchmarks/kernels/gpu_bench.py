@@ -106,14 +106,14 @@ def first_logits_check(eng: Engine, model, n: int, vocab: int) -> dict:
     """Last-position logits of one prompt from both implementations (same weights): how close they are."""
     ids = prompt(n, 0, vocab)
     req = eng.make_request(ids, SamplingParams(max_tokens=1, ignore_eos=True))
-    forward, results = eng.model.forward, []  # the one request's last forward has its only logits row
-    eng.model.forward = lambda *a, **k: results.append(forward(*a, **k)) or results[-1]
+    forward, results = eng.runner.model.forward, []  # the one request's last forward has its only logits row
+    eng.runner.model.forward = lambda *a, **k: results.append(forward(*a, **k)) or results[-1]
     try:
         eng.submit(req)
         while eng.has_work():
             eng.step()
     finally:
-        del eng.model.forward  # the instance attribute goes; the class's forward is back
+        del eng.runner.model.forward  # the instance attribute goes; the class's forward is back
     ours = results[-1][0].float().cpu()
     with torch.inference_mode():
         dev = next(model.parameters()).device
@@ -145,12 +145,12 @@ def bench_model(
             model_dir=tmp, dtype=dtype, device=str(device), attention_backend=args.attention_backend,
             kv_cache_memory=kv, chunk_size=args.chunk_size, max_running=max(sizes["batches"]),
         ))  # fmt: skip
-        entry["engine"] = {"load_s": t, "backend": eng.attention_backend, "kv_pool_tokens": eng.kv_capacity_tokens,
+        entry["engine"] = {"load_s": t, "backend": eng.runner.backend.name, "kv_pool_tokens": eng.admission.kv_capacity_tokens,
                            "chunk_size": args.chunk_size}  # fmt: skip
         entry["kvreuse"] = bench_engine(eng, sizes, reps, vocab)
         entry["check"] = first_logits_check(eng, model, sizes["prefill"][0], vocab)
         checkpoint()
-        backend, max_len = eng.attention_backend, eng.max_model_len
+        backend, max_len = eng.runner.backend.name, eng.max_model_len
         del eng
         release(device)
         entry["cuda_graphs"] = graph_section(Path(tmp), dtype, device, backend, max_len, sizes)

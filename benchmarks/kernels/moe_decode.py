@@ -117,7 +117,7 @@ class Sides:
             "moe": Engine(model_dir=str(moe_dir), **opts),
             "dense": Engine(model_dir=str(dense_dir), **opts),
         }
-        self.counts = {k: e.model.parameter_counts() for k, e in self.ours.items()}
+        self.counts = {k: e.runner.model.parameter_counts() for k, e in self.ours.items()}
         # one transformers model (memory: the box is shared), its experts implementation switched per run
         self.hf_model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
         default = self.hf_model.config._experts_implementation_internal

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
     opts = dict(dtype="bfloat16", prefix_cache="off", num_pages=1024)
     engines = {k: Engine(model_dir=str(d), **opts) for k, d in dirs.items()}
     bytes_ = {
-        k: sum(p.nbytes for n, p in e.model.named_parameters() if ".experts." in n and "bias" not in n)
+        k: sum(p.nbytes for n, p in e.runner.model.named_parameters() if ".experts." in n and "bias" not in n)
         for k, e in engines.items()
     }
     seq = synthetic_prompt(256, 7, 3, VOCAB)

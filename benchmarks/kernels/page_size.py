@@ -52,7 +52,7 @@ def replay(engine, prompts: list[list[int]], decode_tokens: int) -> dict:
     ideal = ideal_prefill(prompts, [o.output_token_ids for o in outs])
     prefilled = [o.prefilled_tokens for o in outs]
     dec = engine.generate([prompts[-1]], SamplingParams(max_tokens=decode_tokens, ignore_eos=True))[0]
-    engine.check_integrity()
+    engine.cache.check_integrity()
     return {
         "prefilled": sum(prefilled),
         "ideal": sum(ideal),

@@ -112,8 +112,8 @@ def memory_at(name: str, context: int) -> dict:
     run_one(eng, synthetic_prompt(context, seed=1), 1)
     st = eng.stats()
     runner = eng.runner
-    rings = getattr(runner.state_pool, "nbytes", 0)  # every running-request slot's ring (max_running of them)
-    ring = rings // max(1, getattr(runner.state_pool, "num_slots", 1))  # the one this request used
+    rings = runner.state_pool.nbytes  # every running-request slot's ring (max_running of them; 0 in pages)
+    ring = rings // max(1, runner.state_pool.num_slots)  # the one this request used
     pages = st.tree_pages
     pool = pages * runner.pool.bytes_per_page
     snaps = st.snapshot_bytes

@@ -1,7 +1,7 @@
 """What a hybrid model's prefix cache should reuse, derived from the documented snapshot policy alone.
 
 A hybrid (Qwen3.5) resumes a prefix only where a linear-attention state snapshot ends
-(``runtime/cache/hybrid_states.py``).  Snapshots are taken at page boundaries: the last one of every prefill
+(``runtime/cache/state_slots.py``).  Snapshots are taken at page boundaries: the last one of every prefill
 chunk, every ``every_pages`` pages, the end of a KV match that was cut back (a divergence point), and
 the last one a request's decode reached.  Replaying that rule over the benchmark's own token streams
 (requests run one at a time, so chunk ``i`` of request ``j`` is ``[c_j + i*C, c_j + (i+1)*C)``) gives,
@@ -20,7 +20,7 @@ from kvreuse.benchmarks.patterns.ideal import best_prefix, computed_streams
 
 
 class SnapshotPolicy(NamedTuple):
-    """The engine's snapshot placement (``Engine.snapshot_policy``)."""
+    """The engine's snapshot placement (``kvreuse.runtime.engine.states.snapshot_policy``)."""
 
     page_size: int
     chunk_size: int

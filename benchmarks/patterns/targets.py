@@ -6,6 +6,7 @@ import time
 from typing import Any, NamedTuple
 
 from kvreuse.benchmarks.patterns.request import Request
+from kvreuse.runtime.engine.states import snapshot_policy
 
 TEMPLATE = "qwen3"  # ChatML with tools and thinking; SmolLM2 shares its special tokens
 
@@ -43,7 +44,7 @@ class InProcessTarget:
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.reset_note = ""
         # hybrids: where the engine takes state snapshots, so the runner can predict the reuse
-        self.snapshot_policy = getattr(engine, "snapshot_policy", None)
+        self.snapshot_policy = snapshot_policy(engine.runner, engine.config)
 
     def reset(self) -> None:
         self.engine.reset_prefix_cache()

@@ -53,9 +53,11 @@ class Driver:
     def add(self, n_prompt: int, max_tokens: int) -> str:
         from kvreuse.runtime.sampling.params import SamplingParams
 
-        return self.engine.add_request(
+        req = self.engine.make_request(
             self.fresh(n_prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         )
+        self.engine.submit(req)
+        return req.request_id
 
     def step(self) -> tuple[float, dict[str, int]]:
         """One engine step; returns its end time and, per request that got tokens, how many it got."""
@@ -137,13 +139,13 @@ def run(args: argparse.Namespace) -> dict:
     alone: dict[int, list[float]] = {c: [] for c in chunks}
     for _ in range(n_reps):
         for c in chunks:
-            drv.engine.set_chunk_size(c)
+            drv.engine.scheduler.chunk_size = c  # the prefill budget from the next step on
             # The slowest chunk alone (the last: it attends to the whole prefix) is what a decode can
             # be stalled by; the mean chunk understates late chunks by up to ~2x at 4K tokens.
             alone[c].append(max(drv.prefill_alone(args.long_prompt)))
             itls[c].extend(drv.itl_under_prefill(args.chunk_streams, args.stream_prompt, args.long_prompt, c))
             progress(f"chunk {c}: one chunk {alone[c][-1]:.3f} s, ITL max so far {max(itls[c]):.3f} s")
-    drv.engine.check_integrity()
+    drv.engine.cache.check_integrity()
     chunk_rows, chunked = [], []
     for c in chunks:
         one_chunk, p99 = median(alone[c]), percentile(itls[c], 99)

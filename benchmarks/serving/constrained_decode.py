@@ -105,7 +105,7 @@ def _first_mask_ms(eng: Engine, properties: int = 3000) -> dict[str, float]:
     import llguidance
     import torch
 
-    g = eng.grammars
+    g = eng.admission.grammars
     row = torch.empty((g.vocab_size + 31) // 32, dtype=torch.int32)
     out = {}
     for warmed in (True, False):
@@ -140,13 +140,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     compile_ms = {}
     for name, schema in COMPILE_SCHEMAS.items():
         g = json_schema(schema)
-        eng.grammars.compiled(g)  # the first compile also builds the llguidance tokenizer once
-        compile_ms[name] = eng.grammars.compile_s["json_schema"] * 1e3
+        eng.admission.grammars.compiled(g)  # the first compile also builds the llguidance tokenizer once
+        compile_ms[name] = eng.admission.grammars.compile_s["json_schema"] * 1e3
         t0 = time.perf_counter()
-        eng.grammars.compiled(g)
+        eng.admission.grammars.compiled(g)
         compile_ms[name + " (cached)"] = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
-    eng.grammars.compiled(tool_call(TOOLS, "hermes", None))
+    eng.admission.grammars.compiled(tool_call(TOOLS, "hermes", None))
     compile_ms["tool_call over 3 tools"] = (time.perf_counter() - t0) * 1e3
     progress(f"compile ms: {compile_ms}")
     first_mask = _first_mask_ms(eng)

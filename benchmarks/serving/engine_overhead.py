@@ -42,7 +42,7 @@ def measure(
     )  # fmt: skip
     shared = synthetic_prompt(prompt_tokens, seed)
     eng.generate([shared + synthetic_prompt(16, seed + 1000)], SamplingParams(max_tokens=1, ignore_eos=True))
-    model = eng.model  # its forward is timed, to subtract it
+    model = eng.runner.model  # its forward is timed, to subtract it
     inner, forward_s = model.forward, []
 
     def timed_forward(*a, **k):
@@ -53,7 +53,10 @@ def measure(
 
     model.forward = timed_forward
     params = SamplingParams(max_tokens=decode_tokens, ignore_eos=True)
-    ids = {eng.add_request(shared + synthetic_prompt(16, seed + 1 + i), params) for i in range(streams)}
+    reqs = [eng.make_request(shared + synthetic_prompt(16, seed + 1 + i), params) for i in range(streams)]
+    for req in reqs:
+        eng.submit(req)
+    ids = {req.request_id for req in reqs}
     started: set[str] = set()
     overhead, forward = [], []
     while eng.has_work():

@@ -77,7 +77,7 @@ class SuffixLimit:
     def __init__(self, engine, max_tokens: int) -> None:
         from kvreuse.runtime.runner.model_runner import ModelRunner
 
-        self.page_size = engine.page_size
+        self.page_size = engine.cache.page_size
         n_pages = -(-max_tokens // self.page_size)
         dtype = str(engine.dtype).removeprefix("torch.")
         self.runner = ModelRunner(engine.model_dir, dtype, str(engine.device), self.page_size, None, n_pages)
@@ -86,12 +86,13 @@ class SuffixLimit:
 
     def _forward(self, tokens: list[int], start: int) -> None:
         from kvreuse.runtime.runner.forward_batch import SeqChunk, StepInput
-        from kvreuse.runtime.runner.state_pool import StateInput
+        from kvreuse.runtime.runner.model_state import StateInput
         from kvreuse.runtime.sampling.params import SamplingParams
 
         pages = self.pages[: -(-(start + len(tokens)) // self.page_size)]
-        # a hybrid's linear layers run from slot 0's state: the same work as from the real snapshot
-        states = None if self.runner.state_pool is None else StateInput([0], [start == 0], [[]], [], [None])
+        # a hybrid's linear layers run from slot 0's state: the same work as from the real snapshot (a
+        # model without state ignores it)
+        states = StateInput([0], [start == 0], [[]], [], [None])
         self.runner.step(
             StepInput([SeqChunk(tokens, start, pages)], [True], [SamplingParams()], [None], states)
         )
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> dict:
             d["limit"].append(lim)
             d["cached"].append(rad.cached_tokens)
             d["prefilled"].append(rad.prefilled_tokens)
-        engines["radix"].check_integrity()
+        engines["radix"].cache.check_integrity()
     rows, turns = [], []
     prev: list[int] = []
     for t, (prompt, d) in enumerate(zip(prompts, per_turn)):

@@ -127,7 +127,7 @@ def engine_check(policies: list[str]) -> dict:
 
             def generate(prompt, n, eng=eng, engine_cached=engine_cached):
                 o = eng.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True))[0]
-                eng.check_integrity()
+                eng.cache.check_integrity()
                 engine_cached.append(o.cached_tokens)
                 return o.output_token_ids
 

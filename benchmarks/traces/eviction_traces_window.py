@@ -73,7 +73,7 @@ def engine_check_window(policies: list[str], snapshots: int = 6) -> dict:
 
             def generate(prompt, n, eng=eng, engine_cached=engine_cached):
                 o = eng.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True))[0]
-                eng.check_integrity()
+                eng.cache.check_integrity()
                 engine_cached.append(o.cached_tokens)
                 return o.output_token_ids
 

@@ -9,7 +9,7 @@ a snapshot dropped with its node's pages).  Every snapshot of one model has the 
 byte budget is a count of snapshots, and both sides here are given it as ``snapshots``.
 
 **Where snapshots go** is the engine's own code: ``window_states`` builds the engine's
-``HybridStates`` (through ``kvreuse.runtime.engine.states.hybrid_states``, as ``Engine`` does) over
+``StateSlots`` (through ``kvreuse.runtime.engine.states.state_slots``, as ``Engine`` does) over
 ``ReplayWindowPool``, which answers ``WindowPool``'s slot calls and hands out snapshots that have
 only a size.  ``placements`` feeds that object a request's chunks (prefill in ``chunk_size`` pieces
 from its hit, then one decode token at a time, as the single-request scheduler does) and reads back
@@ -17,7 +17,7 @@ the points it snapshots: the prompt's last page boundary, the request's end (pro
 cut-back KV match (a divergence point), every ``--snapshot-every`` pages.
 
 **The replay** (``window_cache`` passed to ``kvreuse.benchmarks.traces.belady.replay``) runs the trace through the
-real scheduler, cache manager, radix tree and ``NodeStates`` with that ``HybridStates``: exactly the
+real scheduler, cache manager, radix tree and ``NodeStates`` with that ``StateSlots``: exactly the
 engine's window-model cache without the model (``tests/test_window_belady.py`` checks it against an
 Engine on a tiny random Gemma 3, request by request).
 
@@ -56,10 +56,10 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 from kvreuse.benchmarks.traces.belady import NEVER, Trace, page_ids
-from kvreuse.runtime.cache.hybrid_states import HybridStates
 from kvreuse.runtime.cache.manager import CacheManager
+from kvreuse.runtime.cache.state_slots import StateSlots
 from kvreuse.runtime.engine.config import EngineConfig
-from kvreuse.runtime.engine.states import hybrid_states
+from kvreuse.runtime.engine.states import state_slots
 from kvreuse.runtime.request import Request
 from kvreuse.runtime.sampling.params import SamplingParams
 
@@ -71,8 +71,9 @@ class SizedSnapshot(NamedTuple):
 
 
 class ReplayWindowPool:
-    """``WindowPool``'s calls that ``HybridStates`` makes, without rings: slots are numbers, snapshots sizes."""
+    """``WindowPool``'s calls that ``StateSlots`` makes, without rings: slots are numbers, snapshots sizes."""
 
+    keeps_snapshots = True  # the fact ``state_slots`` reads, as a window pool's
     splice_span = None  # matches end only where a snapshot is taken (no splicing of two) in this replay
 
     def __init__(self, num_slots: int, snapshot_bytes: int) -> None:
@@ -99,14 +100,14 @@ class ReplayWindowPool:
 
 def window_states(
     page_size: int, snapshots: int, snapshot_every: int = 0, slots: int = 1, snapshot_bytes: int = 1
-) -> tuple[HybridStates, int]:
-    """The engine's ``HybridStates`` for a window model and its ``NodeStates`` budget of ``snapshots``."""
+) -> tuple[StateSlots, int]:
+    """The engine's ``StateSlots`` for a window model and its ``NodeStates`` budget of ``snapshots``."""
     cfg = EngineConfig(
         page_size=page_size, snapshot_memory=snapshots * snapshot_bytes, snapshot_every=snapshot_every
     )
     runner = SimpleNamespace(state_pool=ReplayWindowPool(slots, snapshot_bytes))
-    states, budget = hybrid_states(runner, cfg)  # type: ignore[arg-type]  # only .state_pool is read
-    assert states is not None and budget is not None
+    states, budget = state_slots(runner, cfg)  # type: ignore[arg-type]  # only .state_pool is read
+    assert isinstance(states, StateSlots) and budget is not None
     return states, budget
 
 
@@ -120,7 +121,7 @@ def window_cache(
 
 
 def placements(
-    states: HybridStates, prompt_len: int, computed_len: int, cached: int, kv_len: int, chunk_size: int
+    states: StateSlots, prompt_len: int, computed_len: int, cached: int, kv_len: int, chunk_size: int
 ) -> list[int]:
     """Token counts at which the engine snapshots a request that hit ``cached`` tokens of a ``kv_len``
     KV match and computes up to ``computed_len`` (prompt + output[:-1])."""
@@ -163,7 +164,7 @@ def _deepest(ids: Sequence[int], upto: int, points: set[int]) -> int:
     return next((k for k in range(upto, 0, -1) if ids[k - 1] in points), 0)
 
 
-def _forecast(trace: Trace, page_size: int, chunk_size: int, states: HybridStates, fallback: bool):
+def _forecast(trace: Trace, page_size: int, chunk_size: int, states: StateSlots, fallback: bool):
     """Per request (ids, matchable pages, resident pages, prompt and computed length); page and
     snapshot uses by potential hits (``fallback``: a snapshot is also used by the requests that pass
     it on the way to their potential hit, which fall back to it if that one is gone)."""
@@ -215,7 +216,7 @@ def _schedule(
     reqs: list,
     page_uses: _Uses,
     snap_uses: _Uses,
-    states: HybridStates,
+    states: StateSlots,
     num_pages: int,
     snapshots: int,
     chunk_size: int,

@@ -4,7 +4,7 @@ Every page is in exactly one place: the allocator's free list, the prefix cache,
 own pages.  ``check_integrity`` asserts that.  The cache manager speaks only the
 ``kvreuse.runtime.cache.prefix_cache.PrefixCache`` interface, so the radix tree and the naive baseline (no cache)
 run one code path; a hybrid model's linear-attention states go through the same calls (``states``:
-``HybridStates`` or, for dense models, ``NoStates``; their snapshots ride on ``insert`` / ``match``).
+``StateSlots`` or, for a model without per-request state, ``NoStateSlots``; their snapshots ride on ``insert`` / ``match``).
 
 Its public methods are the cache's whole interface above ``runtime/cache/`` (nothing reaches through
 it to its parts: ``tests/test_cache_wall.py``): requests' pages and state inputs, pins, events
@@ -20,17 +20,17 @@ from typing import NamedTuple
 
 from kvreuse.runtime.cache.events import CacheEvents
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
-from kvreuse.runtime.cache.hybrid_states import HybridStates, NoStates
 from kvreuse.runtime.cache.page_allocator import OutOfPages, PageAllocator
 from kvreuse.runtime.cache.pins import PinInfo, PinTable
 from kvreuse.runtime.cache.prefix_cache import PrefixCache
-from kvreuse.runtime.cache.registry import DEFAULT_KIND, POLICY_KIND, make_prefix_cache
+from kvreuse.runtime.cache.registry import DEFAULT_KIND, POLICY_KIND, cache_kind, make_prefix_cache
 from kvreuse.runtime.cache.shadows import NoShadows, Shadows, ShadowStats
+from kvreuse.runtime.cache.state_slots import NoStateSlots, StateSlots
 from kvreuse.runtime.cache.store.states import StateTier
 from kvreuse.runtime.cache.store.tiers import LowerTiers, TierStats
 from kvreuse.runtime.cache.tiered_cache import PageIO
 from kvreuse.runtime.request import PUBLIC, CacheScope, Request
-from kvreuse.runtime.runner.state_pool import StateInput
+from kvreuse.runtime.runner.model_state import StateInput
 from kvreuse.runtime.sampling.params import SamplingParams
 
 
@@ -79,7 +79,7 @@ class CacheManager:
         tiers: LowerTiers | None = None,
         io: PageIO | None = None,
         write_through: bool = False,
-        states: HybridStates | NoStates | None = None,
+        states: StateSlots | NoStateSlots = NoStateSlots(),
         state_budget: int | None = None,
         state_tier: StateTier | None = None,
         shadows: Sequence[str] = (),
@@ -92,10 +92,11 @@ class CacheManager:
         if shadows and state_budget is not None:
             raise ValueError("eviction shadows model a full-attention pool: this model keeps per-node states")
         self.page_size = page_size
+        self._keeps_prefixes = cache_kind(prefix_cache).keeps_prefixes
         self.allocator = PageAllocator(num_pages)
         self.prefix: PrefixCache = make_prefix_cache(
             prefix_cache, page_size, self.allocator, eviction, tiers, io, write_through, state_budget,
-            state_tier, states.splice_span if states is not None else None,
+            state_tier, states.splice_span,
         )  # fmt: skip
         self.pins = PinTable(self.prefix, int(pinned_fraction * num_pages), session_ttl, clock)
         self.tiers: LowerTiers | NoLowerTiers = tiers if tiers is not None else NoLowerTiers()
@@ -104,9 +105,14 @@ class CacheManager:
         self._closed = False
         self._loads: dict[Request, object] = {}  # waiting requests whose disk pages are being read ahead
         self.live: set[Request] = set()
-        self.states = states if states is not None else NoStates()  # a hybrid's linear-attention slots
+        self.states = states  # the running requests' slots of a hybrid's states or a window model's rings
         # other policies' hits on the same requests (``runtime/cache/shadows.py``)
         self.shadows = make_shadows(shadows, num_pages, page_size, chunk_size, session_ttl, pinned_fraction)
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether this cache keeps anything (``--prefix-cache off``: the naive baseline)."""
+        return self._keeps_prefixes
 
     # -- admission ---------------------------------------------------------------
     def admit(self, req: Request) -> None:

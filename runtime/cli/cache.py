@@ -71,8 +71,8 @@ def main(argv: list[str]) -> int:
             f"saved {len(outs)} prompts ({tokens} tokens) to {args.kv_store} in {time.perf_counter() - t0:.1f} s"
         )
         return 0
-    loaded = eng.load_cache()
-    st = eng.tier_stats()
+    loaded = eng.cache.load_stored()
+    st = eng.cache.tier_stats()
     eng.close()
     print(
         f"loaded {loaded} tokens ({st.loaded_disk_pages} pages) from {args.kv_store} in "

@@ -70,7 +70,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             break
         messages.append({"role": "user", "content": line})
         ids = render(eng.tokenizer, messages, template=args.chat_template).token_ids
-        req_id = eng.add_request(ids, params)
+        req = eng.make_request(ids, params)
+        eng.submit(req)
+        req_id = req.request_id
         text = ""
         while eng.has_work():
             for out in eng.step():

@@ -1,6 +1,6 @@
 """Admission: a prompt checked against the model and the pool, then turned into a ``Request``.
 
-Runs in the caller's thread (a server handler, ``Engine.add_request``) and has no side effect until
+Runs in the caller's thread (a server handler, ``Engine.make_request``) and has no side effect until
 ``make`` draws a seed, so a server can refuse a request before its response starts.
 """
 
@@ -47,6 +47,11 @@ class Admission:
         # an unseeded request's seed: the OS's entropy, per request (no stream a tenant could read or
         # move); only an engine given a seed (in-process, reproducible runs) shares one stream
         self._seed_rng = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    @property
+    def token_capacity(self) -> int:
+        """The most tokens (prompt + output) one request can have: context length and KV pool both."""
+        return min(self.max_model_len, self.kv_capacity_tokens)
 
     def _seed(self) -> int:
         if self._seed_rng is None:

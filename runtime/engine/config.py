@@ -67,7 +67,7 @@ class EngineConfig:
     # a file holding the replicas' shared secret: entries carry an HMAC under it (runtime/cache/store/seal.py)
     kv_shared_secret_file: str | None = None
 
-    # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/cache/hybrid_states.py)
+    # hybrids (Qwen3.5): linear-attention state snapshots beside the KV pages (see runtime/cache/state_slots.py)
     snapshot_memory: int | str | None = None  # bytes or "1G"; None: 1 GiB
     snapshot_every: int = 0  # also snapshot every K pages inside a prefill chunk (0: chunk ends only)
     # sliding-window models with full-attention layers too (Gemma 3): window layers' KV in per-request

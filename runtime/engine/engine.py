@@ -4,8 +4,11 @@
 thread), let the scheduler pick a batch, run it (forward + sample), let the scheduler commit
 the result (progress, cached pages, finished requests), detokenise, and return outputs.
 ``AsyncEngine`` runs it in a background thread; ``generate`` runs it inline.  Callers use the
-methods and properties here and the cache manager's public methods (``Engine.cache``), never the
-runner or the scheduler directly, nor the cache manager's parts (``tests/test_cache_wall.py``).
+methods here (requests in, steps, outputs, stats: ``tests/test_engine_surface.py`` holds the list),
+what each component owns through it (the cache's pins, tiers and integrity through the cache manager's
+public methods, ``Engine.cache``; a request's checks and capacities through ``Engine.admission``), and
+never the cache manager's parts (``tests/test_cache_wall.py``).  Benchmarks and tests read the runner
+and the scheduler (``Engine.runner``, ``Engine.scheduler``) as instrumentation; servers do not.
 """
 
 from __future__ import annotations
@@ -16,9 +19,7 @@ from pathlib import Path
 
 import torch
 
-from kvreuse.runtime.cache.manager import CacheManager, CacheStats
-from kvreuse.runtime.cache.pins import PinInfo
-from kvreuse.runtime.cache.registry import cache_kind
+from kvreuse.runtime.cache.manager import CacheManager
 from kvreuse.runtime.cache.store.open import open_tiers
 from kvreuse.runtime.engine import states as model_states
 from kvreuse.runtime.engine.admission import Admission, EngineError
@@ -74,6 +75,7 @@ class Engine:
                 f"--max-model-len {cfg.max_model_len} exceeds the model's context length ({model_len} tokens)"
             )
         self.max_model_len = cfg.max_model_len or model_len
+        self.model_config = mc  # the architecture (``kvreuse.runtime.models.config.ModelConfig``)
         model_states.check_state_support(self.runner, cfg)
         self.runner.choose_decode(self.max_model_len)
         tiers = open_tiers(
@@ -82,8 +84,8 @@ class Engine:
             settings={"quantize": cfg.quantize, "tensor_parallel_size": cfg.tensor_parallel_size},
             shared_url=cfg.kv_shared_store, shared_secret=cfg.shared_secret(),
         )  # fmt: skip
-        states, state_budget = model_states.hybrid_states(self.runner, cfg)
-        state_tier = model_states.window_state_tier(self.runner, cfg) if tiers is not None else None
+        states, state_budget = model_states.state_slots(self.runner, cfg)
+        state_tier = model_states.snapshot_tier(self.runner, cfg) if tiers is not None else None
         self.cache = CacheManager(
             self.runner.pool.num_pages, cfg.page_size, cfg.prefix_cache, cfg.eviction_policy, cfg.session_ttl,
             cfg.pinned_fraction, tiers=tiers, io=self.runner.pool, write_through=cfg.kv_write_through, states=states,
@@ -100,12 +102,10 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._totals = dict.fromkeys(("requests", "prompt", "snapshot_cut"), 0)
         self._closed = False
-        self.grammars = GrammarCompiler(  # compiles lazily
-            self.tokenizer, mc.vocab_size, self.eos_ids, cfg.grammar_compile_timeout
-        )
-        self.admission = Admission(
+        grammars = GrammarCompiler(self.tokenizer, mc.vocab_size, self.eos_ids, cfg.grammar_compile_timeout)
+        self.admission = Admission(  # the grammars compile lazily
             self.tokenizer, mc.vocab_size, self.max_model_len, self.runner.pool.num_tokens,
-            self.eos_ids, self.grammars, cfg.seed,
+            self.eos_ids, grammars, cfg.seed,
         )  # fmt: skip
 
     # -- requests -----------------------------------------------------------------------
@@ -131,14 +131,6 @@ class Engine:
         """Thread-safe: cancel a request; its pages are freed at the next step."""
         self._inbox.put(("abort", request_id))
 
-    def add_request(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
-    ) -> str:
-        """Validate, queue, and return the request's id (outputs come from :meth:`step`)."""
-        req = self.make_request(prompt, params, request_id)
-        self.submit(req)
-        return req.request_id
-
     # -- the loop ---------------------------------------------------------------------
     def has_work(self) -> bool:
         return self.scheduler.has_work() or not self._inbox.empty()
@@ -148,10 +140,13 @@ class Engine:
         if self._closed:  # its store is released and its ranks are gone: nothing may run on them
             raise EngineError("the engine is closed")
         outputs = self._drain_inbox()
-        self.cache.tick()  # the disk tier's persist clock
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return outputs
+        batch = self.scheduler.schedule()  # the cache's persist clock ticks first
+        return outputs if batch is None else outputs + self._run(batch)
+
+    def _run(self, batch: Batch) -> list[RequestOutput]:
+        """Forward + sample ``batch``, commit it, and detokenise; a failed row or forward ends only the
+        requests it is about."""
+        outputs: list[RequestOutput] = []
         try:
             result = self.runner.step(batch.step)
             batch, samples, failed = _without_failed_rows(batch, result.samples)
@@ -165,7 +160,7 @@ class Engine:
         return outputs
 
     def _fail(self, req: Request, e: Exception) -> RequestOutput:
-        return self.finish_request(req, "error", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
+        return self._finish(req, "error", error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outs = []
@@ -180,7 +175,7 @@ class Engine:
             elif kind == "call":
                 item()
             elif (req := self._requests.get(item)) is not None:
-                outs.append(self.finish_request(req, "abort"))
+                outs.append(self._finish(req, "abort"))
         return outs
 
     def _emit(self, req: Request, toks: list[int]) -> RequestOutput:
@@ -194,10 +189,10 @@ class Engine:
             reason = req.stop_reason(tok, detok.stopped, after)
             if reason is not None:
                 self.scheduler.cut_output(req, after)
-                return self.finish_request(req, reason, delta, new_tokens=i + 1)
+                return self._finish(req, reason, delta, new_tokens=i + 1)
         return make_output(req, detok, delta, len(toks))
 
-    def finish_request(
+    def _finish(
         self, req: Request, reason: str, delta: str = "", new_tokens: int = 0, error: str | None = None
     ) -> RequestOutput:
         """End ``req`` now (between steps: a stop, an abort, or ``reason="error"`` with ``error``), freeing
@@ -229,39 +224,6 @@ class Engine:
                     done[out.request_id] = out
         return [done[r.request_id] for r in reqs]
 
-    # -- the public surface for servers and benchmarks ------------------------------------------
-    @property
-    def page_size(self) -> int:
-        return self.cache.page_size
-
-    @property
-    def snapshot_policy(self) -> tuple[int, int, int] | None:
-        """A hybrid's snapshot placement ``(page_size, chunk_size, every_pages)`` (runtime/cache/hybrid_states.py);
-        None for dense models or without a prefix cache."""
-        cfg = self.config
-        if self.runner.state_pool is None or not self.caches_prefixes:
-            return None
-        return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
-
-    @property
-    def caches_prefixes(self) -> bool:
-        """Whether this engine's prefix cache keeps anything (``--prefix-cache off``: the naive baseline)."""
-        return cache_kind(self.config.prefix_cache).keeps_prefixes
-
-    @property
-    def vocab_size(self) -> int:
-        return self.runner.cfg.vocab_size
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        """Tokens the KV pool holds: the most one request can use, whatever is cached."""
-        return self.runner.pool.num_tokens
-
-    @property
-    def token_capacity(self) -> int:
-        """The most tokens (prompt + output) one request can have: context length and KV pool both."""
-        return min(self.max_model_len, self.kv_capacity_tokens)
-
     def call_between_steps(self, fn: Callable[[], object]) -> None:
         """Thread-safe: run ``fn()`` on the engine's thread before the next step (e.g. a cache reset)."""
         self._inbox.put(("call", fn))
@@ -280,67 +242,10 @@ class Engine:
         t = self._totals
         return engine_stats(self.cache, self.scheduler, t["requests"], t["prompt"], t["snapshot_cut"])
 
-    def cache_stats(self) -> CacheStats:
-        """The pool's pages by owner (free, tree, pinned, evictable, requests'), expired pins dropped first."""
-        return self.cache.stats(expire_pins=True)
-
-    def pins(self) -> tuple[list[PinInfo], dict[str, int], dict[object, dict[str, int]]]:
-        """The live pins (owner, tokens, TTL left), the pins lapsed so far by cause, and by tenant."""
-        return self.cache.pin_report()
-
-    def is_pinned(self, owner: object) -> bool:
-        return self.cache.is_pinned(owner)
-
-    def pin_prefix(
-        self, owner: object, ids: list[int], scope: CacheScope, ttl: float | None
-    ) -> tuple[int, bool]:
-        """Pin the cached part of ``ids`` (in ``scope``) for ``ttl`` seconds under ``owner``, within the pin
-        budget; returns (tokens the pin covers, whether it was taken)."""
-        return self.cache.pin_prefix(owner, ids, scope, ttl)
-
-    def unpin(self, owner: object) -> None:
-        """Drop ``owner``'s pin, if it has one (the pages stay cached, evictable again)."""
-        self.cache.unpin(owner)
-
     def prompt_logprobs(self, ids: list[int], top: int, chunk_size: int | None = None) -> list[Entry]:
         """Logprobs of a prompt's own tokens (only between steps): see ``kvreuse.runtime.engine.scoring``.  A small
         ``chunk_size`` scores through the kernels decode uses (the quantized head's take <= 8 rows)."""
         return prompt_logprobs(self.runner, self.cache, chunk_size or self.config.chunk_size, ids, top)
-
-    # -- instrumentation for benchmarks: read-only views, and one knob ------------------------------
-    @property
-    def model(self) -> torch.nn.Module:
-        """The loaded ``CausalLM``: for parameter counts, or wrapping its forward to time it; never drive it."""
-        return self.runner.model
-
-    @property
-    def model_config(self):
-        """The architecture (``kvreuse.runtime.models.config.ModelConfig``) of the loaded model."""
-        return self.runner.cfg
-
-    @property
-    def attention_backend(self) -> str:
-        return self.runner.backend.name
-
-    def set_chunk_size(self, tokens: int) -> None:
-        """Prefill token budget per step from the next step on (benchmarks sweep it in one engine)."""
-        ring_chunk = getattr(self.runner.state_pool, "max_chunk", tokens)  # window rings hold W + this
-        if tokens > ring_chunk:
-            raise ValueError(f"chunk size {tokens} exceeds the window rings' {ring_chunk} (set it at start)")
-        self.scheduler.chunk_size = tokens
-
-    def check_integrity(self) -> CacheStats:
-        """Every page is free, cached, or one request's own; raises AssertionError on a leak."""
-        return self.cache.check_integrity()
-
-    def persist_cache(self) -> int:
-        """Write every cached page that is only in the pool to the disk tier (``--kv-store``); returns pages."""
-        return self.cache.persist()
-
-    def load_cache(self) -> int:
-        """Load what the disk tier (``--kv-store``) holds into the pool, as far as free pages allow
-        (only between steps); returns tokens loaded.  Matches load lazily anyway: this prewarms."""
-        return self.cache.load_stored()
 
     def close(self) -> None:
         """Persist the cache to the disk tier, release the store (its lock) and stop the other
@@ -348,16 +253,6 @@ class Engine:
         self._closed = True
         self.cache.close()
         self.runner.close()
-
-    def store_error(self) -> str | None:
-        """Why a lower tier runs degraded (the disk tier read-only, the shared store unreachable: the
-        pool serves alone), or None; thread-safe, so ``/health`` reads it without waiting for the
-        engine thread."""
-        return self.cache.tier_error()
-
-    def tier_stats(self):
-        """Lower-tier counters (``kvreuse.runtime.cache.store.tiers.TierStats``), or None without tiers."""
-        return self.cache.tier_stats()
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached page (only when idle)."""

@@ -16,7 +16,7 @@ from kvreuse.runtime.engine.admission import EngineError
 from kvreuse.runtime.request import Request
 from kvreuse.runtime.runner.forward_batch import build_forward_batch
 from kvreuse.runtime.runner.model_runner import ModelRunner
-from kvreuse.runtime.runner.state_pool import StateInput
+from kvreuse.runtime.runner.model_state import StateInput
 from kvreuse.runtime.sampling.params import SamplingParams
 
 Entry = tuple[int, tuple[float, list[tuple[int, float]]] | None]
@@ -27,21 +27,21 @@ def prompt_logprobs(
     runner: ModelRunner, cache: CacheManager, chunk_size: int, ids: list[int], top: int
 ) -> list[Entry]:
     """``[(token, (logprob, top alternatives) | None)]`` for every prompt token, in order."""
-    slots = runner.state_pool
-    if slots is not None and slots.num_free == 0:
+    slots = runner.state_pool  # a model without state has always one (ignored by its forward)
+    if slots.num_free == 0:
         raise EngineError("no free window/state slot to score the prompt now; retry shortly")
     scratch = Request("score", list(ids), len(ids), SamplingParams(max_tokens=1), frozenset())
     if not cache.reserve(scratch, len(ids)):
         raise EngineError("not enough free KV pages to score the prompt now; retry shortly")
-    slot = slots.alloc() if slots is not None else None
+    slot = slots.alloc()
     entries: list[Entry] = [(ids[0], None)]
     try:
-        step = min(chunk_size, getattr(slots, "max_chunk", chunk_size))  # a window ring's widest chunk
+        step = slots.chunk_limit(chunk_size)  # a window ring's widest chunk
         for start in range(0, len(ids) - 1, step):
             chunk = ids[start : start + step]
             fb = build_forward_batch([(chunk, start, scratch.pages)], [True], runner.page_size, runner.device)
             fb = fb._replace(logits_rows=torch.arange(len(chunk), device=runner.device))
-            st = None if slot is None else StateInput([slot], [start == 0], [[]], [], [None])
+            st = StateInput([slot], [start == 0], [[]], [], [None])
             logp = torch.log_softmax(runner.forward(fb, st).float(), dim=-1)
             nxt = ids[start + 1 : start + len(chunk) + 1]
             rows = logp[: len(nxt)]
@@ -54,6 +54,5 @@ def prompt_logprobs(
                 entries.append((tid, (chosen[j], pairs)))
     finally:
         cache.unreserve(scratch)
-        if slots is not None and slot is not None:
-            slots.free(slot)
+        slots.free(slot)
     return entries

@@ -6,32 +6,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvreuse.runtime.cache.hybrid_states import HybridStates
 from kvreuse.runtime.cache.registry import cache_kind
+from kvreuse.runtime.cache.state_slots import NoStateSlots, StateSlots
 from kvreuse.runtime.cache.store.states import StateTier
 from kvreuse.runtime.engine.admission import EngineError
 from kvreuse.runtime.engine.config import EngineConfig
 from kvreuse.runtime.models.quantize import verifies_per_row
 from kvreuse.runtime.runner.model_runner import ModelRunner
-from kvreuse.runtime.runner.window_pool import WindowPool
 
 DEFAULT_SNAPSHOT_BYTES = 1 << 30
-# Of --kv-store-size, what a window model's snapshot files may hold; its pages get the rest, so the
-# folder as a whole stays within the size asked for.  A snapshot is a window's K/V of the local layers,
-# about as large as the window's pages of those layers, and one is kept per prefix end rather than per
-# page, so a quarter leaves the pages most of the room.
-SNAPSHOT_STORE_SHARE = 0.25
 RECORDS_STORE_SHARE = 0.05  # of --kv-store-size: the stored responses' file (the server's records)
 
 
-def hybrid_states(runner: ModelRunner, cfg: EngineConfig) -> tuple[HybridStates | None, int | None]:
-    """A hybrid model's state slots, and the byte budget of the snapshots on the prefix cache's nodes
-    (None for dense models; snapshots are taken only when a prefix cache keeps them)."""
-    if runner.state_pool is None:
-        return None, None
+def state_slots(runner: ModelRunner, cfg: EngineConfig) -> tuple[StateSlots | NoStateSlots, int | None]:
+    """The running requests' slots of the model's per-request state, and the byte budget of their
+    snapshots on the prefix cache's nodes (None for a kind that keeps none; snapshots are taken only
+    when a prefix cache keeps them)."""
+    if not runner.state_pool.keeps_snapshots:  # the kind's fact, as make_prefix_cache reads its kind's
+        return NoStateSlots(), None
     budget = cfg.snapshot_memory if cfg.snapshot_memory is not None else DEFAULT_SNAPSHOT_BYTES
     keep = cache_kind(cfg.prefix_cache).keeps_prefixes
-    return HybridStates(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
+    return StateSlots(runner.state_pool, cfg.page_size, keep, cfg.snapshot_every), budget
+
+
+def snapshot_policy(runner: ModelRunner, cfg: EngineConfig) -> tuple[int, int, int] | None:
+    """Where the engine takes state snapshots, ``(page_size, chunk_size, every_pages)``
+    (``runtime/cache/state_slots.py``), so a benchmark can predict the reuse; None for a model whose
+    state keeps no snapshots, or without a prefix cache."""
+    if not runner.state_pool.keeps_snapshots or not cache_kind(cfg.prefix_cache).keeps_prefixes:
+        return None
+    return cfg.page_size, cfg.chunk_size, cfg.snapshot_every
 
 
 def records_budget(cfg: EngineConfig) -> int:
@@ -42,20 +46,18 @@ def records_budget(cfg: EngineConfig) -> int:
 
 def store_budgets(runner: ModelRunner, cfg: EngineConfig) -> tuple[int, int]:
     """``--kv-store-size`` less the records' share (``records_budget``), split into (pages, window
-    snapshot files): all pages but for a window model."""
+    snapshot files): all pages but for a kind whose snapshots go below the pool (a window model's)."""
     size = int(cfg.kv_store_size) - records_budget(cfg)
-    if not isinstance(runner.state_pool, WindowPool):
-        return size, 0
-    snapshots = int(size * SNAPSHOT_STORE_SHARE)
+    snapshots = int(size * runner.state_pool.snapshot_store_share)
     return size - snapshots, snapshots
 
 
-def window_state_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier | None:
+def snapshot_tier(runner: ModelRunner, cfg: EngineConfig) -> StateTier | None:
     """Where a window model's snapshots go below the pool: beside its pages in host memory (the host
     tier's budget again) and in the store's folder, within its share of the store's size.  None for a
-    model without rings."""
+    kind whose snapshots stay in the pool (no share of the store)."""
     pool = runner.state_pool
-    if not isinstance(pool, WindowPool):
+    if not pool.snapshot_store_share:
         return None
     folder = Path(cfg.kv_store) / "window_states" if cfg.kv_store else None
     disk_bytes = store_budgets(runner, cfg)[1]
@@ -79,19 +81,19 @@ def speculative_mode(runner: ModelRunner, cfg: EngineConfig) -> str:
     """
     if cfg.speculative != "auto":
         return cfg.speculative
-    windowed = isinstance(runner.state_pool, WindowPool)
-    return "off" if windowed or not verifies_per_row(runner.model) else "suffix"
+    rolls_back = runner.state_pool.rolls_back
+    return "suffix" if rolls_back and verifies_per_row(runner.model) else "off"
 
 
 def check_state_support(runner: ModelRunner, cfg: EngineConfig) -> None:
     """Refuse (EngineError) what a model with state slots cannot do yet."""
-    windowed = isinstance(runner.state_pool, WindowPool)
-    if cfg.speculative not in ("off", "auto") and windowed:
+    state = runner.state_pool
+    if cfg.speculative not in ("off", "auto") and not state.rolls_back:
         raise EngineError(
             "--speculative does not work with window-paged models yet: their window rings have no "
             "rollback for a rejected draft (--no-window-paging keeps the window layers' KV in pages)"
         )
-    if cfg.tiered and runner.state_pool is not None and (cfg.kv_shared_store or not windowed):
+    if cfg.tiered and not state.keeps_on_tiers(shared=bool(cfg.kv_shared_store)):
         raise EngineError(
             "--kv-shared-store does not keep hybrid or sliding-window models' snapshots yet, nor "
             "--kv-store / --kv-host-memory a hybrid's (--no-window-paging keeps a window model's KV in "

@@ -7,7 +7,7 @@ carry over from one chunk (or decode step) of the request to the next.
 A sequence that verifies a speculative draft runs its last token and the draft as one chunk; the
 forward leaves the state after the whole chunk in its slot and keeps (``VerifyStash``) the state it
 started from and this layer's inputs at those tokens, so that once the accepted count is known
-``replay`` rebuilds the state after the accepted prefix (``runtime/cache/hybrid_states.py``'s
+``replay`` rebuilds the state after the accepted prefix (``runtime/cache/state_slots.py``'s
 ``settle``).  Replaying the inputs rather than keeping a state per drafted position: the kept start
 state is the copy the forward already makes (``index_select``), nothing is kept per position (a
 state is ``[Hv, Dk, Dv]`` fp32 per layer, and a draft has up to 16 positions), and nothing runs

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from kvreuse.runtime.models.batch import ForwardBatch
-from kvreuse.runtime.runner.state_pool import StateInput
+from kvreuse.runtime.runner.model_state import StateInput
 from kvreuse.runtime.sampling.constrained.matcher import Matcher
 from kvreuse.runtime.sampling.draws import Draws
 from kvreuse.runtime.sampling.params import SamplingParams

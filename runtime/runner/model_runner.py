@@ -9,10 +9,8 @@ from typing import NamedTuple
 import torch
 
 from kvreuse.kernels.backends import select_backend
-from kvreuse.kernels.linear_attention import select_linear_backend
 from kvreuse.runtime.models import build_model
 from kvreuse.runtime.models.config import ModelConfig
-from kvreuse.runtime.models.gated_deltanet import StateBatch
 from kvreuse.runtime.models.quantize import apply_quantization
 from kvreuse.runtime.models.weights import load_weights
 from kvreuse.runtime.runner.cuda_graph import DecodeGraphRunner
@@ -29,8 +27,8 @@ from kvreuse.runtime.runner.distributed.launch import (
 from kvreuse.runtime.runner.distributed.sharding import TPGroup, local_config, shard_into
 from kvreuse.runtime.runner.forward_batch import ForwardBatch, StepInput, build_forward_batch
 from kvreuse.runtime.runner.kv_pool import KVPool
-from kvreuse.runtime.runner.state_pool import StateInput, StatePool
-from kvreuse.runtime.runner.window_pool import WindowPool, ring_batch
+from kvreuse.runtime.runner.model_state import ModelState, StateInput
+from kvreuse.runtime.runner.state_kinds import StateShape, make_model_state
 from kvreuse.runtime.sampling.sampler import SampleResult, sample
 from kvreuse.runtime.speculative.verify import verify
 
@@ -109,44 +107,18 @@ class ModelRunner:
         pool_cfg = local_config(self.cfg, tp.world) if tp else self.cfg
         self.backend = select_backend(self.device, attention_backend)
         self.page_size = page_size
-        hybrid = self.cfg.is_hybrid
-        self.state_pool: StatePool | WindowPool | None = None
-        if hybrid:
-            self.state_pool = StatePool(self.cfg, state_slots, self.dtype, self.device)
-        elif window_paging and uses_rings(self.cfg) and tp is None:
-            self.state_pool = WindowPool(
-                self.cfg, state_slots, page_size, chunk_size, self.dtype, self.device
-            )
-        rings = isinstance(self.state_pool, WindowPool)
-        if rings and kv_cache_memory is not None and num_pages is None:  # the rings come out of the budget
-            ring_bytes = self.state_pool.nbytes
-            if ring_bytes >= kv_cache_memory:
-                raise ValueError(
-                    f"KV budget too small: the window rings of {state_slots} running requests (--max-running)"
-                    f" take {ring_bytes / 2**20:.0f} MiB of the {kv_cache_memory / 2**20:.0f} MiB"
-                    " (--kv-cache-memory); lower --max-running or raise --kv-cache-memory"
-                )
-            kv_cache_memory -= ring_bytes
-        pooled_windows = not rings and any(w is not None for w in self.cfg.windows)
-        if pooled_windows and self.cfg.kv_shape(True) != self.cfg.kv_shape(False):
-            raise ValueError(
-                f"{self.cfg.model_type}: its full and sliding layers' KV shapes differ, so its sliding layers"
-                " need window rings (one device, window paging on)"
-            )
-        owners = self.cfg.cache_layers
-        full_layers = sum(self.cfg.window(i) is None for i in owners) if rings else None
+        # a hybrid's linear-attention states, a window model's rings, or none (``state_kinds.py``)
+        self.state_pool: ModelState = make_model_state(
+            StateShape(self.cfg, state_slots, page_size, chunk_size, self.dtype, self.device),
+            window_paging, one_device=tp is None,
+        )  # fmt: skip
+        if kv_cache_memory is not None and num_pages is None:  # the slots come out of the budget
+            kv_cache_memory = self.state_pool.kv_budget_left(kv_cache_memory)
+        full_layers = self.state_pool.full_layers(self.cfg)
         self.pool = KVPool(
             pool_cfg, page_size, self.dtype, self.device, kv_cache_memory, num_pages, full_layers
         )
-        # each attention layer's (k, v): a window layer's ring when the rings hold them, else its pool
-        # pages; a layer that reads another's KV (Gemma 4's shared tail) gets that layer's; a hybrid's
-        # are its full-attention layers' pages, in order
-        self.kv_layers = list(self.pool.layers)
-        if not hybrid:
-            full, ring = iter(self.pool.layers), iter(self.state_pool.layers if rings else ())
-            own = {i: next(ring) if rings and self.cfg.window(i) is not None else next(full) for i in owners}
-            self.kv_layers = [own[src] for src in self.cfg.kv_source]
-        self.linear_backend = select_linear_backend(self.device) if hybrid else None
+        self.kv_layers = self.state_pool.kv_layers(self.cfg, self.pool.layers)
         self.graphs: DecodeGraphRunner | None = None
         self.decode_path = "eager"  # see choose_decode
 
@@ -159,7 +131,9 @@ class ModelRunner:
         layers = self.kv_layers
         self.decode_path = self.model.choose_decode(self.backend, layers[0][0] if layers else None,
                                                     self.compile_decode)  # fmt: skip
-        graphs = self.device.type == "cuda" and self.backend.name == "triton" and self.state_pool is None
+        graphs = (
+            self.device.type == "cuda" and self.backend.name == "triton" and self.state_pool.decode_graphs
+        )
         if graphs and max_seq_len is not None and self.tp is None:
             self.enable_decode_graphs(max_seq_len)
             self.decode_path = "cuda-graphs"
@@ -204,55 +178,9 @@ class ModelRunner:
             if self.workers is not None:
                 self.workers.check()
             send_batch(fb, self.tp.group, self.device)
-        if isinstance(self.state_pool, WindowPool):
-            assert states is not None, "a window model's step needs its ring slots"
-            return self._window_forward(fb, states)
-        if states is not None:
-            return self._hybrid_forward(fb, states)
         if self.graphs is not None and self.graphs.can_run(fb):
             return self.graphs.run(fb)  # a static buffer's view: consumed before the next step
-        return self.model(fb, self.kv_layers, self.backend)
-
-    def _hybrid_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
-        """Forward over the sequences' state slots, filling the snapshots the step asked for."""
-        pool = self.state_pool
-        assert pool is not None and self.linear_backend is not None, "states given to a dense model"
-        sb = StateBatch(
-            self.linear_backend,
-            torch.tensor(st.slots, device=self.device),
-            torch.tensor(st.fresh, device=self.device),
-            fb.cu_seqlens_q.tolist(),
-            st.cuts,
-            st.inside,
-            st.verify,
-        )
-        logits = self.model(fb, self.pool.layers, self.backend, pool.layers, sb)
-        for slot, snap in zip(st.slots, st.ends):
-            if snap is not None:  # the state after the whole chunk
-                pool.copy_to(slot, snap)
-        return logits
-
-    def _window_forward(self, fb: ForwardBatch, st: StateInput) -> torch.Tensor:
-        """Forward with the window layers on the sequences' rings; then fill the window snapshots the
-        step asked for (every snapshot lies within its chunk, still in the ring)."""
-        pool = self.state_pool
-        assert isinstance(pool, WindowPool)
-        cu = fb.cu_seqlens_q.tolist()
-        longest = max(b - a for a, b in zip(cu, cu[1:]))
-        if longest > pool.max_chunk:
-            raise ValueError(
-                f"a {longest}-token chunk overflows the window rings (built for {pool.max_chunk})"
-            )
-        ring = ring_batch(fb, st.slots, pool.ring_pages, self.page_size)
-        logits = self.model(fb, self.kv_layers, self.backend, ring)
-        starts = fb.positions[fb.cu_seqlens_q[:-1].long()].tolist() if cu[-1] else []
-        inside = iter(st.inside)
-        for i, (slot, cuts, end) in enumerate(zip(st.slots, st.cuts, st.ends)):
-            for off in cuts:
-                pool.copy_to(slot, next(inside), starts[i] + off)
-            if end is not None:
-                pool.copy_to(slot, end, starts[i] + cu[i + 1] - cu[i])
-        return logits
+        return self.state_pool.run(self.model, fb, self.kv_layers, self.backend, states)
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (no-op on one device)."""
@@ -281,10 +209,3 @@ def run_worker(tp: TPGroup, model_dir, dtype: str, device: str, *rest) -> None:
     runner.choose_decode(None)  # the same layer path as rank 0 (graphs never run under tensor parallelism)
     while (fb := recv_batch(tp.group, runner.device)) is not None:
         runner.model(fb, runner.kv_layers, runner.backend)
-
-
-def uses_rings(cfg: ModelConfig) -> bool:
-    """Window layers go to rings when the model also has full-attention layers (whose pages the prefix
-    cache keeps beside the window snapshots); a model windowed in every layer (Mistral) keeps all its
-    KV in pool pages, so its prefix cache works as a dense model's."""
-    return any(w is not None for w in cfg.windows) and any(w is None for w in cfg.windows)

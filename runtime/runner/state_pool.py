@@ -12,11 +12,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-if (
-    TYPE_CHECKING
-):  # kvreuse.runtime.runner.forward_batch imports this module, and the models import forward_batch
+from kvreuse.kernels.linear_attention import select_linear_backend
+from kvreuse.runtime.models.gated_deltanet import StateBatch
+from kvreuse.runtime.runner.model_state import KVLayers, ModelState, StateInput, check_pooled_windows
+
+if TYPE_CHECKING:
+    from kvreuse.kernels.backends import AttentionBackend
+    from kvreuse.runtime.models.batch import ForwardBatch
     from kvreuse.runtime.models.config import ModelConfig
-    from kvreuse.runtime.models.gated_deltanet import VerifyStash
 
 
 class Snapshot(NamedTuple):
@@ -30,24 +33,15 @@ class Snapshot(NamedTuple):
         return self.conv.nbytes + self.rec.nbytes
 
 
-class StateInput(NamedTuple):
-    """A step's view of the state pool, per sequence: its slot, whether it starts from zero (token 0),
-    offsets inside its chunk whose state to capture (into ``inside``, in order, all sequences), and
-    a snapshot to fill with its state after the chunk (or None); ``verify``: the sequences whose
-    chunk ends with a speculative draft, whose inputs the forward keeps for a rollback."""
+class StatePool(ModelState):
+    """``conv[layer, slot]`` and ``rec[layer, slot]`` for ``num_slots`` requests; ``layers[i]`` is layer i's pair.
 
-    slots: list[int]
-    fresh: list[bool]
-    cuts: list[list[int]]
-    inside: list[Snapshot]
-    ends: list[Snapshot | None]
-    verify: VerifyStash | None = None
+    The prefix cache keeps its snapshots (a match ends at one); a rejected draft is rolled back by
+    replaying the kept inputs (``runtime/models/gated_deltanet.py``); no tier below the pool keeps
+    its snapshots yet; a snapshot is usable only where it was taken (``splice_span`` None)."""
 
-
-class StatePool:
-    """``conv[layer, slot]`` and ``rec[layer, slot]`` for ``num_slots`` requests; ``layers[i]`` is layer i's pair."""
-
-    splice_span = None  # a recurrent state is usable only where it was taken
+    keeps_snapshots = True
+    rolls_back = True
 
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
         lc = cfg.linear_attn
@@ -60,14 +54,48 @@ class StatePool:
         )
         self.layers = [(self.conv[i], self.rec[i]) for i in range(n)]
         self._free = list(range(num_slots - 1, -1, -1))
+        self.linear_backend = select_linear_backend(device)
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
     @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.rec.nbytes
+
+    @property
     def snapshot_bytes(self) -> int:
         return (self.conv.nbytes + self.rec.nbytes) // self.num_slots
+
+    def kv_layers(self, cfg: ModelConfig, pool_layers: KVLayers) -> KVLayers:
+        check_pooled_windows(cfg)
+        return list(pool_layers)
+
+    def keeps_on_tiers(self, shared: bool) -> bool:
+        return False
+
+    def run(
+        self, model: torch.nn.Module, fb: ForwardBatch, kv_layers: KVLayers, backend: AttentionBackend,
+        states: StateInput | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Forward over the sequences' state slots, filling the snapshots the step asked for."""
+        assert states is not None, "a hybrid's step needs its state slots"
+        device = self.conv.device
+        sb = StateBatch(
+            self.linear_backend,
+            torch.tensor(states.slots, device=device),
+            torch.tensor(states.fresh, device=device),
+            fb.cu_seqlens_q.tolist(),
+            states.cuts,
+            states.inside,
+            states.verify,
+        )
+        logits = model(fb, kv_layers, backend, self.layers, sb)
+        for slot, snap in zip(states.slots, states.ends):
+            if snap is not None:  # the state after the whole chunk
+                self.copy_to(slot, snap)
+        return logits
 
     def alloc(self) -> int:
         if not self._free:

@@ -16,9 +16,9 @@ that left every window are simply overwritten: a window layer costs ``slots * ri
 however long the context.  The full-attention layers keep their pages in ``KVPool``.
 
 The prefix cache cannot keep a ring, so it keeps ``WindowSnapshot``s: every window layer's last
-``W`` keys before a page boundary, taken where ``runtime/cache/hybrid_states.py`` takes a hybrid's
+``W`` keys before a page boundary, taken where ``runtime/cache/state_slots.py`` takes a hybrid's
 state snapshots and restored into a request's ring when its match ends there.  Same interface as
-``StatePool`` (alloc, free, snapshot, restore), so the cache manager and scheduler run one code path.
+``StatePool`` (``model_state.ModelState``), so the cache manager and scheduler run one code path.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from kvreuse.runtime.runner.model_state import KVLayers, ModelState, StateInput
+
 if TYPE_CHECKING:
+    from kvreuse.kernels.backends import AttentionBackend
     from kvreuse.runtime.models.batch import ForwardBatch
     from kvreuse.runtime.models.config import ModelConfig
 
@@ -51,8 +54,21 @@ class SplicedSnapshot(NamedTuple):
     parts: tuple[tuple[int, WindowSnapshot | None], ...]
 
 
-class WindowPool:
-    """``layers[i]``: window layer i's ring buffers ``[slots * ring_pages, page_size, kv_heads, head_dim]``."""
+class WindowPool(ModelState):
+    """``layers[i]``: window layer i's ring buffers ``[slots * ring_pages, page_size, kv_heads, head_dim]``.
+
+    The prefix cache keeps its snapshots, which splice (``splice_span``) and go to the host and disk
+    tiers within ``snapshot_store_share`` of the store (not the shared store yet); a ring has no
+    rollback for a rejected draft; the rings come out of the KV budget; a chunk longer than the one
+    the rings were built for would overwrite keys its own queries still read."""
+
+    keeps_snapshots = True
+    rolls_back = False
+    # Of --kv-store-size, what the snapshot files may hold; the pages get the rest, so the folder as a
+    # whole stays within the size asked for.  A snapshot is a window's K/V of the local layers, about
+    # as large as the window's pages of those layers, and one is kept per prefix end rather than per
+    # page, so a quarter leaves the pages most of the room.
+    snapshot_store_share = 0.25
 
     def __init__(
         self,
@@ -89,6 +105,53 @@ class WindowPool:
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    def kv_budget_left(self, kv_cache_memory: int) -> int:
+        if self.nbytes >= kv_cache_memory:
+            raise ValueError(
+                f"KV budget too small: the window rings of {self.num_slots} running requests (--max-running)"
+                f" take {self.nbytes / 2**20:.0f} MiB of the {kv_cache_memory / 2**20:.0f} MiB"
+                " (--kv-cache-memory); lower --max-running or raise --kv-cache-memory"
+            )
+        return kv_cache_memory - self.nbytes
+
+    def full_layers(self, cfg: ModelConfig) -> int:
+        return sum(cfg.window(i) is None for i in cfg.cache_layers)
+
+    def kv_layers(self, cfg: ModelConfig, pool_layers: KVLayers) -> KVLayers:
+        full, ring = iter(pool_layers), iter(self.layers)
+        own = {i: next(ring) if cfg.window(i) is not None else next(full) for i in cfg.cache_layers}
+        return [own[src] for src in cfg.kv_source]
+
+    def chunk_limit(self, tokens: int) -> int:
+        return min(tokens, self.max_chunk)
+
+    def keeps_on_tiers(self, shared: bool) -> bool:
+        return not shared
+
+    def run(
+        self, model: torch.nn.Module, fb: ForwardBatch, kv_layers: KVLayers, backend: AttentionBackend,
+        states: StateInput | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """Forward with the window layers on the sequences' rings; then fill the window snapshots the
+        step asked for (every snapshot lies within its chunk, still in the ring)."""
+        assert states is not None, "a window model's step needs its ring slots"
+        cu = fb.cu_seqlens_q.tolist()
+        longest = max(b - a for a, b in zip(cu, cu[1:]))
+        if longest > self.max_chunk:
+            raise ValueError(
+                f"a {longest}-token chunk overflows the window rings (built for {self.max_chunk})"
+            )
+        ring = ring_batch(fb, states.slots, self.ring_pages, self.page_size)
+        logits = model(fb, kv_layers, backend, ring)
+        starts = fb.positions[fb.cu_seqlens_q[:-1].long()].tolist() if cu[-1] else []
+        inside = iter(states.inside)
+        for i, (slot, cuts, end) in enumerate(zip(states.slots, states.cuts, states.ends)):
+            for off in cuts:
+                self.copy_to(slot, next(inside), starts[i] + off)
+            if end is not None:
+                self.copy_to(slot, end, starts[i] + cu[i + 1] - cu[i])
+        return logits
 
     @property
     def snapshot_bytes(self) -> int:

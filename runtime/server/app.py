@@ -156,7 +156,11 @@ def create_app(
     async def debug_kv() -> dict[str, Any]:
         def snapshot(e):
             try:
-                return {"ok": True, "pages": e.check_integrity()._asdict(), "stats": e.stats()._asdict()}
+                return {
+                    "ok": True,
+                    "pages": e.cache.check_integrity()._asdict(),
+                    "stats": e.stats()._asdict(),
+                }
             except AssertionError as err:
                 return {"ok": False, "error": str(err), "stats": e.stats()._asdict()}
 

@@ -25,19 +25,19 @@ class CacheSnapshot(NamedTuple):
 
 
 def cache_snapshot(engine) -> CacheSnapshot | None:
-    if not engine.caches_prefixes:
+    if not engine.cache.caches_prefixes:
         return None
-    s = engine.cache_stats()
+    s = engine.cache.stats(expire_pins=True)
     pages = {
         "total": s.total_pages, "free": s.free_pages, "tree": s.tree_pages, "pinned": s.pinned_pages,
         "evictable": s.evictable_pages, "in_use": s.request_pages, "evicted_total": s.evicted_pages,
     }  # fmt: skip
-    live, lapsed, by_tenant = engine.pins()
+    live, lapsed, by_tenant = engine.cache.pin_report()
     pins = [(p.owner, p.tokens, p.ttl_left) for p in live]
     shadows = engine.cache.shadow_stats()
     predictor = engine.cache.predictor_stats()
     return CacheSnapshot(
-        pages, engine.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant, shadows,
+        pages, engine.cache.page_size, engine.config.eviction_policy, pins, lapsed, by_tenant, shadows,
         predictor,
     )  # fmt: skip
 

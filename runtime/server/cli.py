@@ -152,7 +152,7 @@ def banner(engine, pool_tokens: int, url: str, template: str, name: str, ui: boo
         (
             f"kvreuse serve: {name} ({engine.model_dir})",
             f"  dtype {str(engine.dtype).removeprefix('torch.')}, device {engine.device}, context {engine.max_model_len} tokens",
-            f"  KV pool {pool_tokens} tokens ({engine.stats().total_pages} pages of {engine.page_size}), "
+            f"  KV pool {pool_tokens} tokens ({engine.stats().total_pages} pages of {engine.cache.page_size}), "
             f"prefix cache {cfg.prefix_cache}, max running {cfg.max_running}",
             f"  chat template: {template}",
             f"  listening on {url}  (OpenAI base_url {url}/v1)",
@@ -222,7 +222,7 @@ def main(argv: list[str]) -> int:
         script=args.script,
         record=args.record,
     )
-    engine.grammars.warm()  # before listening: built on the first schema, it would stall every tenant
+    engine.admission.grammars.warm()  # before listening: built on the first schema, it would stall every tenant
     services = []
     if args.grpc_port is not None:
         from kvreuse.runtime.server.grpc.serve import grpc_worker
@@ -232,7 +232,7 @@ def main(argv: list[str]) -> int:
     state = app.state.kv
     url = f"http://{args.host}:{args.port}"
     print(
-        banner(engine, engine.kv_capacity_tokens, url, state.template.name, name, config.ui),
+        banner(engine, engine.admission.kv_capacity_tokens, url, state.template.name, name, config.ui),
         file=sys.stderr,
         flush=True,
     )

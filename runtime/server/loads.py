@@ -17,7 +17,7 @@ from kvreuse.runtime.engine.engine import Engine
 def worker_load(engine: Engine) -> dict[str, Any]:
     """The replica's load (running, waiting, pool pages in use) as a one-rank ``WorkerLoadResponse``."""
     running, waiting, used, total = engine.load()
-    ps = engine.page_size
+    ps = engine.cache.page_size
     rank = {
         "dp_rank": 0,
         "num_running_reqs": running,

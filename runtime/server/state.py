@@ -87,7 +87,9 @@ class ServerState:
         self.template: TemplateInfo = resolve_template(
             self.tokenizer, config.chat_template, self.engine.model_config.model_type
         )
-        self.diagnostics = CacheDiagnostics(self.tokenizer, self.engine.page_size, config.diagnostics_history)
+        self.diagnostics = CacheDiagnostics(
+            self.tokenizer, self.engine.cache.page_size, config.diagnostics_history
+        )
         self._tenant_diagnostics: dict[Any, CacheDiagnostics] = {None: self.diagnostics}
         self.activity = RecentRequests(config.ui_history) if config.ui else NoActivity()
         self.last_stats: EngineStats | None = None
@@ -178,7 +180,7 @@ class ServerState:
         if stalled > self.config.health_stall_s:
             return {"status": "stalled", "stalled_s": round(stalled, 1), "in_flight": self.in_flight}, 503
         body: dict[str, Any] = {"status": "draining" if self.draining else "ok", "in_flight": self.in_flight}
-        store = self.engine.store_error()
+        store = self.engine.cache.tier_error()
         if store is not None:
             body["kv_store"] = f"serving from the pool: {store}"
             body["status"] = "degraded" if not self.draining else body["status"]
@@ -193,7 +195,7 @@ class ServerState:
         """Each tenant's diagnosis compares only against its own history (never another tenant's text)."""
         if namespace not in self._tenant_diagnostics:
             self._tenant_diagnostics[namespace] = CacheDiagnostics(
-                self.tokenizer, self.engine.page_size, self.config.diagnostics_history
+                self.tokenizer, self.engine.cache.page_size, self.config.diagnostics_history
             )
         return self._tenant_diagnostics[namespace]
 

@@ -72,9 +72,9 @@ class MessagesRun(ChatRun):
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.areq.model or self.model}
 
     def usage(self, out: RequestOutput) -> dict[str, Any]:
-        caching = self.state.engine.caches_prefixes
+        caching = self.state.engine.cache.caches_prefixes
         return {
-            **usage(len(self.prompt_ids), out, self.state.engine.page_size, caching),
+            **usage(len(self.prompt_ids), out, self.state.engine.cache.page_size, caching),
             **self.clamp_usage(),
         }
 
@@ -125,7 +125,7 @@ class MessagesRun(ChatRun):
     async def pin_breakpoints(self) -> list[dict[str, Any]]:
         """Pin the prefix up to each ``cache_control`` mark for its TTL (a retention hint: the
         pin only keeps pages from eviction, within the pin budget; it never changes the output)."""
-        if not self.conv.breakpoints or not self.state.engine.caches_prefixes:
+        if not self.conv.breakpoints or not self.state.engine.cache.caches_prefixes:
             return []
         scope, ids = self.scope, self.prompt_ids
         marks = [(self.breakpoint_end(bp), bp.ttl) for bp in self.conv.breakpoints]
@@ -136,7 +136,9 @@ class MessagesRun(ChatRun):
                 if end <= 0:
                     continue
                 digest = hashlib.sha256(repr(ids[:end]).encode()).hexdigest()[:16]
-                tokens, ok = engine.pin_prefix((scope.namespace, "breakpoint", digest), ids[:end], scope, ttl)
+                tokens, ok = engine.cache.pin_prefix(
+                    (scope.namespace, "breakpoint", digest), ids[:end], scope, ttl
+                )
                 out.append({"tokens": tokens, "ttl_s": ttl, "pinned": ok})
             return out
 

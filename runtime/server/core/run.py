@@ -61,7 +61,7 @@ class EngineRun:
         for p, ids in enumerate(prompts):
             for c in range(n):
                 ps = dataclasses.replace(make_params(len(ids), c), grammar=grammar)
-                ps, clamp = state.max_tokens.fit(ps, len(ids), state.engine.token_capacity)
+                ps, clamp = state.max_tokens.fit(ps, len(ids), state.engine.admission.token_capacity)
                 self.clamp = self.clamp or clamp
                 rid = f"{self.id}-{p * n + c}"
                 self.requests.append(state.engine.make_request(ids, self.first_params(ps), rid, self.scope))

@@ -82,7 +82,7 @@ def tokenizer_zip(tokenizer_dir: Path) -> tuple[bytes, str]:
 @asynccontextmanager
 async def grpc_worker(state: ServerState, host: str, port: int) -> AsyncIterator[grpc.aio.Server]:
     """Serve SMG's vLLM engine service for ``state`` on ``host:port`` while inside the context."""
-    hub = KvEventHub(state.engine.page_size)
+    hub = KvEventHub(state.engine.cache.page_size)
     if not hub.install(state.engine.cache):
         log.warning("the prefix cache keeps nothing (--prefix-cache): no KV events for the gateway")
     tok_dir = tokenizer_dir(Path(state.engine.model_dir), state.template.source)

@@ -159,7 +159,7 @@ class KvreuseVllmServicer(vllm_engine_pb2_grpc.VllmEngineServicer):
         return vllm_engine_pb2.GetServerInfoResponse(
             active_requests=self.state.in_flight, is_paused=self.state.draining,
             uptime_seconds=time.time() - self.started, server_type="vllm-grpc", data_parallel_size=1,
-            block_size=eng.page_size, model_dtype=str(eng.dtype), max_num_seqs=eng.config.max_running,
+            block_size=eng.cache.page_size, model_dtype=str(eng.dtype), max_num_seqs=eng.config.max_running,
         )  # fmt: skip
 
     async def GetLoads(self, request, context) -> vllm_engine_pb2.GetLoadsResponse:

@@ -60,8 +60,8 @@ def install_cache_routes(app: FastAPI, state: ServerState) -> None:
             out = (await final_outputs(run.streams()))[0]
         finally:
             release()
-        pinned = await state.on_engine(lambda e: e.is_pinned(run.scope.session))
-        ps = state.engine.page_size
+        pinned = await state.on_engine(lambda e: e.cache.is_pinned(run.scope.session))
+        ps = state.engine.cache.page_size
         return {
             "object": "cache.prewarm", "id": digest, "prompt_tokens": len(run.prompt_ids),
             "cached_tokens": len(run.prompt_ids) // ps * ps if pinned else 0, "pinned": pinned,

@@ -20,7 +20,7 @@ def sampling_params(
     else:
         max_tokens, logprobs = req.max_tokens, req.logprobs
     if max_tokens is None:  # OpenAI's default: up to the end of the context
-        max_tokens = max(1, engine.token_capacity - prompt_len)
+        max_tokens = max(1, engine.admission.token_capacity - prompt_len)
     seed = None if req.seed is None else (req.seed + choice) % (2**63)
     try:
         return SamplingParams(

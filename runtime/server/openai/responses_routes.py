@@ -78,7 +78,7 @@ def install_responses_routes(app: FastAPI, state: ServerState, openapi_body: dic
     async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
         tenant = request.state.tenant
         store.delete(response_id, tenant)
-        await state.on_engine(lambda e: e.unpin(pin_owner(tenant, response_id)))
+        await state.on_engine(lambda e: e.cache.unpin(pin_owner(tenant, response_id)))
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @app.post("/v1/responses/{response_id}/cancel")

@@ -64,7 +64,7 @@ class ResponsesRun(chat_run.ChatRun):
 
     def make_params(self, prompt_len: int, choice: int) -> SamplingParams:
         req, engine = self.req, self.state.engine
-        max_tokens = req.max_output_tokens or max(1, engine.token_capacity - prompt_len)
+        max_tokens = req.max_output_tokens or max(1, engine.admission.token_capacity - prompt_len)
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
@@ -138,7 +138,7 @@ class ResponsesRun(chat_run.ChatRun):
             if not stored:  # the answer is served, as not stored; its pin would only hold pages for nothing
                 body["store"] = False
                 owner, engine = pin_owner(self.tenant, self.id), self.state.engine
-                engine.call_between_steps(lambda: engine.unpin(owner))
+                engine.call_between_steps(lambda: engine.cache.unpin(owner))
         return body
 
     def cancel(self) -> None:

@@ -58,7 +58,7 @@ def page_bytes(engine) -> int:
     """One KV page's bytes (the engine's dtype may be a name or a torch dtype)."""
     dtype = engine.dtype if isinstance(engine.dtype, torch.dtype) else getattr(torch, str(engine.dtype))
     item = torch.empty((), dtype=dtype).element_size()
-    return engine.model_config.kv_bytes_per_token(item) * engine.page_size
+    return engine.model_config.kv_bytes_per_token(item) * engine.cache.page_size
 
 
 class LiveView:

@@ -1,5 +1,6 @@
-"""A hybrid model's linear-attention states beside the KV pages: slots for running requests, and
-the snapshots it offers the prefix cache, which keeps them on its tree nodes (``runtime/cache/node_states.py``).
+"""The per-request model state's slots of running requests (a hybrid's linear-attention states or a
+window model's rings: ``runtime/runner/model_state.py``), and the snapshots they offer the prefix
+cache, which keeps them on its tree nodes (``runtime/cache/node_states.py``).
 
 Where snapshots are taken (always at page boundaries, where the tree's KV pages end):
 
@@ -20,18 +21,20 @@ Where snapshots are taken (always at page boundaries, where the tree's KV pages 
 
 A match is the longest prefix that has both its KV pages in the tree and a snapshot at its end
 (the prefix cache's rule, ``MatchResult.state`` / ``cut_len``); the KV beyond it is recomputed.
-``NoStates`` is the same interface for dense models: no slots, nothing to offer.
+``NoStateSlots`` is the same interface for a model whose state the prefix cache keeps no snapshots of
+(none at all): no slots, nothing to offer.
 """
 
 from __future__ import annotations
 
 from kvreuse.runtime.models.gated_deltanet import VerifyStash, replay
 from kvreuse.runtime.request import Request
-from kvreuse.runtime.runner.state_pool import Snapshot, StateInput, StatePool
+from kvreuse.runtime.runner.model_state import ModelState, StateInput
+from kvreuse.runtime.runner.state_pool import Snapshot
 
 
-class NoStates:
-    """A dense model's states: none (so the cache manager and the scheduler never ask which model runs)."""
+class NoStateSlots:
+    """No state slots to keep (so the cache manager and the scheduler never ask which model runs)."""
 
     splice_span = None
 
@@ -55,11 +58,15 @@ class NoStates:
     def check(self, live: set[Request]) -> None:
         pass
 
+    def slot(self, req: Request) -> int:
+        return 0  # any: the forward of a model without state ignores slots
 
-class HybridStates:
-    """State slots (``StatePool``) and the snapshots taken for the prefix cache (``keep``: it keeps them)."""
 
-    def __init__(self, pool: StatePool, page_size: int, keep: bool, every_pages: int = 0) -> None:
+class StateSlots:
+    """Running requests' slots of a ``ModelState`` and the snapshots taken of them for the prefix cache
+    (``keep``: it keeps them)."""
+
+    def __init__(self, pool: ModelState, page_size: int, keep: bool, every_pages: int = 0) -> None:
         self.pool = pool
         self.splice_span = pool.splice_span  # a window pool's W: its snapshots splice (RadixCache.match)
         self.page_size = page_size
@@ -162,7 +169,7 @@ class HybridStates:
             plan.append((req, n, end < start + total))
         if not plan:
             return
-        assert stash is not None and len(stash.layers) == self.pool.conv.shape[0], (
+        assert stash is not None and len(stash.layers) == len(self.pool.layers), (
             "a verify step kept no inputs"
         )
         held = {req: self.pool.empty_snapshot() for req, n, _ in plan if n}
@@ -170,9 +177,9 @@ class HybridStates:
             conv, rec, at = replay(inp, which, lengths, cuts)
             caught = iter(at)
             for x, (req, n, rejected) in enumerate(plan):
-                if rejected:
-                    self.pool.conv[layer, self._slots[req]] = conv[x]
-                    self.pool.rec[layer, self._slots[req]] = rec[x]
+                if rejected:  # the layer's (conv, rec) slots: views of the pool's tensors
+                    self.pool.layers[layer][0][self._slots[req]] = conv[x]
+                    self.pool.layers[layer][1][self._slots[req]] = rec[x]
                 if n:
                     c, r = next(caught) if cuts[x] else (conv[x], rec[x])
                     held[req].conv[layer].copy_(c)
