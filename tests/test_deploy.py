@@ -106,4 +106,6 @@ def test_the_image_builds_the_same_make_targets():
     )  # make's targets, not the package
     assert {"setup", "model"} <= set(used) and set(used) <= targets, used
     lock_python = re.search(r"--python-version (\d+\.\d+)", (ROOT / "Makefile").read_text())[1]
-    assert re.search(rf"^FROM python:{re.escape(lock_python)}-", text, re.M), "the lock's Python"
+    # the default base (another with the same Debian and Python may be given: --build-arg BASE)
+    assert re.search(rf"^ARG BASE=python:{re.escape(lock_python)}-", text, re.M), "the lock's Python"
+    assert re.search(r"^FROM \$\{BASE\}$", text, re.M)

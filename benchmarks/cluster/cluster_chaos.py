@@ -97,11 +97,37 @@ class RunningCluster:
         return rc
 
 
+def fits(tok, convs, model: Path) -> None:
+    """Every turn's prompt (and the token generated) within the model's context: a longer one is
+    refused (400) on every replica, a failure of the workload, not of the cluster."""
+    from kvreuse.runtime.models.config import ModelConfig
+
+    context = ModelConfig.from_dir(model).max_position_embeddings
+    longest = max(
+        len(tok.apply_chat_template(cv[-1], tokenize=True, return_dict=True)["input_ids"]) for cv in convs
+    )
+    if longest + 1 > context:
+        raise SystemExit(f"cluster_chaos: a session's last turn is {longest} tokens, over {model}'s context of "
+                         f"{context}: lower --system-tokens / --turn-tokens")  # fmt: skip
+
+
+def rejected(r: dict) -> bool:
+    """A 4xx other than 408/429: the request itself was refused (e.g. longer than the model's context),
+    which no fault explains and no retry mends; counted apart from the faults' failures."""
+    return r.get("status") is not None and 400 <= r["status"] < 500 and r["status"] not in (408, 429)
+
+
+def last_fault(faults: list[dict], at_s: float) -> dict | None:
+    """The last fault (killed) at or before ``at_s``, if any."""
+    return next((f for f in reversed(faults) if "at_s" in f and f["at_s"] <= at_s), None)
+
+
 def chaos(args, tok, work: Path) -> dict:
     serve = ["--model", str(args.model), "--dtype", "float32", "--served-model-name", MODEL, "--no-ui",
              "--max-waiting", "256", "--kv-cache-memory", "512M"]  # fmt: skip
-    c = RunningCluster(work, 3, serve)
     convs = sessions(tok, 400, 8, args.system_tokens, args.turn_tokens)
+    fits(tok, convs, args.model)
+    c = RunningCluster(work, 3, serve)
     nxt, lock, stop = iter(range(len(convs))), threading.Lock(), threading.Event()
     turns: list[dict] = []  # per turn: session, turn, attempts failed, lost, found prefix
 
@@ -114,16 +140,18 @@ def chaos(args, tok, work: Path) -> dict:
                 if stop.is_set():
                     return
                 time.sleep(0.5)
-                failed, errors, end = 0, [], time.monotonic() + args.retry_s
+                attempts, end = [], time.monotonic() + args.retry_s
                 while True:
                     r = stream(c.url, convs[s][t])
-                    if "error" not in r or time.monotonic() > end or stop.is_set():
+                    if "error" not in r:
                         break
-                    failed += 1
-                    errors.append(r["error"])
+                    attempts.append({"at_s": round(time.monotonic() - t_start, 1), "error": r["error"],
+                                     **({"detail": r["detail"]} if r.get("detail") else {})})  # fmt: skip
+                    if rejected(r) or time.monotonic() > end or stop.is_set():
+                        break
                     time.sleep(1.0)
-                rec = {"session": s, "turn": t, "failed_attempts": failed, "lost": "error" in r,
-                       "errors": sorted(set(errors)), "at_s": round(time.monotonic() - t_start, 1)}  # fmt: skip
+                rec = {"session": s, "turn": t, "failed_attempts": attempts, "lost": "error" in r,
+                       "rejected": "error" in r and rejected(r), "at_s": round(time.monotonic() - t_start, 1)}  # fmt: skip
                 if "error" not in r and prev is not None:
                     rec["found_prefix"] = r["cached"] >= prev // PS * PS - PS
                     rec["cached_share"] = round(r["cached"] / prev, 4)
@@ -156,7 +184,7 @@ def chaos(args, tok, work: Path) -> dict:
         kind = part.split()[0]
         again = kills[kind] % 2 == 1  # every other kill of a kind: again while it restarts
         kills[kind] += 1
-        f = {"part": part, "during_restart": again, "at_s": round(t0 - (t_end - args.minutes * 60), 1)}
+        f = {"part": part, "during_restart": again, "at_s": round(t0 - t_start, 1)}
         if again:  # kill the new process as soon as it appears
             old = {p.pid for p in procs}
             end = time.monotonic() + 60
@@ -185,11 +213,25 @@ def chaos(args, tok, work: Path) -> dict:
     for f in faults:
         if f.get("recovered_s") is not None:
             by_part.setdefault(f["part"].split()[0], []).append(f["recovered_s"])
+    attempts = [a for r in turns for a in r["failed_attempts"]]
+    for f in faults:  # each failed attempt to the last fault before it (none before the first)
+        f["failed_attempts"] = f["turns_lost"] = 0
+    for r in turns:
+        for a in r["failed_attempts"]:
+            if f := last_fault(faults, a["at_s"]):
+                f["failed_attempts"] += 1
+        if r["lost"] and not r["rejected"] and (f := last_fault(faults, r["failed_attempts"][-1]["at_s"])):
+            f["turns_lost"] += 1
+    errors: dict[str, int] = {}
+    for a in attempts:
+        errors[a["error"]] = errors.get(a["error"], 0) + 1
     return {
         "minutes": args.minutes, "clients": args.clients, "faults": faults, "kills": kills,
-        "turns": len(turns), "failed_attempts": sum(r["failed_attempts"] for r in turns),
+        "turns": len(turns), "failed_attempts": len(attempts), "failed_attempts_by_error": errors,
+        "failed_attempts_before_any_fault": sum(1 for a in attempts if not last_fault(faults, a["at_s"])),
         "turns_with_a_failed_attempt": sum(1 for r in turns if r["failed_attempts"]),
-        "turns_lost": sum(1 for r in turns if r["lost"]),
+        "turns_lost": sum(1 for r in turns if r["lost"] and not r["rejected"]),
+        "turns_rejected": sum(1 for r in turns if r["rejected"]),
         "failed_turns": [r for r in turns if r["failed_attempts"]],
         "later_turns": len(later), "found_prefix": sum(1 for r in later if r["found_prefix"]),
         "found_prefix_share": round(sum(1 for r in later if r["found_prefix"]) / max(1, len(later)), 4),

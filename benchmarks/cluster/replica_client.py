@@ -47,7 +47,8 @@ def stream(url: str, messages: list[dict], session: int | None = None) -> dict:
     try:
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=600) as r:
             if r.status_code != 200:
-                return {"error": f"HTTP {r.status_code}", "status": r.status_code}
+                detail = r.read().decode(errors="replace")[:300]  # the protocol's error body: why
+                return {"error": f"HTTP {r.status_code}", "status": r.status_code, "detail": detail}
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
