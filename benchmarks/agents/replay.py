@@ -3,20 +3,25 @@
 
 Each recorded model request is rendered exactly as the server rendered it (the same protocol
 conversion, chat template and forced reasoning prefix), and its reply is the same script step forced
-through the engine, so the replay's token streams are the live session's; cache on must then find
-the live server's cached tokens (``matches_live`` says whether it did, request by request).
+through the engine, so the replay's token streams are the live session's; after each reply the turn is
+re-rendered as the client will resend it and prefilled where that breaks from the generated tokens, as
+the server does (``runtime/server/core/rerender.py``); cache on must then find the live server's cached
+tokens (``matches_live`` says whether it did, request by request).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from kvreuse.benchmarks.agents.analyze import chat_records
 from kvreuse.benchmarks.agents.model import agent_model_dir
 from kvreuse.benchmarks.patterns.targets import InProcessTarget
+from kvreuse.chat_templates.parsers import parse_full
 from kvreuse.runtime.server.anthropic.convert import convert
 from kvreuse.runtime.server.anthropic.protocol import MessagesRequest
 from kvreuse.runtime.server.core.prompting import ChatPrompt, build_chat_prompt, render_kwargs
+from kvreuse.runtime.server.core.rerender import break_point, history_ids
 from kvreuse.runtime.server.openai.responses_prompt import build_prompt, chat_input
 from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
 from kvreuse.runtime.server.scripted import ScriptedReplies
@@ -31,6 +36,17 @@ def render(rec: dict, tokenizer: Any, template: Any, max_len: int) -> tuple[Any,
     req = ResponsesRequest.model_validate(rec["request"])
     chat = chat_input(req, template, None)
     return chat, build_prompt(chat, None, tokenizer, template, max_len, req.truncation == "auto")
+
+
+def rewarm(engine: Any, state: Any, chat: Any, p: ChatPrompt, reply: list[int]) -> None:
+    """The server's prefill of a finished turn as the client will resend it (``ChatRun.warm_history``)."""
+    from kvreuse.runtime.sampling.params import SamplingParams
+
+    text = state.tokenizer.decode(reply, skip_special_tokens=True)
+    parsed = parse_full(p.forced_prefix + text, p.tool_format, state.template.reasoning, p.think_open)
+    rendered = history_ids(state, p.messages, p.tools, parsed, render_kwargs(chat))
+    if rendered is not None and break_point(list(p.token_ids) + list(reply), rendered) is not None:
+        engine.generate([rendered], SamplingParams(max_tokens=1, temperature=0.0))
 
 
 def replay(session: dict[str, Any], page: int = 16, max_len: int = 65536) -> dict[str, Any]:
@@ -50,6 +66,8 @@ def replay(session: dict[str, Any], page: int = 16, max_len: int = 65536) -> dic
             ids, _ = replies.reply_ids(p.messages, p.tools, render_kwargs(chat), p.rendered.text + p.forced_prefix,
                                        tok, template.source, engine.eos_ids)  # fmt: skip
             m = target.send(None, p.token_ids, cache, ids)
+            if cache:
+                rewarm(engine, SimpleNamespace(tokenizer=tok, template=template), chat, p, ids)
             live = (rec["result"].get("kvreuse") or {}).get("cache") or {}
             rows.append({"seq": rec["seq"], "prompt_tokens": m.prompt_tokens, "cached_tokens": m.cached_tokens,
                          "prefilled_tokens": m.prefilled_tokens,
