@@ -43,6 +43,9 @@ from kvreuse.benchmarks.kernels.extend import flops
 from kvreuse.benchmarks.serving.ttft_multiturn import conversation_prompts
 
 TARGET = 0.8
+# (turns, system tokens, min new, max new): the issue-54 agent workload (``--agent``) and ``--quick``'s
+AGENT_WORKLOAD = (8, 1250, 250, 330)
+QUICK_WORKLOAD = (3, 100, 40, 60)
 # [rows, k] @ [k, n]: the model's linears at a turn's row count, and a square GEMM
 CEILING_SHAPES = [(512, 576, 1536), (512, 1536, 576), (1024, 1024, 1024)]
 
@@ -183,11 +186,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--check-tokens", type=int, default=1, help="greedy tokens a turn compared")
     args = p.parse_args(argv)
     if args.agent:
-        args.turns, args.system_tokens, args.min_new, args.max_new = 8, 1250, 250, 330
+        args.turns, args.system_tokens, args.min_new, args.max_new = AGENT_WORKLOAD
         if args.out == RESULTS_DIR / "cached_turns.json":
             args.out = RESULTS_DIR / "cached_turns_agent.json"
     if args.quick:
-        args.turns, args.system_tokens, args.min_new, args.max_new = 3, 100, 40, 60
+        args.turns, args.system_tokens, args.min_new, args.max_new = QUICK_WORKLOAD
     args.dtypes = args.dtypes.split(",")
     return args
 

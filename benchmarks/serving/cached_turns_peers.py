@@ -46,7 +46,12 @@ import torch
 
 from kvreuse.benchmarks.common import base_parser, bench_main, format_table, median, model_dir, progress
 from kvreuse.benchmarks.kernels.extend import flops
-from kvreuse.benchmarks.serving.cached_turns import common_prefix, matmul_ceiling
+from kvreuse.benchmarks.serving.cached_turns import (
+    AGENT_WORKLOAD,
+    QUICK_WORKLOAD,
+    common_prefix,
+    matmul_ceiling,
+)
 from kvreuse.benchmarks.serving.ttft_multiturn import conversation_prompts
 
 SIDE = Path(__file__).parent.parent / "peers" / "llamacpp_turns_side.py"
@@ -207,10 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
-    # cached_turns --agent's workload
-    args.turns, args.system_tokens, args.min_new, args.max_new = 8, 1250, 250, 330
-    if args.quick:
-        args.turns, args.system_tokens, args.min_new, args.max_new = 3, 100, 40, 60
+    args.turns, args.system_tokens, args.min_new, args.max_new = (
+        QUICK_WORKLOAD if args.quick else AGENT_WORKLOAD
+    )
     args.dtypes = args.dtypes.split(",")
     return args
 
