@@ -11,11 +11,14 @@ JSON; harmony: gpt-oss) and each forced choice (``required``, a named tool), on 
 completions resending the messages; Responses with ``store: false`` resending the output items),
 turn 2's cached tokens are exactly its prompt up to the start of the tool result's content (where
 two renderings with different results part: an independent figure), rounded down to a page.
-(Qwen3.5's XML calls have no forced-call grammar: a 400, ``test_tool_choice_formats.py``.)
+Qwen3.5's XML calls have no forced-call grammar (a 400, ``test_tool_choice_formats.py``): a call the
+model makes itself (``auto``; its words forced from a script, ``server/scripted.py``, as a random model
+makes none) is read whole and re-rendered as generated, so turn 2 reads all of turn 1 from the cache.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import openai
@@ -181,3 +184,41 @@ def test_a_turn_sent_at_once_waits_for_the_earlier_turns_prefill(server, templat
         True,
         r2.model_extra["kvreuse"]["cache"],
     )
+
+
+XML_STEPS = {
+    "one": {"tool": "get_weather", "input": {"city": "Paris", "day": 1}},
+    "two": {"calls": [{"tool": "lookup", "input": {"q": "kv"}}, {"tool": "get_weather", "input": {"city": "Rome", "day": 2}}]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("step", list(XML_STEPS))
+def test_chat_resent_xml_call_is_cached(engines, tmp_path, step):
+    """Qwen3.5's XML calls, made by the model (scripted): parsed whole (names and typed arguments), and
+    turn 2 reads turn 1 as it was generated (no re-rendered prefill needed: the rendering extends it)."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"steps": [XML_STEPS[step]]}))
+    aengine = engines["smol"]
+    aengine.engine.reset_prefix_cache()
+    config = ServerConfig("m", allowed_hosts=("testserver",), chat_template="qwen3_5", script=str(script))
+    app = create_app(aengine, config)
+    with TestClient(app) as http:
+        oa = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+        before = _warms(app)
+        r = oa.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, max_tokens=200, temperature=0)
+        calls = r.choices[0].message.tool_calls
+        want = XML_STEPS[step].get("calls") or [XML_STEPS[step]]
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            (w["tool"], w["input"]) for w in want
+        ]
+        warmed = _warms(app) > before
+        resent = [{"role": "assistant", "content": None,
+                   "tool_calls": [c.model_dump(exclude_none=True) for c in calls]}]  # fmt: skip
+        results = [{"role": "tool", "tool_call_id": c.id, "content": '{"ok": 1}'} for c in calls]
+        messages = MSGS + resent + results
+        r2 = oa.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, max_tokens=2, temperature=0
+        )
+        assert not warmed  # the template renders the call as it was generated
+        turn1 = r.usage.prompt_tokens + r.usage.completion_tokens
+        _check(app, messages, turn1, warmed, r2.model_extra["kvreuse"]["cache"])

@@ -1,15 +1,27 @@
-"""Issue 50's conversation acceptance for forced tool calls resent by the client, across the model
-kinds of ``test_conversation_tree_kinds.py`` (dense, MoE, hybrid, window, gpt-oss; tiny and random):
-a session of turns alternating ``tool_choice: "required"`` and a named tool, each resending the whole
-history with the calls' results, through the server (chat completions).  Every turn prefills at most
-the tokens after the earlier turn's end as the client resends it (where two different tool results
-part, rounded down to a page) plus the kind's slack (the tree test's: 0 dense and MoE, one window for
-window models, the snapshot interval for the hybrid), and answers what a cold server (cache off)
-answers.  With ``-s`` the worst excess per kind is printed."""
+"""Issue 50's conversation acceptance through the server, across the model kinds of
+``test_conversation_tree_kinds.py`` (dense, MoE, hybrid, window, gpt-oss; tiny and random), with
+what that test cannot drive (it sends raw token ids): chat templates and forced tool calls resent
+by the client.  Seeded random conversation trees (chat completions): from a random earlier request,
+the client resends its history (the answer as returned, a call's results) and continues with a user
+append and a plain reply of random length (1-25 tokens, around page and chunk ends), a forced tool
+call (``required`` or a named tool, at random), or a rewrite of an earlier system or user message at
+a random depth (the system message's content sits before the first window of gemma3-odd's 7).
+
+Every request prefills at most the tokens after its divergence from every sequence the server could
+hold, from that point's page, plus the kind's slack (the tree test's: 0 dense and MoE, one window
+for window models, the snapshot interval for the hybrid); and answers what a cold server (cache off)
+answers.  The sequences, computed here independently of the server's own accounting: each earlier
+request's prompt + output but its last (sampled, never computed) token, as the engine ran them; and
+where a reply finished (a stop or a call) and the template renders it otherwise, the conversation
+with that reply as the next request will render it (through the template here, up to where two
+contents of the message after it part): the server prefills that form (``core/rerender.py``).
+With ``-s`` the worst excess per kind is printed."""
 
 from __future__ import annotations
 
+import random
 import time
+from typing import Any, NamedTuple
 
 import openai
 import pytest
@@ -17,6 +29,7 @@ from fastapi.testclient import TestClient
 
 from kvreuse.chat_templates.render import first_divergence, render
 from kvreuse.runtime.engine.async_engine import AsyncEngine
+from kvreuse.runtime.request import Request
 from kvreuse.runtime.server.app import create_app
 from kvreuse.runtime.server.state import ServerConfig
 from tests.engine_drive import tiny_engine
@@ -27,14 +40,17 @@ from tests.test_conversation_tree_kinds import SLACK
 from tests.test_rerendered_turns import TOOLS
 
 PAGE = 4
-TURNS = 3
+SEEDS = (0, 1)
+REQUESTS = 6  # per tree
+REPLY_LENS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 23, 24, 25)  # plain replies: around pages of 4, chunks of 24
+WORDS = "the cache page window tool call weather city day look word reply turn agent model token".split()
 
 
 @pytest.fixture(scope="module")
 def worst():
     out: dict[str, int] = {}
     yield out
-    print("\nresent forced calls: worst prefill beyond the resent turn's page, per kind:", out)
+    print("\nresent conversation trees: worst prefill beyond the divergence's page, per kind:", out)
 
 
 def _server(aengine: AsyncEngine, template: str) -> tuple[openai.OpenAI, TestClient]:
@@ -45,14 +61,27 @@ def _server(aengine: AsyncEngine, template: str) -> tuple[openai.OpenAI, TestCli
     ), http
 
 
-def _settle(http: TestClient) -> int:
-    """The server's re-rendered turns prefilled so far, once the last is done."""
+def _settle(http: TestClient) -> None:
+    """Wait for the server's background prefills (a re-rendered turn) to finish."""
     background = getattr(http.app.state.kv, "background", None)  # None: a server without them
     for _ in range(600):
         if background is None or not background.pending:
-            break
+            return
         time.sleep(0.02)
-    return background.counts["rewarm"] if background is not None else 0
+    raise AssertionError("background prefill still running")
+
+
+def _record(aengine: AsyncEngine) -> list[Request]:
+    """Every request the engine is given, in order (a chat request, then its re-rendered turn's)."""
+    seen: list[Request] = []
+    stream = aengine.stream
+
+    def recording(req: Request):
+        seen.append(req)
+        return stream(req)
+
+    aengine.stream = recording  # type: ignore[method-assign]
+    return seen
 
 
 VOCAB = 49152  # the embedded tokenizer's, which the templates' text needs (the tree test's models have 512)
@@ -77,62 +106,140 @@ def _model(root, kind: str):
     return make_gpt_oss(root / kind)
 
 
-def _answer(r) -> tuple:
-    m = r.choices[0].message  # call ids are per request: the calls by name and arguments
-    return m.content, [(c.function.name, c.function.arguments) for c in m.tool_calls or []]
+class Turn(NamedTuple):
+    """A finished request: what was sent, the answer as the client resends it (with a call's results),
+    and the sequences of it the server may hold."""
+
+    messages: list[dict]
+    resent: list[dict]
+    held: list[list[int]]
 
 
-def _resent_end(state, messages: list[dict], tools: list[dict]) -> int:
-    """Where the earlier turn as resent ends: two renderings with different tool results part there."""
+class Tree:
+    """One seeded conversation tree on a warm and a cold server with the same model."""
 
-    def ids(result: str) -> list[int]:
-        msgs = [{**m, "content": result} if m["role"] == "tool" else m for m in messages]
-        return render(state.tokenizer, msgs, tools, template=state.template.source).token_ids
+    def __init__(self, kind: str, seed: int, servers: tuple, seen: list[Request], tools: list[dict]):
+        self.kind, self.rng, self.seen, self.tools = kind, random.Random(seed), seen, tools
+        (self.oa, self.http), (self.oa_cold, _) = servers
+        self.state = self.http.app.state.kv
+        self.names = [t["function"]["name"] for t in tools]
+        self.turns: list[Turn] = []
 
-    return first_divergence(ids('{"a": 1}'), ids("[2]"))
+    def words(self) -> str:
+        return " ".join(self.rng.choices(WORDS, k=self.rng.randint(1, 30))).capitalize() + "."
+
+    def ids(self, messages: list[dict]) -> list[int]:
+        """``messages`` through the server's template, with the generation prompt."""
+        return render(
+            self.state.tokenizer, messages, self.tools, template=self.state.template.source
+        ).token_ids
+
+    def rendered(self, messages: list[dict], resent: list[dict]) -> list[int]:
+        """``messages`` + the answer as the next request renders it: with a message after it (the calls'
+        results, else a user message), up to where two contents of that message part."""
+
+        def with_(content: str) -> list[int]:
+            follow = [{**m, "content": content} for m in resent[1:]] or [{"role": "user", "content": content}]
+            return self.ids([*messages, resent[0], *follow])
+
+        a, b = with_('{"a": 1}'), with_("[2]")
+        return a[: first_divergence(a, b)]
+
+    def parent(self) -> Turn:
+        """An earlier turn: the last one half the time (deeper trees), else any."""
+        return self.turns[-1] if self.rng.random() < 0.5 else self.rng.choice(self.turns)
+
+    def next_request(self) -> tuple[list[dict], Any, int]:
+        """From a random earlier turn (or none), the next request's messages, tool choice and max tokens."""
+        rng = self.rng
+        system = {"role": "system", "content": "Use the tools."}
+        action = rng.choice(
+            ["reply", "reply", "call", "call", "rewrite"] if self.turns else ["reply", "call"]
+        )
+        if action == "rewrite":
+            base = self.parent().messages
+            at = rng.choice([i for i, m in enumerate(base) if m["role"] in ("system", "user")])
+            messages = [*base[:at], {**base[at], "content": self.words()}]
+            if messages[-1]["role"] == "system":
+                messages.append({"role": "user", "content": self.words()})
+            action = rng.choice(["reply", "call"])
+        elif self.turns:
+            parent = self.parent()
+            messages = parent.messages + parent.resent
+            if messages[-1]["role"] != "tool" or action == "reply" and rng.random() < 0.5:
+                messages = messages + [{"role": "user", "content": self.words()}]
+        else:
+            messages = [system, {"role": "user", "content": self.words()}]
+        if action == "reply":
+            return messages, "auto", rng.choice(REPLY_LENS)
+        name = rng.choice(self.names)
+        return messages, rng.choice(["required", {"type": "function", "function": {"name": name}}]), 64
+
+    def step(self) -> int:
+        """One request on both servers; returns its prefill beyond the bound."""
+        messages, choice, max_tokens = self.next_request()
+        kw = dict(model="m", messages=messages, tools=self.tools, tool_choice=choice, max_tokens=max_tokens,
+                  temperature=0, parallel_tool_calls=False)  # fmt: skip
+        before = len(self.seen)
+        r, rc = self.oa.chat.completions.create(**kw), self.oa_cold.chat.completions.create(**kw)
+        _settle(self.http)
+        answer = r.choices[0].message.model_dump(exclude_none=True)
+        assert _said(answer) == _said(rc.choices[0].message.model_dump(exclude_none=True)), (messages, choice)
+        assert r.choices[0].finish_reason == rc.choices[0].finish_reason
+        req = self.seen[before]  # the chat request (a re-rendered turn's prefill comes after it)
+        prompt, mine = req.prompt_ids, self.ids(messages)
+        assert prompt[: len(mine)] == mine  # the server's prompt is the template's (+ a forced prefix)
+        shared = 0
+        for seq in (s for t in self.turns for s in t.held):
+            n = min(len(seq), len(prompt) - 1)
+            shared = max(shared, first_divergence(seq[:n], prompt[:n]))
+        excess = req.prefilled_tokens - (len(prompt) - shared // PAGE * PAGE)
+        assert excess <= SLACK[self.kind], (excess, req.prefilled_tokens, len(prompt), shared, choice)
+        self.turns.append(self.finished(messages, answer, req, r.choices[0].finish_reason))
+        return excess
+
+    def finished(self, messages: list[dict], answer: dict, req: Request, finish: str) -> Turn:
+        calls = answer.get("tool_calls") or []
+        resent = {
+            k: v for k, v in answer.items() if k in ("role", "content", "reasoning_content", "tool_calls")
+        }
+        if not calls:
+            resent["content"] = resent.get("content") or ""
+        results = [{"role": "tool", "tool_call_id": c["id"], "content": f'{{"n": {len(self.turns)}}}'}
+                   for c in calls]  # fmt: skip
+        generated = list(req.tokens)[:-1]  # the last, sampled, token is never computed
+        held = [generated]
+        if finish in ("stop", "tool_calls") or calls:
+            again = self.rendered(messages, [resent, *results])
+            if first_divergence(generated, again) < min(len(generated), len(again)):
+                held.append(again)  # it breaks from what was generated: the server prefilled this form
+        return Turn(messages, [resent, *results], held)
+
+
+def _said(answer: dict) -> tuple:
+    """An answer but its call ids (per request): content, reasoning, the calls by name and arguments."""
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in answer.get("tool_calls") or []]
+    return answer.get("content"), answer.get("reasoning_content"), calls
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", list(SLACK))
-def test_resent_forced_calls_prefill_only_the_new_turn(tmp_path, worst, kind):
+def test_resent_conversation_trees_prefill_only_past_the_divergence(tmp_path, worst, kind):
     d = _model(tmp_path, kind)
     every = {"hybrid": 2, "window": 1, "gpt-oss": 4}.get(kind, 0)
-    kw = dict(page_size=PAGE, num_pages=1024, chunk_size=24, snapshot_every=every)
+    kw = dict(page_size=PAGE, num_pages=4096, chunk_size=24, snapshot_every=every)
     template, tools = ("gpt_oss", HARMONY_TOOLS) if kind == "gpt-oss" else ("chatml", TOOLS)
-    names = [t["function"]["name"] for t in tools]
     warm, cold = AsyncEngine(tiny_engine(d, **kw)), AsyncEngine(tiny_engine(d, prefix_cache="off", **kw))
-    (oa, http), (oa_cold, http_cold) = _server(warm, template), _server(cold, template)
+    servers, seen = (_server(warm, template), _server(cold, template)), _record(warm)
     try:
-        messages = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Go."}]
-        state = http.app.state.kv
-        warmed, last = False, 0
-        for turn in range(TURNS):
-            warms = _settle(http)
-            choice = (
-                "required" if turn % 2 == 0 else {"type": "function", "function": {"name": names[turn % 2]}}
-            )
-            kw2 = dict(model="m", messages=messages, tools=tools, tool_choice=choice, max_tokens=64, temperature=0,
-                       parallel_tool_calls=False)  # fmt: skip
-            r, rc = oa.chat.completions.create(**kw2), oa_cold.chat.completions.create(**kw2)
-            assert _answer(r) == _answer(rc), turn
-            cache = r.model_extra["kvreuse"]["cache"]
-            if turn:
-                # where it parts from every earlier sequence: the resent turn's end if the server
-                # prefilled it, else also the generated turn's (its last, sampled, token never computed)
-                end = _resent_end(state, messages, tools)
-                start = (end if warmed else min(end, last - 1)) // PAGE * PAGE
-                excess = cache["prompt_tokens"] - cache["cached_tokens"] - (cache["prompt_tokens"] - start)
-                worst[kind] = max(worst.get(kind, 0), excess)
-                assert excess <= SLACK[kind], (turn, cache, start)
-            calls = r.choices[0].message.tool_calls
-            assert calls, turn
-            warmed, last = _settle(http) > warms, r.usage.prompt_tokens + r.usage.completion_tokens
-            messages = messages + [
-                {"role": "assistant", "content": None, "tool_calls": [c.model_dump(exclude_none=True) for c in calls]},
-                *({"role": "tool", "tool_call_id": c.id, "content": f'{{"n": {turn}}}'} for c in calls),
-            ]  # fmt: skip
+        for seed in SEEDS:
+            warm.engine.reset_prefix_cache()
+            tree = Tree(kind, seed, servers, seen, tools)
+            for _ in range(REQUESTS):
+                excess = tree.step()
+                worst[kind] = max(worst.get(kind, excess), excess)
     finally:
-        for h in (http, http_cold):
+        for _, h in servers:
             h.__exit__(None, None, None)
         warm.shutdown()
         cold.shutdown()
