@@ -62,7 +62,7 @@ def models(tmp_path_factory) -> dict:
 def test_sparse_layers_and_parameter_counts_follow_transformers(models):
     for name, d in models.items():
         hf = load_hf(d)
-        model = tiny_engine(d).model
+        model = tiny_engine(d).runner.model
         ours = [isinstance(layer.mlp, SparseMoE) for layer in model.layers]
         assert ours == [hasattr(layer.mlp, "experts") for layer in hf.model.layers], name
         counts = model.parameter_counts()

@@ -200,7 +200,13 @@ class FakeEngine:
     """Counts tokens like a paged prefix cache (a trie of whole pages, outputs inserted too); no model."""
 
     def __init__(self, tokenizer, page_size: int = 16, cache: bool = True) -> None:
+        from types import SimpleNamespace
+
+        from kvreuse.runtime.runner.model_state import NoModelState
+
         self.tokenizer, self.page, self.pages, self.cache = tokenizer, page_size, set(), cache
+        # a dense model: no per-request state, so no snapshots to predict (engine/states.py snapshot_policy)
+        self.runner, self.config = SimpleNamespace(state_pool=NoModelState()), None
 
     def reset_prefix_cache(self) -> None:
         self.pages = set()

@@ -131,7 +131,7 @@ def test_speculative_greedy_output_equals_plain_decoding_on_the_gguf(ops, mode, 
     chat = [{"role": "user", "content": f"Rewrite this code, adding a docstring to each function:\n{code}"}]
     sp = SamplingParams(max_tokens=48, ignore_eos=True)
     off = Engine(dtype=dtype, quantize="gguf", kv_cache_memory="32M", speculative="off")
-    quant = [m for m in off.model.modules() if isinstance(m, QuantLinear)]
+    quant = [m for m in off.runner.model.modules() if isinstance(m, QuantLinear)]
     assert quant and all(m.native is not None for m in quant)
     ids = off.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # the model copies most of the code

@@ -145,6 +145,8 @@ def create_app(
         if not state.tenants.sees_all(request.state.tenant):  # a tenant must not drop every tenant's cache
             raise APIError(403, "resetting the shared prefix cache needs an operator key (--operator-key)",
                            type="permission_error", code="forbidden")  # fmt: skip
+        # a finished turn's re-rendered prefill still running would fill the cache again after the reset
+        await state.background.drained()
         try:
             await state.on_engine(lambda e: e.reset_prefix_cache())
         except EngineError as e:
