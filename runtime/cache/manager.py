@@ -16,52 +16,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from kvreuse.runtime.cache.events import CacheEvents
 from kvreuse.runtime.cache.eviction import DEFAULT_POLICY
 from kvreuse.runtime.cache.page_allocator import OutOfPages, PageAllocator
 from kvreuse.runtime.cache.pins import PinInfo, PinTable
-from kvreuse.runtime.cache.prefix_cache import PrefixCache
+from kvreuse.runtime.cache.prefix_cache import CacheStats, PrefixCache
 from kvreuse.runtime.cache.registry import DEFAULT_KIND, POLICY_KIND, cache_kind, make_prefix_cache
 from kvreuse.runtime.cache.shadows import NoShadows, Shadows, ShadowStats
 from kvreuse.runtime.cache.state_slots import NoStateSlots, StateSlots
 from kvreuse.runtime.cache.store.states import StateTier
-from kvreuse.runtime.cache.store.tiers import LowerTiers, TierStats
+from kvreuse.runtime.cache.store.tiers import LowerTiers, NoLowerTiers, TierStats
 from kvreuse.runtime.cache.tiered_cache import PageIO
 from kvreuse.runtime.request import PUBLIC, CacheScope, Request
 from kvreuse.runtime.runner.model_state import StateInput
 from kvreuse.runtime.sampling.params import SamplingParams
 
-
-class CacheStats(NamedTuple):
-    """Pool occupancy right now."""
-
-    total_pages: int
-    free_pages: int
-    tree_pages: int
-    evictable_pages: int
-    request_pages: int
-    evicted_pages: int
-    pinned_pages: int = 0
-    snapshots: int = 0  # per-node states held (a hybrid's or window model's snapshots) and their bytes
-    snapshot_bytes: int = 0
-
-
 _SHADOW_PARAMS = SamplingParams(max_tokens=1)  # a replayed request samples nothing
-
-
-class NoLowerTiers:
-    """What the manager asks of ``LowerTiers`` when nothing is below the pool: no figures, no error."""
-
-    error: str | None = None
-
-    def stats(self) -> TierStats | None:
-        return None
-
-    def check(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class CacheManager:

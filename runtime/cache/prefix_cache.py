@@ -77,6 +77,20 @@ class InsertResult(NamedTuple):
     pages: list[int]
 
 
+class CacheStats(NamedTuple):
+    """Pool occupancy right now."""
+
+    total_pages: int
+    free_pages: int
+    tree_pages: int
+    evictable_pages: int
+    request_pages: int
+    evicted_pages: int
+    pinned_pages: int = 0
+    snapshots: int = 0  # per-node states held (a hybrid's or window model's snapshots) and their bytes
+    snapshot_bytes: int = 0
+
+
 class PrefixCacheStats(NamedTuple):
     """Pages the cache holds now, how many could be evicted, pages evicted so far, pinned pages, pins,
     per-node extra states held and their bytes."""

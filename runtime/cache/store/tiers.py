@@ -341,3 +341,16 @@ def _rows(pages: list[torch.Tensor]) -> torch.Tensor:
     ):
         return first.as_strided((len(pages), *first.shape), (step, *first.stride()))
     return torch.stack(pages)
+
+
+class NoLowerTiers:
+    """What the manager asks of ``LowerTiers`` when nothing is below the pool: no figures, no error."""
+
+    error: str | None = None
+
+    def stats(self) -> TierStats | None:
+        return None
+
+    def check(self) -> None: ...
+
+    def close(self) -> None: ...
