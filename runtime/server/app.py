@@ -146,7 +146,7 @@ def create_app(
             raise APIError(403, "resetting the shared prefix cache needs an operator key (--operator-key)",
                            type="permission_error", code="forbidden")  # fmt: skip
         # a finished turn's re-rendered prefill still running would fill the cache again after the reset
-        await state.background.drained()
+        await state.background.settled()
         try:
             await state.on_engine(lambda e: e.reset_prefix_cache())
         except EngineError as e:

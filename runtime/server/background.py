@@ -22,15 +22,11 @@ class BackgroundTasks:
         self.pending[task] = tenant
         task.add_done_callback(lambda t: self.pending.pop(t, None))
 
-    async def settled(self, tenant: Hashable) -> None:
-        """Wait for the tasks ``tenant``'s requests left so far (not those started meanwhile, so a
-        busy tenant is never starved): its next request then reads what they cached whatever the
-        timing, so its cached tokens are the same on every replay of the same traffic."""
-        mine = [t for t, owner in self.pending.items() if owner == tenant]
+    async def settled(self, *tenants: Hashable) -> None:
+        """Wait for the tasks ``tenants``' requests left so far (every tenant's when none is named), not
+        those started meanwhile, so a busy server never starves the waiter: a tenant's next request then
+        reads what they cached whatever the timing (its cached tokens are the same on every replay of
+        the same traffic), and a cache reset is not refilled by a prefill still running."""
+        mine = [t for t, owner in self.pending.items() if not tenants or owner in tenants]
         if mine:
             await asyncio.gather(*mine, return_exceptions=True)
-
-    async def drained(self) -> None:
-        """Wait for every task started so far (and those they start)."""
-        while self.pending:
-            await asyncio.gather(*list(self.pending), return_exceptions=True)
