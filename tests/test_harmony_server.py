@@ -28,7 +28,7 @@ from kvreuse.runtime.loading.harmony_vocab import harmony_encoding
 from kvreuse.runtime.request import PUBLIC
 from kvreuse.runtime.server.app import create_app
 from kvreuse.runtime.server.core.chat_run import token_feed
-from kvreuse.runtime.server.core.rerender import history_ids, rewarm
+from kvreuse.runtime.server.core.rerender import history_ids, resend_break, rewarm
 from kvreuse.runtime.server.state import ServerConfig
 from tests.harmony_model import TOOLS, make_gpt_oss
 
@@ -223,7 +223,13 @@ def test_recipient_after_the_channel_is_cached_as_rerendered(oa, http):
     assert at < len(prompt) + len(reply) - 1, "the published template renders this call as generated"
     assert state.tokenizer.decode(rendered[at - 2 : at + 6]).find("to=functions") >= 0
     record: list[list[int]] = []
-    http.portal.call(rewarm, state, PUBLIC, lambda: (prompt + reply, rendered), record.append)
+    http.portal.call(
+        rewarm,
+        state,
+        PUBLIC,
+        lambda: resend_break(state, messages, TOOLS, parsed, {}, prompt + reply),
+        record.append,
+    )
     assert record == [rendered]
     resent = [*messages, {"role": "assistant", "content": None, "tool_calls": [
         {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},

@@ -159,12 +159,12 @@ def test_a_turn_sent_at_once_waits_for_the_earlier_turns_prefill(server, templat
     tokens do not depend on timing.  The re-render is slowed so that turn 2 surely arrives first."""
     from kvreuse.runtime.server.core import chat_run
 
-    def slow_history_ids(*args, **kwargs):
+    def slow_resend_break(*args, **kwargs):
         time.sleep(1.0)
-        return history_ids(*args, **kwargs)
+        return resend_break(*args, **kwargs)
 
-    history_ids = chat_run.history_ids
-    monkeypatch.setattr(chat_run, "history_ids", slow_history_ids)
+    resend_break = chat_run.resend_break
+    monkeypatch.setattr(chat_run, "resend_break", slow_resend_break)
     oa, app = server
     before = app.state.kv.background.counts["rewarm"]
     forced = CHOICES["named"]

@@ -21,7 +21,7 @@ from kvreuse.chat_templates.parsers import parse_full
 from kvreuse.runtime.server.anthropic.convert import convert
 from kvreuse.runtime.server.anthropic.protocol import MessagesRequest
 from kvreuse.runtime.server.core.prompting import ChatPrompt, build_chat_prompt, render_kwargs
-from kvreuse.runtime.server.core.rerender import break_point, history_ids
+from kvreuse.runtime.server.core.rerender import resend_break
 from kvreuse.runtime.server.openai.responses_prompt import build_prompt, chat_input
 from kvreuse.runtime.server.openai.responses_protocol import ResponsesRequest
 from kvreuse.runtime.server.scripted import ScriptedReplies
@@ -44,8 +44,10 @@ def rewarm(engine: Any, state: Any, chat: Any, p: ChatPrompt, reply: list[int]) 
 
     text = state.tokenizer.decode(reply, skip_special_tokens=True)
     parsed = parse_full(p.forced_prefix + text, p.tool_format, state.template.reasoning, p.think_open)
-    rendered = history_ids(state, p.messages, p.tools, parsed, render_kwargs(chat))
-    if rendered is not None and break_point(list(p.token_ids) + list(reply), rendered) is not None:
+    rendered = resend_break(
+        state, p.messages, p.tools, parsed, render_kwargs(chat), list(p.token_ids) + list(reply)
+    )
+    if rendered is not None:
         engine.generate([rendered], SamplingParams(max_tokens=1, temperature=0.0))
 
 

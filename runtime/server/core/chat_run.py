@@ -17,7 +17,7 @@ from kvreuse.runtime.sampling.params import SamplingParams
 from kvreuse.runtime.server.core.constraints import tool_grammar
 from kvreuse.runtime.server.core.prompting import ChatInput, ChatPrompt, build_chat_prompt, render_kwargs
 from kvreuse.runtime.server.core.reasoning_budget import BudgetReport, budgeted_stream
-from kvreuse.runtime.server.core.rerender import assistant_message, history_ids, rewarm
+from kvreuse.runtime.server.core.rerender import assistant_message, resend_break, rewarm
 from kvreuse.runtime.server.core.run import Caller, EngineRun, MakeParams
 from kvreuse.runtime.server.core.streaming import merge_streams
 from kvreuse.runtime.server.diagnostics import HistoryEntry, cached_by_tier
@@ -160,8 +160,8 @@ class ChatRun(EngineRun):
             return
         p, generated = self.prompt, list(self.prompt.token_ids) + list(out.output_token_ids)
 
-        def job() -> tuple[list[int], list[int] | None]:
-            return generated, history_ids(self.state, p.messages, p.tools, self.parse(out), dict(options))
+        def job() -> list[int] | None:
+            return resend_break(self.state, p.messages, p.tools, self.parse(out), dict(options), generated)
 
         def record(ids: list[int]) -> None:
             answer = assistant_message(self.parse(out))

@@ -89,18 +89,33 @@ def break_point(generated: list[int], rendered: list[int]) -> int | None:
     return at if at < len(generated) - 1 and at < len(rendered) else None
 
 
+def resend_break(
+    state: ServerState,
+    messages: list[dict],
+    tools: list[dict] | None,
+    parsed: ParsedOutput,
+    kwargs: dict,
+    generated: list[int],
+) -> list[int] | None:
+    """The turn as the client will resend it (``history_ids``) where that breaks from ``generated``
+    (prompt + output), else None: what ``rewarm`` prefills (the server; the agents' replay mirrors it)."""
+    rendered = history_ids(state, messages, tools, parsed, kwargs)
+    return rendered if rendered is not None and break_point(generated, rendered) is not None else None
+
+
 async def rewarm(
     state: ServerState,
     scope: CacheScope,
-    job: Callable[[], tuple[list[int], list[int] | None]],
+    job: Callable[[], list[int] | None],
     record: Callable[[list[int]], None],
 ) -> None:
-    """Render (``job()`` -> the generated and the re-rendered ids, on a prep thread of the request's
-    tenant) and, at a break, prefill the re-rendered ids under ``scope`` (one token generated, dropped).
-    ``record`` keeps them in the tenant's diagnosis history.  Counted in ``state.background.counts``: ``rewarm`` prefills and ``rewarm_tokens`` they computed."""
+    """Render (``job()`` -> ``resend_break``'s ids, on a prep thread of the request's tenant) and, at a
+    break, prefill them under ``scope`` (one token generated, dropped).  ``record`` keeps them in the
+    tenant's diagnosis history.  Counted in ``state.background.counts``: ``rewarm`` prefills and
+    ``rewarm_tokens`` they computed."""
     try:
-        generated, rendered = await state.prep.run(scope.namespace, job)
-        if rendered is None or break_point(generated, rendered) is None:
+        rendered = await state.prep.run(scope.namespace, job)
+        if rendered is None:
             return
         req = state.engine.make_request(rendered, SamplingParams(max_tokens=1, temperature=0.0), None, scope)
         async for out in state.aengine.stream(req):
