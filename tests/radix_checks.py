@@ -70,7 +70,7 @@ def check_structure(tree: RadixCache, locked_handles: list[TreeNode], held: int 
         n.pin <= n.ref for n in nodes
     )
     assert tree.pinned_pages == sum(len(n.pages) for n in nodes if n.pin > 0)
-    assert tree._evictable == {n for n in nodes if n.ref == 0 and not n.children}
+    assert set(tree._evictable) == {n for n in nodes if n.ref == 0 and not n.children}
     assert tree.allocator.num_free + tree.total_pages + held == tree.allocator.num_pages
     assert all(not tree.allocator.is_free(p) for n in nodes for p in n.pages)
     # node states: only with a store, never on the root; the store's count and bytes re-derived

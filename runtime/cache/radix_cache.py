@@ -72,7 +72,9 @@ class RadixCache(NoTiers, RadixTree):
     ) -> None:
         super().__init__(page_size, make_policy(policy) if isinstance(policy, str) else policy)
         self.allocator = allocator
-        self._evictable: set[TreeNode] = set()
+        # an ordered set: a policy that learns while it scores (``predict``) sees the leaves in an order
+        # fixed by the tree's history, not by their addresses, so a replay gives the same figures twice
+        self._evictable: dict[TreeNode, None] = {}
         self._total_pages = 0
         self._locked_pages = 0
         self._pinned_pages = 0
@@ -262,7 +264,7 @@ class RadixCache(NoTiers, RadixTree):
             self.events.removed(leaf)
             self.states.drop(leaf)
             del parent.children[(leaf.ns, leaf.key[: self.page_size])]
-            self._evictable.discard(leaf)
+            self._evictable.pop(leaf, None)
             policy.removed(leaf)
             leaf.parent = None
             self.allocator.free(leaf.pages)
@@ -342,6 +344,6 @@ class RadixCache(NoTiers, RadixTree):
     def _refresh(self, node: TreeNode) -> None:
         """Re-derive whether ``node`` is an evictable leaf after its children or ref count changed."""
         if node is not self.root and node.ref == 0 and not node.children:
-            self._evictable.add(node)
+            self._evictable[node] = None
         else:
-            self._evictable.discard(node)
+            self._evictable.pop(node, None)
