@@ -1,7 +1,8 @@
 """The live page (/ui) in a real headless Chromium against a real ``kvreuse serve`` on the embedded
 model: a 4-turn conversation and a request that breaks its prefix show up as bars whose cached /
 prefilled figures are the API's usage, and the break shows its cause and both texts; with API keys,
-no key gets no data (401) and a tenant sees only its own requests."""
+no key gets no data (401) and a tenant sees only its own requests; under ``--eviction-policy predict``
+the predictor's kept-vs-evicted return rates are those of ``/v1/cache``."""
 
 from __future__ import annotations
 
@@ -141,4 +142,39 @@ def test_without_a_key_no_data_and_tenants_see_only_their_own(keyed_server, chro
         cached = r.usage.prompt_tokens_details.cached_tokens
         assert shown_figures(page, r.id) == (cached, r.usage.prompt_tokens - cached)
     page.screenshot(path=str(tmp_path / "ui-tenant.png"), full_page=True)  # the test's output only
+    page.close()
+
+
+@pytest.fixture
+def predict_server(tmp_path_factory):
+    # a pool of a few hundred tokens, so conversations evict each other and labels come within minutes
+    args = [*SERVER_ARGS, "--eviction-policy", "predict"]
+    args[args.index("256M")] = "16M"
+    proc = ServerProcess(args, tmp_path_factory.mktemp("ui-predict") / "server.log").start()
+    yield proc
+    proc.stop()
+
+
+def test_page_shows_the_predictors_kept_and_evicted_return_rates(predict_server, chromium):
+    """Under ``--eviction-policy predict`` the page shows what ``/v1/cache`` gives: the labelled
+    examples and the return rates of what it kept against what it evicted."""
+    client = _client(predict_server)
+    for _ in range(3):  # six conversations over a pool of 45 pages: they evict each other and come back
+        for i in range(6):
+            converse(client, MODEL, system=SYSTEM + f" Topic {i}." * 20, turns=2)
+    shown = httpx.get(f"{predict_server.base_url}/cache", timeout=60).json()["eviction_predictor"]
+    assert (
+        shown["labelled"] > 0
+        and shown["kept"]["labelled"] + shown["evicted"]["labelled"] == shown["labelled"]
+    )
+    page = chromium.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{predict_server.url}/ui")
+    row = page.locator('[data-tier="predictor"]')
+    expect(row).to_contain_text(f"{shown['labelled']:,} labelled")
+    for side in ("kept", "evicted"):
+        rate = shown[side]["return_rate"]
+        expect(row.locator(f'[data-field="{side}"]')).to_have_text(
+            "-" if rate is None else f"{100 * rate:.1f}%"
+        )
     page.close()
