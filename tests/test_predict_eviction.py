@@ -25,7 +25,7 @@ def _rate(trace, pool: int, page: int, policy: str, constant: float | None = Non
     cache = CacheManager(pool, page, "radix", policy)
     pol = cache.prefix.policy
     if constant is not None:
-        pol.model.predict = lambda x: constant
+        pol.model.log_odds = lambda x: math.log(constant / (1 - constant))
     hits = replay(trace, pool, page, policy, cache=cache)
     return sum(hits) / sum(len(p) for p, _ in trace), pol.predictor() or {}
 
@@ -55,8 +55,7 @@ def test_differences_within_a_log_odds_bin_leave_the_order_to_recency():
     constant, _ = _rate(trace, pool, page, "predict", constant=0.5)
     cache = CacheManager(pool, page, "radix", "predict")
     # noise that depends on the node's features (class, idle time, lengths), all in the bin above 0.5
-    width = 1 / (1 + math.exp(-predict.LOGIT_BIN)) - 0.5
-    cache.prefix.policy.model.predict = lambda x: 0.5 + 0.9 * width * (hash(tuple(x)) % 1000 / 1000)
+    cache.prefix.policy.model.log_odds = lambda x: 0.9 * predict.LOGIT_BIN * (hash(tuple(x)) % 1000 / 1000)
     hits = replay(trace, pool, page, "predict", cache=cache)
     assert sum(hits) / sum(len(p) for p, _ in trace) == constant > 0
 

@@ -31,13 +31,14 @@ from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 from kvreuse.runtime.cache.policy_base import PerNode
-from kvreuse.runtime.cache.return_model import Outcomes, ReturnModel
+from kvreuse.runtime.cache.return_model import Outcomes, ReturnModel, sigmoid
 
 if TYPE_CHECKING:
     from kvreuse.runtime.cache.tree_node import TreeNode
 
 HORIZON = 1.0  # a sampled node is a positive if back within this many turnovers (4: below LRU, traces.md)
 LOGIT_BIN = 0.5  # nodes whose predicted log-odds share a bin this wide go least recently used first
+LOGIT_CAP = math.log((1 - 1e-9) / 1e-9)  # log-odds beyond this share the end bins (p within 1e-9 of 0 or 1)
 SAMPLE_EVERY = 1  # 1 node in this many (by first-page hash) gives examples; 8 starved agents
 IDLE_BUCKETS = 8  # log2(idle / turnover) from -4 to +3
 CLASSES = 4
@@ -56,11 +57,6 @@ LAST, NUSES, LGAP, CLS, GHOSTED, NPROMPT, NOUT, DEPTH_T, HASH, STATIC = range(10
 
 def _log2(x: float) -> float:
     return max(int(x), 1).bit_length() - 1.0
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-9), 1 - 1e-9)
-    return math.log(p / (1 - p))
 
 
 class PredictReturn(PerNode):
@@ -214,14 +210,15 @@ class PredictReturn(PerNode):
         if st is None:
             return (0.0, node.last_access)
         x = self.features(st, len(node.pages), now)
-        p = self.model.predict(x)
+        z = self.model.log_odds(x)
+        p = sigmoid(z)
         # sampled by the node, not by the count of scores, so an eviction shadow that scores as often
         # or less often as the pool learns the same examples (``runtime/cache/shadows.py``)
         if st[HASH] % SAMPLE_EVERY == 0 and st[HASH] not in self.pending:
             self.pending[st[HASH]] = [now, x, p, False, False]
         # log-odds in bins, LRU within a bin: differences finer than that were the model's noise and
         # cost the large pools their recency (0.80x LRU at 30% of the conversation half, docs/traces.md)
-        return (math.floor(_logit(p) / LOGIT_BIN), st[LAST])
+        return (math.floor(min(max(z, -LOGIT_CAP), LOGIT_CAP) / LOGIT_BIN), st[LAST])
 
     def predictor(self) -> dict:
         """What the model has learned to tell apart on this server's traffic (``GET /v1/cache``)."""

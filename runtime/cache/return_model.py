@@ -14,6 +14,10 @@ LEARNING_RATE = 0.2  # AdaGrad's step; the per-weight scaling makes the choice f
 DECILES = 10
 
 
+def sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z > -30 else 0.0
+
+
 class ReturnModel:
     """Logistic regression learned online by AdaGrad: ``p = sigmoid(w . x)``, ``x`` sparse: (index, value) pairs."""
 
@@ -23,10 +27,13 @@ class ReturnModel:
         self.lr = learning_rate
         self.examples = 0
 
-    def predict(self, x: Sequence[tuple[int, float]]) -> float:
+    def log_odds(self, x: Sequence[tuple[int, float]]) -> float:
+        """``w . x``: what eviction orders by (``predict.py`` bins it)."""
         w = self.w
-        z = sum(w[i] * v for i, v in x)
-        return 1.0 / (1.0 + math.exp(-z)) if z > -30 else 0.0
+        return sum(w[i] * v for i, v in x)
+
+    def predict(self, x: Sequence[tuple[int, float]]) -> float:
+        return sigmoid(self.log_odds(x))
 
     def learn(self, x: Sequence[tuple[int, float]], y: bool) -> float:
         """One gradient step on the log loss; returns the prediction before the step."""
