@@ -39,12 +39,11 @@ def main() -> int:
     sys.path.insert(0, sys.argv[1])
     import numpy as np
     from _llama_cpp_cpu import ffi, lib  # type: ignore[import-not-found]
+    from llamacpp_calls import load_model  # type: ignore[import-not-found]
 
     job = json.load(sys.stdin)
     lib.llama_backend_init()
-    model = lib.llama_model_load_from_file(job["gguf"].encode(), lib.llama_model_default_params())
-    if model == ffi.NULL:
-        raise SystemExit(f"llama.cpp could not load {job['gguf']}")
+    model = load_model(ffi, lib, job["gguf"])
     longest = max(len(p) + len(r) for p, r in zip(job["prompts"], job["replies"])) + 16
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = max(512, longest)

@@ -39,12 +39,11 @@ import sys
 def main() -> int:
     sys.path.insert(0, sys.argv[1])
     from _llama_cpp_cpu import ffi, lib  # type: ignore[import-not-found]
+    from llamacpp_calls import common_prefix, decode, load_model  # type: ignore[import-not-found]
 
     job = json.load(sys.stdin)
     lib.llama_backend_init()
-    model = lib.llama_model_load_from_file(job["gguf"].encode(), lib.llama_model_default_params())
-    if model == ffi.NULL:
-        raise SystemExit(f"llama.cpp could not load {job['gguf']}")
+    model = load_model(ffi, lib, job["gguf"])
     buf = ffi.new("char[]", 64)
     arch = "gemma3"
     n_swa = 0
@@ -60,19 +59,6 @@ def main() -> int:
         lib.llama_kv_cache_view_free(ffi.addressof(view))
         return min(ps) if ps else -1
 
-    def decode(ctx, ids: list[int], pos: int) -> None:
-        for s in range(0, len(ids), n_batch):
-            part = ids[s : s + n_batch]
-            batch = lib.llama_batch_init(len(part), 0, 1)
-            batch.n_tokens = len(part)
-            for i, t in enumerate(part):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos + s + i, 1
-                batch.seq_id[i][0], batch.logits[i] = 0, i == len(part) - 1
-            rc = lib.llama_decode(ctx, batch)
-            lib.llama_batch_free(batch)
-            if rc != 0:
-                raise SystemExit(f"llama_decode failed: {rc}")
-
     out: dict = {"n_swa": n_swa, "n_ctx": n_ctx, "sessions": {}}
     for name, requests in job["sessions"].items():
         cparams = lib.llama_context_default_params()
@@ -83,9 +69,7 @@ def main() -> int:
         rows = []
         for req in requests:
             prompt, reply = req["prompt"], req["reply"]
-            n_past = next(
-                (i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt))
-            )
+            n_past = common_prefix(held, prompt)
             pmin, fallback = None, False
             if n_past > 0:
                 thold = max(0, n_past - n_swa - (0 if n_past < len(prompt) else 1))
@@ -97,11 +81,11 @@ def main() -> int:
             if not lib.llama_kv_self_seq_rm(ctx, 0, n_past, -1):
                 lib.llama_kv_self_seq_rm(ctx, -1, -1, -1)
                 fallback, n_past = True, 0
-            decode(ctx, prompt[n_past:], n_past)
+            decode(lib, ctx, prompt[n_past:], n_past, n_batch)
             rows.append({"prompt": len(prompt), "evaluated": len(prompt) - n_past, "n_past": n_past,
                          "pos_min": pmin, "fallback": fallback})  # fmt: skip
             for i, t in enumerate(reply[:-1]):  # the sampled tokens the server feeds back
-                decode(ctx, [t], len(prompt) + i)
+                decode(lib, ctx, [t], len(prompt) + i, n_batch)
             held = prompt + reply[:-1]
             rows[-1]["kv_used_cells"] = lib.llama_kv_self_used_cells(ctx)
         lib.llama_free(ctx)

@@ -29,6 +29,7 @@ def main() -> int:
     sys.path.insert(0, sys.argv[1])
     import numpy as np
     from _llama_cpp_cpu import ffi, lib  # type: ignore[import-not-found]
+    from llamacpp_calls import common_prefix, decode, load_model  # type: ignore[import-not-found]
 
     job = json.loads(sys.stdin.readline())
     lib.llama_backend_init()
@@ -39,9 +40,7 @@ def main() -> int:
         rc = lib.llama_model_quantize(c["src"].encode(), c["dst"].encode(), ffi.addressof(params))
         print(json.dumps({"rc": int(rc)}), flush=True)
         return 0
-    model = lib.llama_model_load_from_file(job["gguf"].encode(), lib.llama_model_default_params())
-    if model == ffi.NULL:
-        raise SystemExit(f"llama.cpp could not load {job['gguf']}")
+    model = load_model(ffi, lib, job["gguf"])
     n_batch = 2048
     cparams = lib.llama_context_default_params()
     cparams.n_ctx, cparams.n_batch = job["n_ctx"], n_batch
@@ -50,18 +49,8 @@ def main() -> int:
     n_vocab = lib.llama_n_vocab(lib.llama_model_get_vocab(model))
     print(json.dumps({"system_info": ffi.string(lib.llama_print_system_info()).decode()}), flush=True)
 
-    def decode(ids: list[int], pos: int) -> int:
-        for s in range(0, len(ids), n_batch):
-            part = ids[s : s + n_batch]
-            batch = lib.llama_batch_init(len(part), 0, 1)
-            batch.n_tokens = len(part)
-            for i, t in enumerate(part):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, pos + s + i, 1
-                batch.seq_id[i][0], batch.logits[i] = 0, i == len(part) - 1
-            rc = lib.llama_decode(ctx, batch)
-            lib.llama_batch_free(batch)
-            if rc != 0:
-                raise SystemExit(f"llama_decode failed: {rc}")
+    def first_token(ids: list[int], pos: int) -> int:
+        decode(lib, ctx, ids, pos, n_batch)
         logits = lib.llama_get_logits_ith(ctx, -1)
         return int(np.frombuffer(ffi.buffer(logits, 4 * n_vocab), dtype=np.float32).argmax())
 
@@ -69,15 +58,13 @@ def main() -> int:
     for line in sys.stdin:
         prompt = json.loads(line)["prompt"]
         t0 = time.perf_counter()
-        n_past = next(
-            (i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt))
-        )
+        n_past = common_prefix(held, prompt)
         if n_past == len(prompt):
             n_past -= 1  # a token must be evaluated for logits
         if not lib.llama_kv_self_seq_rm(ctx, 0, n_past, -1):
             lib.llama_kv_self_seq_rm(ctx, -1, -1, -1)
             n_past = 0
-        token = decode(prompt[n_past:], n_past)
+        token = first_token(prompt[n_past:], n_past)
         ttft = time.perf_counter() - t0
         held = list(prompt)
         print(json.dumps({"ttft_s": ttft, "n_past": n_past, "evaluated": len(prompt) - n_past,
