@@ -20,6 +20,13 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1))
 
 
+def reset_cache(aengine) -> None:
+    """Drop the cached pages of an engine that servers share, on its own thread: a server just closed
+    may have left its re-rendered prefill's abort in the engine's queue, which runs first there (a
+    reset from this thread could find that request still running)."""
+    aengine.run_idle(lambda e: e.reset_prefix_cache())
+
+
 def embedded_dir() -> Path:
     return resolve_model(None)[0]
 

@@ -31,6 +31,7 @@ from kvreuse.runtime.engine.engine import Engine
 from kvreuse.runtime.server.app import create_app
 from kvreuse.runtime.server.state import ServerConfig
 from tests.harmony_model import make_gpt_oss
+from tests.helpers import reset_cache
 
 PAGE = 4
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "day": {"type": "integer"}},
@@ -62,7 +63,7 @@ def engines(tmp_path_factory):
 def server(engines, request):
     template = request.node.callspec.params["template"]
     aengine = engines["gpt" if template == "gpt_oss" else "smol"]
-    aengine.engine.reset_prefix_cache()
+    reset_cache(aengine)
     app = create_app(aengine, ServerConfig("m", allowed_hosts=("testserver",), chat_template=template))
     with TestClient(app) as http:
         yield (
@@ -199,7 +200,7 @@ def test_chat_resent_xml_call_is_cached(engines, tmp_path, step):
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"steps": [XML_STEPS[step]]}))
     aengine = engines["smol"]
-    aengine.engine.reset_prefix_cache()
+    reset_cache(aengine)
     config = ServerConfig("m", allowed_hosts=("testserver",), chat_template="qwen3_5", script=str(script))
     app = create_app(aengine, config)
     with TestClient(app) as http:
@@ -222,3 +223,30 @@ def test_chat_resent_xml_call_is_cached(engines, tmp_path, step):
         assert not warmed  # the template renders the call as it was generated
         turn1 = r.usage.prompt_tokens + r.usage.completion_tokens
         _check(app, messages, turn1, warmed, r2.model_extra["kvreuse"]["cache"])
+
+
+def test_a_server_closed_during_a_re_rendered_prefill_leaves_the_engine_idle(engines, monkeypatch):
+    """CI's flake: a server closed while its re-rendered prefill ran left that request in the shared
+    engine until the engine thread took its abort, and the next test's reset (from the test's thread)
+    found it running.  Now the server cancels its background work as it closes (the abort queued before
+    the close returns) and a reset on the engine's thread runs after it; the prefill is not counted.
+    The engine's steps are slowed so that the close surely lands mid-prefill."""
+    aengine = engines["smol"]
+    reset_cache(aengine)
+    app = create_app(aengine, ServerConfig("m", allowed_hosts=("testserver",), chat_template="chatml"))
+    with TestClient(app) as http:
+        oa = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+        oa.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=CHOICES["named"],
+                                   max_tokens=48, temperature=0, parallel_tool_calls=False)  # fmt: skip
+        step = aengine.engine.step
+        monkeypatch.setattr(aengine.engine, "step", lambda: time.sleep(0.3) or step())
+        for _ in range(500):  # chatml's named call breaks where it is resent: its re-render is prefilled
+            if aengine.run_idle(lambda e: sum(e.load()[:2])):  # queued or running
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("no re-rendered prefill started")
+    assert not app.state.kv.background.pending
+    reset_cache(aengine)  # raised "cannot reset the prefix cache while requests are running" on this thread
+    assert aengine.run_idle(lambda e: e.load()[:2]) == (0, 0)
+    assert app.state.kv.background.counts["rewarm"] == 0

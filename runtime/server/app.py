@@ -65,6 +65,7 @@ def create_app(
             for service in services:
                 await stack.enter_async_context(service(state))
             yield
+            await state.background.cancel()  # a re-render in flight aborts its request now
         state.prep.shutdown()
         if on_shutdown is not None:
             on_shutdown()

@@ -30,3 +30,12 @@ class BackgroundTasks:
         mine = [t for t, owner in self.pending.items() if not tenants or owner in tenants]
         if mine:
             await asyncio.gather(*mine, return_exceptions=True)
+
+    async def cancel(self) -> None:
+        """Stop every task and wait until each has ended (at shutdown): a task inside the engine has
+        queued its request's abort when this returns, so the engine is idle after its next turn rather
+        than whenever the event loop's teardown gets to the task."""
+        tasks = list(self.pending)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

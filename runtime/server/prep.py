@@ -68,8 +68,16 @@ class PrepPool:
         except BaseException:
             slot.release()
             raise
-        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(slot.release))
+        fut.add_done_callback(lambda _: _release(loop, slot))
         return await asyncio.wrap_future(fut)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _release(loop: asyncio.AbstractEventLoop, slot: asyncio.Semaphore) -> None:
+    """Give ``slot`` back on its loop; a job that outlived the server's loop has no one to give it to."""
+    try:
+        loop.call_soon_threadsafe(slot.release)
+    except RuntimeError:  # the loop is closed
+        pass
