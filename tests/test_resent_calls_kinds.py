@@ -35,7 +35,7 @@ from kvreuse.runtime.server.state import ServerConfig
 from tests.engine_drive import tiny_engine
 from tests.harmony_model import TOOLS as HARMONY_TOOLS
 from tests.harmony_model import make_gpt_oss
-from tests.helpers import HYBRID_SHAPES, WINDOW_SHAPES, make_tiny_model
+from tests.helpers import HYBRID_SHAPES, WINDOW_SHAPES, make_tiny_model, reset_cache
 from tests.test_conversation_tree_kinds import SLACK
 from tests.test_rerendered_turns import TOOLS
 
@@ -233,7 +233,7 @@ def test_resent_conversation_trees_prefill_only_past_the_divergence(tmp_path, wo
     servers, seen = (_server(warm, template), _server(cold, template)), _record(warm)
     try:
         for seed in SEEDS:
-            warm.engine.reset_prefix_cache()
+            reset_cache(warm)
             tree = Tree(kind, seed, servers, seen, tools)
             for _ in range(REQUESTS):
                 excess = tree.step()
