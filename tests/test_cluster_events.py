@@ -227,6 +227,7 @@ def test_a_tenants_pages_carry_its_namespace_and_no_key_is_refused(cluster, tmp_
 
 
 def test_a_restarted_replica_is_taken_back_and_streams_its_events_again(cluster):
+    # last of the module (pytest keeps file order): the others read replica 1 through cluster.subs[1]
     cluster.subs[1].close()
     cluster.kill_replica(1)
     cluster.restart_replica(1)  # the same ports; registered again under its grpc:// URL

@@ -83,6 +83,7 @@ def test_each_part_is_reached_at_its_own_hosts_address(cluster, hosts):
 def test_a_session_moves_host_and_reads_its_prefix_from_the_store_host(cluster):
     alice = OpenAI(base_url=cluster.url + "/v1", api_key=KEYS["alice"], max_retries=0)
     operator = {"Authorization": f"Bearer {KEYS['@operator']}"}
+    # kills a replica: the module's tests that need every part come before it (pytest keeps file order)
     messages = session_survives_its_replica(cluster, alice, PS, operator)  # the third turn on the other host
 
     def turn(client: OpenAI) -> dict:

@@ -184,9 +184,8 @@ def test_foreign_host_header_is_refused(client):
 
 
 def test_simple_cross_origin_posts_change_nothing(client):
-    _post(
-        client, "/v1/chat/completions", {"messages": [{"role": "user", "content": "warm"}], "max_tokens": 1}
-    )
+    warm = "warm the cache with a prompt longer than one page of sixteen tokens, so it holds a page"
+    _post(client, "/v1/chat/completions", {"messages": [{"role": "user", "content": warm}], "max_tokens": 1})
     before = client.get("/debug/kv").json()["stats"]["tree_pages"]
     assert before > 0
     for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data", None):

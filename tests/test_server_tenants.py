@@ -72,9 +72,10 @@ def test_every_route_but_health_needs_a_key(client):
 
 
 def test_tenant_b_gets_nothing_from_tenant_a(client):
-    assert _complete(client, "key-a") == 0
-    assert _complete(client, "key-b") == 0  # A's exact prompt
-    assert _complete(client, "key-a") > 0  # A's own prefix is cached
+    prompt = "isolation " + PROMPT  # no other test sends it: A's first request finds nothing of its own
+    assert _complete(client, "key-a", prompt) == 0
+    assert _complete(client, "key-b", prompt) == 0  # A's exact prompt
+    assert _complete(client, "key-a", prompt) > 0  # A's own prefix is cached
 
 
 def test_session_is_pinned_per_tenant(client):
