@@ -18,7 +18,9 @@ makes none) is read whole and re-rendered as generated, so turn 2 reads all of t
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 
 import openai
@@ -230,22 +232,35 @@ def test_a_server_closed_during_a_re_rendered_prefill_leaves_the_engine_idle(eng
     engine until the engine thread took its abort, and the next test's reset (from the test's thread)
     found it running.  Now the server cancels its background work as it closes (the abort queued before
     the close returns) and a reset on the engine's thread runs after it; the prefill is not counted.
-    The engine's steps are slowed so that the close surely lands mid-prefill."""
+    The re-render waits for the test (CI's machine once finished it before the steps were slowed) and
+    the engine's steps are slowed, so that the close surely lands mid-prefill."""
     aengine = engines["smol"]
     reset_cache(aengine)
     app = create_app(aengine, ServerConfig("m", allowed_hosts=("testserver",), chat_template="chatml"))
+    prep, gate = app.state.kv.prep, threading.Event()
+    run = prep.run
+
+    async def gated(tenant, fn, *args):
+        if "warm_history" in getattr(fn, "__qualname__", ""):  # the rewarm's render, not the request's
+            gated.waited = await asyncio.to_thread(gate.wait, 30)
+        return await run(tenant, fn, *args)
+
+    gated.waited = False
+    monkeypatch.setattr(prep, "run", gated)
     with TestClient(app) as http:
         oa = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
         oa.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=CHOICES["named"],
                                    max_tokens=48, temperature=0, parallel_tool_calls=False)  # fmt: skip
         step = aengine.engine.step
         monkeypatch.setattr(aengine.engine, "step", lambda: time.sleep(0.3) or step())
-        for _ in range(500):  # chatml's named call breaks where it is resent: its re-render is prefilled
+        gate.set()
+        for _ in range(1000):  # chatml's named call breaks where it is resent: its re-render is prefilled
             if aengine.run_idle(lambda e: sum(e.load()[:2])):  # queued or running
                 break
             time.sleep(0.01)
         else:
             raise AssertionError("no re-rendered prefill started")
+    assert gated.waited  # the rewarm did wait for the slowed steps
     assert not app.state.kv.background.pending
     reset_cache(aengine)  # raised "cannot reset the prefix cache while requests are running" on this thread
     assert aengine.run_idle(lambda e: e.load()[:2]) == (0, 0)
