@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +26,17 @@ def reset_cache(aengine) -> None:
     may have left its re-rendered prefill's abort in the engine's queue, which runs first there (a
     reset from this thread could find that request still running)."""
     aengine.run_idle(lambda e: e.reset_prefix_cache())
+
+
+def settle_background(app) -> int:
+    """Wait (up to 12 s) for the server's background prefills (a re-rendered turn: a client runs its
+    tools meanwhile) to finish; returns how many it has prefilled so far (0 for a server without them)."""
+    background = getattr(app.state.kv, "background", None)
+    for _ in range(600):
+        if background is None or not background.pending:
+            return background.counts["rewarm"] if background is not None else 0
+        time.sleep(0.02)
+    raise AssertionError("background prefill still running")
 
 
 def embedded_dir() -> Path:

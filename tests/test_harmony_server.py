@@ -12,7 +12,6 @@ outputs of a scripted harmony reply through the server's own token feed.
 from __future__ import annotations
 
 import json
-import time
 
 import anthropic
 import openai
@@ -31,6 +30,7 @@ from kvreuse.runtime.server.core.chat_run import token_feed
 from kvreuse.runtime.server.core.rerender import history_ids, resend_break, rewarm
 from kvreuse.runtime.server.state import ServerConfig
 from tests.harmony_model import TOOLS, make_gpt_oss
+from tests.helpers import settle_background
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Time in Oslo?"}]
 CALL = 200012  # <|call|>
@@ -182,8 +182,7 @@ def test_responses_continue_after_a_call(oa, http):
     first = oa.responses.create(input="Time in Oslo?", **kw)
     [call] = [i for i in first.output if i.type == "function_call"]
     state = http.app.state.kv
-    while state.background.pending:  # the client runs its tool meanwhile
-        time.sleep(0.02)
+    settle_background(http.app)  # the client runs its tool meanwhile
     output = {"type": "function_call_output", "call_id": call.call_id, "output": '{"time": "09:00"}'}
     second = oa.responses.create(input=[output], previous_response_id=first.id, **kw)
     assert [i.type for i in second.output if i.type == "function_call"] == ["function_call"]

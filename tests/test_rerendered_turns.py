@@ -33,7 +33,7 @@ from kvreuse.runtime.engine.engine import Engine
 from kvreuse.runtime.server.app import create_app
 from kvreuse.runtime.server.state import ServerConfig
 from tests.harmony_model import make_gpt_oss
-from tests.helpers import reset_cache
+from tests.helpers import reset_cache, settle_background
 
 PAGE = 4
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "day": {"type": "integer"}},
@@ -74,16 +74,6 @@ def server(engines, request):
         )
 
 
-def _warms(app) -> int:
-    """The re-rendered turns prefilled so far, once the last is done (a client runs its tools meanwhile)."""
-    background = getattr(app.state.kv, "background", None)  # None: a server without them
-    for _ in range(600):
-        if background is None or not background.pending:
-            return background.counts["rewarm"] if background is not None else 0
-        time.sleep(0.02)
-    raise AssertionError("background prefill still running")
-
-
 def _check(app, messages: list[dict], turn1: int, warmed: bool, cache: dict) -> None:
     """Turn 2 reads the whole of turn 1 (``turn1`` tokens; its last, sampled, is never computed) up to
     its last page; and where the server prefilled the resent form, through the next message's glue:
@@ -108,12 +98,12 @@ def _content_start(app, messages: list[dict]) -> int:
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_chat_resent_turn_is_cached(server, template, choice):
     oa, app = server
-    before = _warms(app)
+    before = settle_background(app)
     r = oa.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, tool_choice=CHOICES[choice],
                                    max_tokens=48, temperature=0, parallel_tool_calls=False)  # fmt: skip
     calls = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and calls
-    warmed = _warms(app) > before
+    warmed = settle_background(app) > before
     resent = [{"role": "assistant", "content": None,
                "tool_calls": [c.model_dump(exclude_none=True) for c in calls]}]  # fmt: skip
     results = [{"role": "tool", "tool_call_id": c.id, "content": '{"ok": 1}'} for c in calls]
@@ -134,13 +124,13 @@ def test_responses_resent_items_are_cached(server, template, choice):
     oa, app = server
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     forced = CHOICES[choice] if choice == "required" else {"type": "function", "name": "get_weather"}
-    before = _warms(app)
+    before = settle_background(app)
     items = [{"type": "message", "role": m["role"], "content": m["content"]} for m in MSGS]
     first = oa.responses.create(model="m", input=items, tools=tools, tool_choice=forced, store=False,
                                 max_output_tokens=48, temperature=0, parallel_tool_calls=False)  # fmt: skip
     calls = [i for i in first.output if i.type == "function_call"]
     assert calls
-    warmed = _warms(app) > before
+    warmed = settle_background(app) > before
     outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": '{"ok": 1}'} for c in calls]
     resent = [i.model_dump(exclude_none=True) for i in first.output]
     second = oa.responses.create(model="m", input=items + resent + outputs, tools=tools, store=False,
@@ -207,14 +197,14 @@ def test_chat_resent_xml_call_is_cached(engines, tmp_path, step):
     app = create_app(aengine, config)
     with TestClient(app) as http:
         oa = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
-        before = _warms(app)
+        before = settle_background(app)
         r = oa.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, max_tokens=200, temperature=0)
         calls = r.choices[0].message.tool_calls
         want = XML_STEPS[step].get("calls") or [XML_STEPS[step]]
         assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
             (w["tool"], w["input"]) for w in want
         ]
-        warmed = _warms(app) > before
+        warmed = settle_background(app) > before
         resent = [{"role": "assistant", "content": None,
                    "tool_calls": [c.model_dump(exclude_none=True) for c in calls]}]  # fmt: skip
         results = [{"role": "tool", "tool_call_id": c.id, "content": '{"ok": 1}'} for c in calls]

@@ -20,7 +20,6 @@ With ``-s`` the worst excess per kind is printed."""
 from __future__ import annotations
 
 import random
-import time
 from typing import Any, NamedTuple
 
 import openai
@@ -35,7 +34,7 @@ from kvreuse.runtime.server.state import ServerConfig
 from tests.engine_drive import tiny_engine
 from tests.harmony_model import TOOLS as HARMONY_TOOLS
 from tests.harmony_model import make_gpt_oss
-from tests.helpers import HYBRID_SHAPES, WINDOW_SHAPES, make_tiny_model, reset_cache
+from tests.helpers import HYBRID_SHAPES, WINDOW_SHAPES, make_tiny_model, reset_cache, settle_background
 from tests.test_conversation_tree_kinds import SLACK
 from tests.test_rerendered_turns import TOOLS
 
@@ -59,16 +58,6 @@ def _server(aengine: AsyncEngine, template: str) -> tuple[openai.OpenAI, TestCli
     return openai.OpenAI(
         base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0
     ), http
-
-
-def _settle(http: TestClient) -> None:
-    """Wait for the server's background prefills (a re-rendered turn) to finish."""
-    background = getattr(http.app.state.kv, "background", None)  # None: a server without them
-    for _ in range(600):
-        if background is None or not background.pending:
-            return
-        time.sleep(0.02)
-    raise AssertionError("background prefill still running")
 
 
 def _record(aengine: AsyncEngine) -> list[Request]:
@@ -182,7 +171,7 @@ class Tree:
                   temperature=0, parallel_tool_calls=False)  # fmt: skip
         before = len(self.seen)
         r, rc = self.oa.chat.completions.create(**kw), self.oa_cold.chat.completions.create(**kw)
-        _settle(self.http)
+        settle_background(self.http.app)
         answer = r.choices[0].message.model_dump(exclude_none=True)
         assert _said(answer) == _said(rc.choices[0].message.model_dump(exclude_none=True)), (messages, choice)
         assert r.choices[0].finish_reason == rc.choices[0].finish_reason
